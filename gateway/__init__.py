@@ -1,0 +1,11 @@
+"""Plaza's gateway: KServe v2 / Triton HTTP on Starlette + uvicorn, over Kafka and Redis.
+
+``create_app(settings)`` builds the ASGI app, ``run_gateway(settings)`` serves it, and
+``GatewayService`` is the data plane both the HTTP and a gRPC front call.
+"""
+
+from gateway.app import create_app
+from gateway.main import run_gateway
+from gateway.service import GatewayService
+
+__all__ = ["GatewayService", "create_app", "run_gateway"]

@@ -1,0 +1,265 @@
+"""The HTTP front: KServe v2 / Triton routes on Starlette, over ``GatewayService``.
+
+Each endpoint decodes (``gateway.kserve``), calls the service, encodes; PlazaErrors become
+statuses in one exception handler (``gateway.errors``). There is no per-request validation
+layer besides the one the worker also runs (``plaza.validation``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway import kserve
+from gateway.errors import http_error
+from gateway.service import GatewayService
+from plaza import __version__
+from plaza.errors import InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
+from plaza.settings import PlazaSettings
+
+HEALTH_PREFIX = "/v2/health/"
+"""Health endpoints answer without an API key (probes carry none)."""
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters", "plaza_async_jobs")
+_DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
+
+
+class JSONBody(Response):
+    """A JSON response rendered with orjson."""
+
+    media_type = kserve.CONTENT_TYPE_JSON
+
+    def render(self, content: Any) -> bytes:
+        return kserve.encode_json(content)
+
+
+def tensor_response(body: kserve.EncodedBody, status_code: int = 200) -> Response:
+    """An infer response: JSON, or JSON header + binary tensors with the length header."""
+    headers = None
+    if body.header_length is not None:
+        headers = {kserve.HEADER_INFERENCE_LENGTH: str(body.header_length)}
+    return Response(body.content, status_code, headers, media_type=body.content_type)
+
+
+def error_response(error: PlazaError) -> Response:
+    status, body = http_error(error)
+    return JSONBody(body, status)
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed if it says so; PayloadTooLarge past ``limit`` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    return body if encoding == "identity" else decompress(body, encoding, limit)
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """gzip or deflate (tritonclient's request compression), bounded by ``limit``."""
+    wbits = _DECOMPRESS_WBITS.get(encoding)
+    if wbits is None:
+        raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (gzip, deflate)")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"request body is not valid {encoding}: {exc}") from exc
+    if len(out) > limit:
+        raise PayloadTooLarge(f"decompressed request body is over the limit of {limit} bytes")
+    if not inflater.eof:
+        raise InvalidInput(f"request body is truncated {encoding} data")
+    return out
+
+
+# -- auth -----------------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """Requires ``Authorization: Bearer <api_key>`` on every path but the health ones."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(HEALTH_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if hmac.compare_digest(given, self._expected):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(Unauthorized("missing or wrong API key (Authorization: Bearer)"))
+        await response(scope, receive, send)
+
+
+# -- endpoints ------------------------------------------------------------------------------
+
+
+def _model_path(request: Request) -> tuple[str, str]:
+    params = request.path_params
+    return str(params["model"]), str(params.get("version", ""))
+
+
+class Endpoints:
+    """The route handlers; each decodes, calls the service and encodes."""
+
+    def __init__(self, service: GatewayService) -> None:
+        self.service = service
+        self._max_body = service.settings.gateway.max_body_bytes
+
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONBody(kserve.server_metadata(__version__, EXTENSIONS))
+
+    async def live(self, request: Request) -> Response:
+        live = self.service.live()
+        return JSONBody({"live": live}, 200 if live else 503)
+
+    async def ready(self, request: Request) -> Response:
+        state = await self.service.ready()
+        body = {"ready": state.ready, "reasons": list(state.reasons)}
+        return JSONBody(body, 200 if state.ready else 503)
+
+    async def model_metadata(self, request: Request) -> Response:
+        model = self.service.model_metadata(*_model_path(request))
+        return JSONBody(kserve.model_metadata(model.spec, model.versions))
+
+    async def model_ready(self, request: Request) -> Response:
+        name, version = _model_path(request)
+        self.service.model(name, version)  # 404 for an unknown model
+        ready = await self.service.model_ready(name, version)
+        return JSONBody({"name": name, "ready": ready}, 200 if ready else 503)
+
+    async def model_config(self, request: Request) -> Response:
+        return JSONBody(self.service.model_config(*_model_path(request)))
+
+    async def _infer_body(self, request: Request, model: str, version: str) -> kserve.InferBody:
+        self.service.model(model, version)  # 404 before reading a body for nothing
+        raw = await read_body(request, self._max_body)
+        length = kserve.parse_header_length(request.headers.get(kserve.HEADER_INFERENCE_LENGTH))
+        return kserve.decode_infer_request(raw, length)
+
+    async def infer(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        body = await self._infer_body(request, model, version)
+        req = body.to_request(model, version, uuid.uuid4().hex)
+        result = await self.service.infer(req, self.service.sync_timeout(body.timeout_us))
+        encoded = kserve.encode_infer_response(
+            result, response_id=body.client_id or req.id, binary=body.wants_binary
+        )
+        return tensor_response(encoded)
+
+    async def submit_job(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        body = await self._infer_body(request, model, version)
+        job_id = await self.service.submit(body.to_request(model, version, uuid.uuid4().hex))
+        accepted = {"job_id": job_id, "id": body.client_id or job_id}
+        return JSONBody(accepted, 202)
+
+    async def poll_job(self, request: Request) -> Response:
+        job_id = str(request.path_params["job_id"])
+        status = await self.service.poll(job_id)
+        if status.state == "pending" or status.result is None:
+            return JSONBody({"status": "pending", "job_id": job_id})
+        result = status.result
+        if result.error is not None:
+            error = {"status": "error", "job_id": job_id, "error": result.error.message}
+            return JSONBody({**error, "code": result.error.code})
+        binary = request.query_params.get("binary_data_output", "").lower() == "true"
+        encoded = kserve.encode_infer_response(
+            result,
+            response_id=job_id,
+            binary=lambda _: binary,
+            extra={"status": "done", "job_id": job_id},
+        )
+        return tensor_response(encoded)
+
+    def routes(self) -> list[BaseRoute]:
+        """Every route; the hot ones first (Starlette tries routes in order)."""
+        bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+        routes: list[BaseRoute] = [Route(f"{b}/infer", self.infer, methods=["POST"]) for b in bases]
+        routes += [Route(f"{b}/jobs", self.submit_job, methods=["POST"]) for b in bases]
+        routes += [
+            Route("/v2/jobs/{job_id}", self.poll_job, methods=["GET"]),
+            Route("/v2", self.server_metadata, methods=["GET"]),
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/v2/health/ready", self.ready, methods=["GET"]),
+        ]
+        for base in bases:
+            routes += [
+                Route(base, self.model_metadata, methods=["GET"]),
+                Route(f"{base}/ready", self.model_ready, methods=["GET"]),
+                Route(f"{base}/config", self.model_config, methods=["GET"]),
+            ]
+        return routes
+
+
+# -- the application ------------------------------------------------------------------------
+
+
+async def _plaza_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, PlazaError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONBody({"error": exc.detail, "code": "http_error"}, exc.status_code, exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    return error_response(PlazaError(f"internal error: {type(exc).__name__}"))
+
+
+def create_app(settings: PlazaSettings, service: GatewayService | None = None) -> Starlette:
+    """The gateway's ASGI app; its lifespan starts and stops the service."""
+    svc = service or GatewayService(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            await svc.start()
+            yield
+        finally:
+            await svc.stop()
+
+    middleware: list[Middleware] = []
+    if settings.gateway.api_key is not None:
+        middleware.append(
+            Middleware(BearerAuth, api_key=settings.gateway.api_key.get_secret_value())
+        )
+    app = Starlette(
+        routes=Endpoints(svc).routes(),
+        middleware=middleware,
+        exception_handlers={
+            PlazaError: _plaza_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        lifespan=lifespan,
+    )
+    app.state.service = svc
+    return app

@@ -1,0 +1,419 @@
+"""KServe v2 / Triton HTTP bodies <-> Plaza tensors: the gateway's only wire-format module.
+
+Requests are JSON (``{"inputs": [...], "outputs": [...], "id", "parameters"}``), optionally
+with Triton's binary tensor extension: an ``Inference-Header-Content-Length: N`` header says
+the first N bytes are the JSON header and the raw tensor bytes follow, in input order, for
+every input whose ``parameters.binary_data_size`` is set. Binary data is decoded zero-copy
+(a memoryview into the body, read later with ``numpy.frombuffer``); JSON data goes through
+numpy in one vectorised conversion. Anything malformed raises ``InvalidInput``.
+
+Responses use binary for outputs that ask for it (``parameters.binary_data``, or the
+request's ``binary_data_output``) and JSON data otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import orjson
+
+from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
+from plaza.datatypes import DATATYPES, to_numpy_dtype
+from plaza.errors import InvalidInput
+from plaza.modelconfig import ModelSpec, TensorSpec
+from plaza.tensors import Buffer, Tensor, serialize_bytes
+
+HEADER_INFERENCE_LENGTH = "Inference-Header-Content-Length"
+"""Triton's binary tensor extension header, on requests and responses (case-insensitive)."""
+CONTENT_TYPE_JSON = "application/json"
+CONTENT_TYPE_BINARY = "application/octet-stream"
+
+# Request parameters the gateway consumes itself; the rest travel to the worker.
+_PARAM_BINARY_OUTPUT = "binary_data_output"
+_PARAM_TIMEOUT = "timeout"
+_PARAM_PRIORITY = "priority"
+_CONSUMED_PARAMS = frozenset({_PARAM_BINARY_OUTPUT, _PARAM_TIMEOUT, _PARAM_PRIORITY})
+_UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
+
+_NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
+_INT_KINDS = "iu"
+_FLOAT_KINDS = "iuf"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """One entry of the request's ``outputs`` list."""
+
+    name: str
+    binary: bool | None = None
+    """``parameters.binary_data``; None follows the request's ``binary_data_output``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferBody:
+    """A decoded infer request body, before it becomes an ``InferRequest``."""
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[RequestedOutput, ...] = ()
+    client_id: str | None = None
+    """The request's ``id``: the client's label, echoed in the response."""
+    binary_output: bool = False
+    """``parameters.binary_data_output``: the default for outputs that do not say."""
+    timeout_us: int | None = None
+    """``parameters.timeout`` (microseconds, Triton's): shortens the wait, sets a deadline."""
+    priority: int = 0
+    parameters: dict[str, Scalar] = field(default_factory=dict)
+
+    def wants_binary(self, name: str) -> bool:
+        for out in self.outputs:
+            if out.name == name and out.binary is not None:
+                return out.binary
+        return self.binary_output
+
+    def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
+        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
+        now_ms = int(time.time() * 1000)
+        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
+        return InferRequest(
+            id=correlation_id,
+            model=model,
+            version=version,
+            inputs=self.inputs,
+            outputs=tuple(o.name for o in self.outputs),
+            reply=ReplyTo(),
+            deadline_ms=deadline,
+            priority=self.priority,
+            parameters=self.parameters,
+            created_ms=now_ms,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBody:
+    """A response body and what its HTTP headers must say."""
+
+    content: bytes
+    header_length: int | None = None
+    """Length of the JSON header when binary tensors follow it, else None."""
+
+    @property
+    def content_type(self) -> str:
+        return CONTENT_TYPE_JSON if self.header_length is None else CONTENT_TYPE_BINARY
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` value, or None when absent."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit():
+        raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {value!r}")
+    return int(text)
+
+
+def decode_infer_request(body: Buffer, header_length: int | None = None) -> InferBody:
+    """Parse an infer request body (JSON, or JSON header + binary tensors)."""
+    view = memoryview(body)
+    if header_length is None:
+        header, binary = view, view[:0]
+    else:
+        if not 0 < header_length <= len(view):
+            raise InvalidInput(
+                f"Inference-Header-Content-Length {header_length} is outside the body "
+                f"({len(view)} bytes)"
+            )
+        header, binary = view[:header_length], view[header_length:]
+    doc = _load_json(header)
+    inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None)
+    params = _parameters(doc.get("parameters"), "request")
+    return InferBody(
+        inputs=inputs,
+        outputs=_decode_outputs(doc.get("outputs")),
+        client_id=_client_id(doc.get("id")),
+        binary_output=_flag(params, _PARAM_BINARY_OUTPUT),
+        timeout_us=_non_negative_int(params, _PARAM_TIMEOUT),
+        priority=_non_negative_int(params, _PARAM_PRIORITY) or 0,
+        parameters={k: v for k, v in params.items() if k not in _CONSUMED_PARAMS},
+    )
+
+
+def _load_json(data: memoryview) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise InvalidInput(f"request body must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _client_id(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput("request 'id' must be a string")
+    return value
+
+
+def _parameters(value: Any, where: str) -> dict[str, Scalar]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where} 'parameters' must be a JSON object")
+    for key, item in value.items():
+        if not isinstance(item, str | int | float | bool):
+            raise InvalidInput(f"{where} parameter {key!r} must be a string, number or bool")
+    for key in _UNSUPPORTED_PARAMS:
+        if key in value:
+            raise InvalidInput(f"{where} parameter {key!r} is not supported by Plaza")
+    return value
+
+
+def _flag(params: Mapping[str, Scalar], key: str) -> bool:
+    value = params.get(key, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"parameter {key!r} must be true or false")
+    return value
+
+
+def _non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter {key!r} must be a non-negative integer")
+    return value
+
+
+def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise InvalidInput("request 'outputs' must be a list")
+    outputs: list[RequestedOutput] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise InvalidInput(f"outputs[{i}] must be an object with a non-empty 'name'")
+        params = _parameters(item.get("parameters"), f"output {item['name']!r}")
+        binary = params.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise InvalidInput(f"output {item['name']!r}: 'binary_data' must be true or false")
+        outputs.append(RequestedOutput(item["name"], binary))
+    return tuple(outputs)
+
+
+def _decode_inputs(value: Any, binary: memoryview, has_header: bool) -> tuple[Tensor, ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidInput("request 'inputs' must be a non-empty list")
+    tensors: list[Tensor] = []
+    offset = 0
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise InvalidInput(f"inputs[{i}] must be a JSON object")
+        name, datatype, shape = _tensor_header(item, i)
+        params = _parameters(item.get("parameters"), f"input {name!r}")
+        size = params.get("binary_data_size")
+        if size is None:
+            tensors.append(_json_tensor(name, datatype, shape, item))
+            continue
+        if "data" in item:
+            raise InvalidInput(f"input {name!r} has both 'data' and 'binary_data_size'")
+        if not has_header:
+            raise InvalidInput(
+                f"input {name!r} sets binary_data_size but the request has no "
+                "Inference-Header-Content-Length header"
+            )
+        tensor = _binary_tensor(name, datatype, shape, size, binary[offset:])
+        tensors.append(tensor)
+        offset += len(tensor.data)
+    if offset != len(binary):
+        raise InvalidInput(
+            f"binary data is {len(binary)} bytes but the inputs' binary_data_size add up to "
+            f"{offset}"
+        )
+    return tuple(tensors)
+
+
+def _tensor_header(item: dict[str, Any], i: int) -> tuple[str, str, tuple[int, ...]]:
+    name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"inputs[{i}] needs a non-empty 'name'")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}", tensor=name)
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise InvalidInput(
+            f"input {name!r}: 'shape' must be a list of non-negative integers", tensor=name
+        )
+    return name, datatype, tuple(shape)
+
+
+def _binary_tensor(
+    name: str, datatype: str, shape: tuple[int, ...], size: Scalar, rest: memoryview
+) -> Tensor:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidInput(f"input {name!r}: binary_data_size must be a non-negative integer")
+    if size > len(rest):
+        raise InvalidInput(
+            f"input {name!r}: binary_data_size {size} runs past the body ({len(rest)} bytes left)",
+            tensor=name,
+        )
+    tensor = Tensor(name, datatype, shape, rest[:size])
+    expected = tensor.expected_nbytes()
+    if expected is not None and expected != size:
+        raise InvalidInput(
+            f"input {name!r}: binary_data_size {size} but shape {list(shape)} of {datatype} "
+            f"needs {expected} bytes",
+            tensor=name,
+        )
+    return tensor
+
+
+def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], item: dict[str, Any]) -> Tensor:
+    data = item.get("data")
+    if not isinstance(data, list):
+        raise InvalidInput(
+            f"input {name!r} needs 'data' (a list) or parameters.binary_data_size", tensor=name
+        )
+    arr = _bytes_array(name, data) if datatype == "BYTES" else _numeric_array(name, datatype, data)
+    if arr.size != math.prod(shape):
+        raise InvalidInput(
+            f"input {name!r}: {arr.size} data elements but shape {list(shape)} needs "
+            f"{math.prod(shape)}",
+            tensor=name,
+        )
+    if datatype == "BYTES":
+        return Tensor(name, datatype, shape, serialize_bytes(arr))
+    return Tensor(name, datatype, shape, arr.reshape(-1).data.cast("B"))
+
+
+def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray[Any, Any]:
+    dtype = to_numpy_dtype(datatype)
+    try:
+        arr = np.asarray(data)
+    except (ValueError, TypeError) as exc:
+        raise InvalidInput(f"input {name!r}: 'data' is not a regular array: {exc}") from exc
+    if arr.size == 0:
+        return np.empty(0, dtype=dtype)
+    allowed = "b" if dtype.kind == "b" else _INT_KINDS if dtype.kind in _INT_KINDS else _FLOAT_KINDS
+    if arr.dtype.kind not in allowed:
+        raise InvalidInput(
+            f"input {name!r}: 'data' holds {_kind_name(arr.dtype.kind)} values, not {datatype}",
+            tensor=name,
+        )
+    if dtype.kind in _INT_KINDS:
+        info = np.iinfo(cast("np.dtype[np.integer[Any]]", dtype))
+        if arr.min() < info.min or arr.max() > info.max:
+            raise InvalidInput(f"input {name!r}: a value is out of range for {datatype}")
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _kind_name(kind: str) -> str:
+    return {"b": "boolean", "i": "integer", "u": "integer", "f": "float", "U": "string"}.get(
+        kind, "mixed or non-numeric"
+    )
+
+
+def _bytes_array(name: str, data: list[Any]) -> np.ndarray[Any, Any]:
+    flat = _flatten(data)
+    if not all(isinstance(s, str) for s in flat):
+        raise InvalidInput(f"input {name!r}: BYTES data must be strings", tensor=name)
+    arr = np.empty(len(flat), dtype=object)
+    arr[:] = [s.encode() for s in flat]
+    return arr
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    if not any(isinstance(d, list) for d in data):
+        return data
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item) if isinstance(item, list) else [item])
+    return out
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def encode_infer_response(
+    result: InferResult,
+    *,
+    response_id: str,
+    binary: Callable[[str], bool],
+    extra: Mapping[str, Any] | None = None,
+) -> EncodedBody:
+    """The response body for a successful result; ``binary(name)`` picks each output's form."""
+    doc: dict[str, Any] = dict(extra or {})
+    doc.update(model_name=result.model, model_version=result.version, id=response_id)
+    outputs: list[dict[str, Any]] = []
+    blobs: list[Buffer] = []
+    for tensor in result.outputs:
+        if binary(tensor.name):
+            outputs.append(_binary_output(tensor))
+            blobs.append(tensor.data)
+        else:
+            outputs.append(_json_output(tensor))
+    doc["outputs"] = outputs
+    header = orjson.dumps(doc, option=_NUMPY_OPTS)
+    if not blobs:
+        return EncodedBody(header)
+    return EncodedBody(b"".join([header, *blobs]), header_length=len(header))
+
+
+def _binary_output(tensor: Tensor) -> dict[str, Any]:
+    return {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+        "parameters": {"binary_data_size": len(tensor.data)},
+    }
+
+
+def _json_output(tensor: Tensor) -> dict[str, Any]:
+    arr = tensor.to_numpy().reshape(-1)
+    data: Any = (
+        [b.decode("utf-8", errors="replace") for b in arr] if tensor.datatype == "BYTES" else arr
+    )
+    return {
+        "name": tensor.name,
+        "datatype": tensor.datatype,
+        "shape": list(tensor.shape),
+        "data": data,
+    }
+
+
+def encode_json(doc: Any) -> bytes:
+    """Any JSON body the gateway sends (numpy values allowed)."""
+    return orjson.dumps(doc, option=_NUMPY_OPTS)
+
+
+# -- metadata -------------------------------------------------------------------------------
+
+
+def server_metadata(version: str, extensions: Sequence[str]) -> dict[str, Any]:
+    return {"name": "plaza", "version": version, "extensions": list(extensions)}
+
+
+def model_metadata(spec: ModelSpec, versions: Sequence[int]) -> dict[str, Any]:
+    """KServe v2 model metadata; shapes carry a -1 batch dimension when the model batches."""
+    return {
+        "name": spec.name,
+        "versions": [str(v) for v in versions],
+        "platform": spec.platform,
+        "inputs": [_tensor_metadata(t, spec.max_batch_size) for t in spec.inputs],
+        "outputs": [_tensor_metadata(t, spec.max_batch_size) for t in spec.outputs],
+    }
+
+
+def _tensor_metadata(t: TensorSpec, max_batch_size: int) -> dict[str, Any]:
+    shape = [-1, *t.dims] if max_batch_size > 0 else list(t.dims)
+    return {"name": t.name, "datatype": t.datatype, "shape": shape}

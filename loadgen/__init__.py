@@ -1,0 +1,1 @@
+"""Plaza load generator, profiler, scheduling simulator and benchmark reports."""

@@ -1,0 +1,249 @@
+"""The dynamic batching policy: Triton's dynamic batcher, sized by queue depth.
+
+Pure logic with an injected clock: the worker drives it with ``time.monotonic`` and
+loadgen's headless simulator with a simulated clock, so both run the same code.
+
+The rule, each time ``decide(backlog)`` is asked:
+
+1. Requests whose deadline passed are taken out: REJECT ones are returned as ``expired``
+   (the caller answers them with a timeout error), DELAY ones move behind every other
+   request and lose their deadline.
+2. ``depth`` = pending requests (held here) + ``backlog`` (consumer lag: records already
+   in Kafka but not fetched yet). The *goal* is the largest batch size (a preferred size, or
+   max_batch_size) that the depth can fill.
+3. If the pending requests already fill the goal, that batch runs now. Otherwise the batcher
+   waits for more, but never longer than ``max_queue_delay_microseconds`` after the oldest
+   pending request arrived; then it runs as much as is there (up to max_batch_size).
+
+A deep queue therefore gives large batches at once (throughput) and a shallow one gives small
+batches after a short wait (latency). Batches are filled from the highest priority level
+(1) down, first come first served within a level.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from plaza.errors import QueueFull
+from plaza.modelconfig import ModelSpec, QueuePolicy
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+"""Monotonic seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """The knobs of the batcher, normally taken from a model's config.pbtxt."""
+
+    max_batch_size: int = 1
+    enabled: bool = True
+    """False: no dynamic_batching block; every request runs on its own, at once."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> BatchingPolicy:
+        db = spec.batching
+        return cls(
+            max_batch_size=max(1, spec.max_batch_size),
+            enabled=db.enabled and spec.max_batch_size > 0,
+            preferred_batch_sizes=db.preferred_batch_sizes,
+            max_queue_delay_us=db.max_queue_delay_us,
+            priority_levels=db.priority_levels,
+            default_priority_level=db.default_priority_level,
+            default_queue_policy=db.default_queue_policy,
+            priority_queue_policy=dict(db.priority_queue_policy),
+        )
+
+    @property
+    def levels(self) -> range:
+        """Priority levels, highest first (a single level 0 when none are configured)."""
+        return range(1, self.priority_levels + 1) if self.priority_levels else range(0, 1)
+
+    def level_of(self, priority: int) -> int:
+        """The level a request's priority maps to (0 or out of range -> the default)."""
+        if not self.priority_levels:
+            return 0
+        if 1 <= priority <= self.priority_levels:
+            return priority
+        return self.default_priority_level or self.priority_levels
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.preferred_batch_sizes, self.max_batch_size}))
+
+
+@dataclass(slots=True)
+class _Pending(Generic[T]):
+    item: T
+    size: int
+    level: int
+    arrival: float
+    deadline: float | None
+    reject_on_timeout: bool
+    seq: int
+    alive: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision(Generic[T]):
+    """What to do now: run ``batch``, answer ``expired``, and look again at ``wake_at``."""
+
+    batch: list[T]
+    expired: list[T]
+    wake_at: float | None
+    """When to decide again if nothing arrives (None: only when something arrives)."""
+
+
+class DynamicBatcher(Generic[T]):
+    """Holds pending requests and forms batches from them; see the module docstring."""
+
+    def __init__(self, policy: BatchingPolicy, clock: Clock = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._queues: dict[int, deque[_Pending[T]]] = {lv: deque() for lv in policy.levels}
+        self._delayed: deque[_Pending[T]] = deque()
+        self._deadlines: list[tuple[float, int, _Pending[T]]] = []
+        self._seq = itertools.count()
+        self._count = 0
+        self._size = 0
+
+    # -- intake ----------------------------------------------------------------------------
+    def add(
+        self, item: T, *, size: int = 1, priority: int = 0, deadline: float | None = None
+    ) -> None:
+        """Queue a request of ``size`` rows. ``deadline`` is a monotonic time (or None).
+
+        The level's queue policy timeout applies too: the earlier of the two wins, so a
+        request can lower its timeout but never raise it. QueueFull past max_queue_size.
+        """
+        level = self.policy.level_of(priority)
+        qp = self.policy.queue_policy(level)
+        if qp.max_queue_size and len(self._queues[level]) >= qp.max_queue_size:
+            raise QueueFull(f"priority level {level} queue is full ({qp.max_queue_size})")
+        now = self._clock()
+        if qp.default_timeout_us:
+            configured = now + qp.default_timeout_us / 1e6
+            deadline = configured if deadline is None else min(deadline, configured)
+        entry = _Pending(item, size, level, now, deadline, qp.reject_on_timeout, next(self._seq))
+        self._queues[level].append(entry)
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, entry.seq, entry))
+        self._count += 1
+        self._size += size
+
+    def __len__(self) -> int:
+        """Pending requests."""
+        return self._count
+
+    @property
+    def pending_size(self) -> int:
+        """Pending rows (sum of the requests' batch sizes)."""
+        return self._size
+
+    def level_depths(self) -> dict[int, int]:
+        """Pending requests per priority level."""
+        return {lv: sum(1 for e in q if e.alive) for lv, q in self._queues.items()}
+
+    def remove_if(self, predicate: Callable[[T], bool]) -> list[T]:
+        """Drop pending requests matching ``predicate`` (e.g. of a revoked partition)."""
+        removed: list[T] = []
+        for entry in self._entries():
+            if predicate(entry.item):
+                self._kill(entry)
+                removed.append(entry.item)
+        self._compact()
+        return removed
+
+    # -- scheduling ------------------------------------------------------------------------
+    def decide(self, backlog: int = 0) -> Decision[T]:
+        """Form the next batch, if one is due; ``backlog`` is records not yet fetched."""
+        now = self._clock()
+        expired = self._expire(now)
+        if not self._count:
+            return Decision([], expired, None)
+        if not self.policy.enabled:
+            return Decision(self._take(1, max_requests=1), expired, None)
+        goal = self._goal(self._size + max(0, backlog))
+        if goal is not None and self._size >= goal:
+            return Decision(self._take(goal), expired, None)
+        oldest = self._oldest_arrival()
+        due = oldest + self.policy.max_queue_delay_us / 1e6
+        if now >= due:
+            return Decision(self._take(self.policy.max_batch_size), expired, None)
+        return Decision([], expired, self._next_wake(due))
+
+    def _goal(self, depth: int) -> int | None:
+        fits = [s for s in self.policy.batch_sizes() if s <= depth]
+        return fits[-1] if fits else None
+
+    def _expire(self, now: float) -> list[T]:
+        expired: list[T] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, entry = heapq.heappop(self._deadlines)
+            if not entry.alive or entry.deadline is None:
+                continue
+            if entry.reject_on_timeout:
+                self._kill(entry)
+                expired.append(entry.item)
+            else:  # DELAY: keep it, behind everything else, with no deadline now
+                self._kill(entry)
+                moved = _Pending(entry.item, entry.size, entry.level, entry.arrival, None,
+                                 entry.reject_on_timeout, next(self._seq))
+                self._delayed.append(moved)
+                self._count += 1
+                self._size += moved.size
+        self._compact()
+        return expired
+
+    def _next_wake(self, due: float) -> float:
+        while self._deadlines and not self._deadlines[0][2].alive:
+            heapq.heappop(self._deadlines)
+        return min(due, self._deadlines[0][0]) if self._deadlines else due
+
+    def _oldest_arrival(self) -> float:
+        heads = [q[0].arrival for q in (*self._queues.values(), self._delayed) if q]
+        return min(heads)
+
+    def _entries(self) -> Iterator[_Pending[T]]:
+        for q in (*self._queues.values(), self._delayed):
+            yield from (e for e in q if e.alive)
+
+    def _take(self, limit: int, max_requests: int | None = None) -> list[T]:
+        batch: list[T] = []
+        rows = 0
+        for entry in self._entries():
+            if batch and (rows + entry.size > limit or len(batch) == max_requests):
+                break
+            batch.append(entry.item)
+            rows += entry.size
+            self._kill(entry)
+        self._compact()
+        return batch
+
+    def _kill(self, entry: _Pending[T]) -> None:
+        entry.alive = False
+        self._count -= 1
+        self._size -= entry.size
+
+    def _compact(self) -> None:
+        for q in (*self._queues.values(), self._delayed):
+            while q and not q[0].alive:
+                q.popleft()
+            if len(q) > 64 and sum(1 for e in q if not e.alive) > len(q) // 2:
+                alive = [e for e in q if e.alive]
+                q.clear()
+                q.extend(alive)

@@ -1,0 +1,229 @@
+"""The producer SDK: publish jobs straight to Kafka, await or stream results from Redis.
+
+``PlazaClient`` is asyncio; ``SyncPlazaClient`` wraps it for plain code. Both speak the wire
+contract of docs/protocol.md and need only Kafka and Redis (no gateway).
+
+    async with PlazaClient(settings) as client:
+        result = await client.infer("mlp", {"x": batch})          # sync-style call
+        job = await client.submit("mlp", {"x": batch})            # async job
+        result = await client.result(job)                         # poll until done
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import Future as ConcurrentFuture
+from typing import Any, TypeVar
+
+import numpy as np
+
+from plaza.connections import redis_client
+from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
+from plaza.errors import DeadlineExceeded, JobNotFound, error_from_wire
+from plaza.publisher import RequestPublisher
+from plaza.replies import ReplyMux
+from plaza.results import JobStatus, ResultStore, ack_entry, consume_stream
+from plaza.settings import PlazaSettings
+from plaza.tensors import Tensor
+
+T = TypeVar("T")
+Inputs = Mapping[str, np.ndarray[Any, Any]] | Sequence[Tensor]
+
+
+def new_correlation_id() -> str:
+    return uuid.uuid4().hex
+
+
+def make_request(
+    model: str,
+    inputs: Inputs,
+    *,
+    version: str = "",
+    outputs: Sequence[str] = (),
+    reply_stream: str | None = None,
+    timeout_s: float | None = None,
+    priority: int = 0,
+    parameters: Mapping[str, Scalar] | None = None,
+    correlation_id: str | None = None,
+) -> InferRequest:
+    """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``."""
+    tensors = (
+        tuple(Tensor.from_numpy(n, a) for n, a in inputs.items())
+        if isinstance(inputs, Mapping)
+        else tuple(inputs)
+    )
+    now_ms = int(time.time() * 1000)
+    return InferRequest(
+        id=correlation_id or new_correlation_id(),
+        model=model,
+        version=version,
+        inputs=tensors,
+        outputs=tuple(outputs),
+        reply=ReplyTo(stream=reply_stream),
+        deadline_ms=None if timeout_s is None else now_ms + int(timeout_s * 1000),
+        priority=priority,
+        parameters=dict(parameters or {}),
+        created_ms=now_ms,
+    )
+
+
+def raise_for_error(result: InferResult) -> InferResult:
+    """The result itself, or its error raised as the matching PlazaError subclass."""
+    if result.error is not None:
+        raise error_from_wire(result.error.code, result.error.message)
+    return result
+
+
+class PlazaClient:
+    """Publishes requests to Kafka and reads their results from Redis."""
+
+    def __init__(self, settings: PlazaSettings | None = None, *, name: str = "") -> None:
+        self.settings = settings or PlazaSettings()
+        self.names = self.settings.names
+        self._client_name = name or f"sdk-{uuid.uuid4().hex[:12]}"
+        self._publisher = RequestPublisher(self.settings.kafka, self.names)
+        self._redis = redis_client(self.settings.redis)
+        self._store = ResultStore(self._redis, self.settings.redis, self.names)
+        self._mux: ReplyMux | None = None
+
+    async def start(self) -> None:
+        await self._publisher.start()
+
+    async def stop(self) -> None:
+        if self._mux is not None:
+            await self._mux.stop()
+            self._mux = None
+        await self._publisher.stop()
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> PlazaClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _reply_mux(self) -> ReplyMux:
+        if self._mux is None:
+            r = self.settings.redis
+            self._mux = ReplyMux(self._redis, self.names.reply_stream(self._client_name),
+                                 ttl_s=r.reply_stream_ttl_s, maxlen=r.stream_maxlen)
+            await self._mux.start()
+        return self._mux
+
+    async def infer(
+        self, model: str, inputs: Inputs, *, timeout_s: float = 30.0, raise_on_error: bool = True,
+        **options: Any,
+    ) -> InferResult:
+        """Publish one request and wait for its answer on this client's reply stream."""
+        mux = await self._reply_mux()
+        req = make_request(model, inputs, reply_stream=mux.stream, **options)
+        fut = mux.expect(req.id)
+        try:
+            await self._publisher.publish(req)
+            result = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"no answer within {timeout_s}s; poll job {req.id}", job_id=req.id
+            ) from None
+        finally:
+            mux.forget(req.id)
+        return raise_for_error(result) if raise_on_error else result
+
+    async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
+        """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
+        req = make_request(model, inputs, **options)
+        await self._store.mark_submitted(req.id, model)
+        await self._publisher.publish(req)
+        return req.id
+
+    async def publish_many(self, requests: Iterable[InferRequest]) -> list[str]:
+        """Send many requests, letting the producer batch them; waits for every ack."""
+        futures, ids = [], []
+        for req in requests:
+            futures.append(await self._publisher.send(req))
+            ids.append(req.id)
+        await asyncio.gather(*futures)
+        return ids
+
+    async def poll(self, job_id: str) -> JobStatus:
+        return await self._store.poll(job_id)
+
+    async def result(
+        self, job_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.02,
+        raise_on_error: bool = True,
+    ) -> InferResult:
+        """Poll ``job_id`` until it is done (or raise DeadlineExceeded / JobNotFound)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = await self._store.poll(job_id)
+            if status.result is not None:
+                return raise_for_error(status.result) if raise_on_error else status.result
+            if status.state == "unknown":
+                raise JobNotFound(f"job {job_id} is not known (or its result expired)")
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"job {job_id} still pending after {timeout_s}s")
+            await asyncio.sleep(interval_s)
+            interval_s = min(interval_s * 1.5, 0.5)
+
+    def results_stream(self, name: str) -> str:
+        """The full Redis name of a pipeline's result stream (use as ``reply_stream``)."""
+        return self.names.results_stream(name)
+
+    def consume(
+        self, stream: str, group: str, consumer: str, **options: Any
+    ) -> AsyncIterator[tuple[bytes, list[InferResult]]]:
+        """Read a result stream as one consumer of a consumer group (XREADGROUP); ``ack``
+        each entry once processed."""
+        return consume_stream(self._redis, stream, group, consumer, **options)
+
+    async def ack(self, stream: str, group: str, entry_id: bytes) -> None:
+        await ack_entry(self._redis, stream, group, entry_id)
+
+
+class SyncPlazaClient:
+    """A blocking wrapper: the async client runs on a private event loop thread."""
+
+    def __init__(self, settings: PlazaSettings | None = None) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="plaza-client")
+        self._thread.start()
+        self._client = self._call(self._make(settings))
+        self._call(self._client.start())
+
+    @staticmethod
+    async def _make(settings: PlazaSettings | None) -> PlazaClient:
+        return PlazaClient(settings)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut: ConcurrentFuture[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result()
+
+    def infer(self, model: str, inputs: Inputs, **options: Any) -> InferResult:
+        return self._call(self._client.infer(model, inputs, **options))
+
+    def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
+        return self._call(self._client.submit(model, inputs, **options))
+
+    def poll(self, job_id: str) -> JobStatus:
+        return self._call(self._client.poll(job_id))
+
+    def result(self, job_id: str, **options: Any) -> InferResult:
+        return self._call(self._client.result(job_id, **options))
+
+    def close(self) -> None:
+        self._call(self._client.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> SyncPlazaClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,207 @@
+"""msgpack encoding of requests and results; the only module that knows the wire layout.
+
+Maps use short string keys (see docs/protocol.md). Tensor data travels as msgpack ``bin``
+and is decoded zero-copy: ``Tensor.data`` is a memoryview into the received message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from plaza.contract import ENVELOPE_VERSION, ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.datatypes import DATATYPES
+from plaza.errors import CodecError, UnsupportedVersion
+from plaza.tensors import Buffer, Tensor
+
+_packer_options: dict[str, Any] = {"use_bin_type": True}
+
+
+def _tensor_to_map(t: Tensor) -> dict[str, Any]:
+    return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "data": t.data}
+
+
+def _tensor_from_map(m: Any, where: str) -> Tensor:
+    if not isinstance(m, Mapping):
+        raise CodecError(f"{where}: a tensor must be a map")
+    name, datatype, shape, data = m.get("name"), m.get("datatype"), m.get("shape"), m.get("data")
+    if not isinstance(name, str) or not name:
+        raise CodecError(f"{where}: tensor name must be a non-empty string")
+    if datatype not in DATATYPES:
+        raise CodecError(f"{where}: tensor {name!r} has unknown datatype {datatype!r}")
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise CodecError(f"{where}: tensor {name!r} shape must be a list of non-negative ints")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise CodecError(f"{where}: tensor {name!r} data must be bytes (msgpack bin)")
+    return Tensor(name, datatype, tuple(shape), data)
+
+
+def encode_request(req: InferRequest) -> bytes:
+    """The request as a msgpack map (envelope version ENVELOPE_VERSION)."""
+    body: dict[str, Any] = {
+        "v": ENVELOPE_VERSION,
+        "id": req.id,
+        "model": req.model,
+        "version": req.version,
+        "inputs": [_tensor_to_map(t) for t in req.inputs],
+    }
+    if req.outputs:
+        body["outputs"] = list(req.outputs)
+    if req.reply.stream:
+        body["reply_stream"] = req.reply.stream
+    if req.deadline_ms is not None:
+        body["deadline_ms"] = req.deadline_ms
+    if req.priority:
+        body["priority"] = req.priority
+    if req.parameters:
+        body["parameters"] = req.parameters
+    if req.created_ms:
+        body["created_ms"] = req.created_ms
+    return msgpack.packb(body, **_packer_options)  # type: ignore[no-any-return]
+
+
+def _unpack_map(data: Buffer, what: str) -> Mapping[str, Any]:
+    try:
+        body = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CodecError(f"{what} is not valid msgpack: {exc}") from exc
+    if not isinstance(body, Mapping):
+        raise CodecError(f"{what} must be a msgpack map, got {type(body).__name__}")
+    version = body.get("v")
+    if version != ENVELOPE_VERSION:
+        raise UnsupportedVersion(
+            f"{what} version {version!r} is not supported (this build speaks {ENVELOPE_VERSION})"
+        )
+    return body
+
+
+def peek_id(data: Buffer) -> str | None:
+    """The correlation id of an envelope, if one can be read at all (for error replies)."""
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except Exception:
+        return None
+    if isinstance(body, Mapping) and isinstance(body.get("id"), str) and body["id"]:
+        return str(body["id"])
+    return None
+
+
+def _opt_int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise CodecError(f"request field {key!r} must be an integer")
+    return value
+
+
+def decode_request(data: Buffer) -> InferRequest:
+    """Parse a request envelope; CodecError (with a stable code) for anything malformed."""
+    body = _unpack_map(data, "request")
+    rid, model, version = body.get("id"), body.get("model"), body.get("version", "")
+    if not isinstance(rid, str) or not rid:
+        raise CodecError("request has no correlation id ('id')")
+    if not isinstance(model, str) or not model:
+        raise CodecError("request has no model name ('model')")
+    if not isinstance(version, str):
+        raise CodecError("request 'version' must be a string")
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list):
+        raise CodecError("request 'inputs' must be a list of tensors")
+    outputs = body.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise CodecError("request 'outputs' must be a list of names")
+    stream = body.get("reply_stream")
+    if stream is not None and (not isinstance(stream, str) or not stream):
+        raise CodecError("request 'reply_stream' must be a non-empty string")
+    params = body.get("parameters", {})
+    if not isinstance(params, Mapping):
+        raise CodecError("request 'parameters' must be a map")
+    return InferRequest(
+        id=rid,
+        model=model,
+        version=version,
+        inputs=tuple(_tensor_from_map(t, f"input {i}") for i, t in enumerate(inputs)),
+        outputs=tuple(outputs),
+        reply=ReplyTo(stream=stream),
+        deadline_ms=_opt_int(body, "deadline_ms", None),
+        priority=_opt_int(body, "priority", 0) or 0,
+        parameters=dict(params),
+        created_ms=_opt_int(body, "created_ms", 0) or 0,
+    )
+
+
+def _result_to_map(res: InferResult) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "v": ENVELOPE_VERSION,
+        "id": res.id,
+        "model": res.model,
+        "version": res.version,
+        "status": res.status,
+    }
+    if res.error:
+        body["error"] = {"code": res.error.code, "message": res.error.message}
+    else:
+        body["outputs"] = [_tensor_to_map(t) for t in res.outputs]
+    if res.timing_us:
+        body["timing_us"] = res.timing_us
+    if res.worker:
+        body["worker"] = res.worker
+    return body
+
+
+def encode_result(res: InferResult) -> bytes:
+    """One result as a msgpack map."""
+    return msgpack.packb(_result_to_map(res), **_packer_options)  # type: ignore[no-any-return]
+
+
+def encode_results(results: list[InferResult]) -> bytes:
+    """Several results as one msgpack array of result maps (one stream entry per batch)."""
+    return msgpack.packb(  # type: ignore[no-any-return]
+        [_result_to_map(r) for r in results], **_packer_options
+    )
+
+
+def _result_from_map(body: Any) -> InferResult:
+    if not isinstance(body, Mapping) or body.get("v") != ENVELOPE_VERSION:
+        raise CodecError("result entry is not a version-1 map")
+    err = body.get("error")
+    error = None
+    if body.get("status") == "error":
+        if not isinstance(err, Mapping):
+            raise CodecError("error result without an 'error' map")
+        error = ErrorInfo(str(err.get("code", "internal")), str(err.get("message", "")))
+    outputs = tuple(
+        _tensor_from_map(t, f"output {i}") for i, t in enumerate(body.get("outputs", []))
+    )
+    return InferResult(
+        id=str(body.get("id", "")),
+        model=str(body.get("model", "")),
+        version=str(body.get("version", "")),
+        outputs=outputs,
+        error=error,
+        timing_us=dict(body.get("timing_us", {})),
+        worker=str(body.get("worker", "")),
+    )
+
+
+def decode_result(data: Buffer) -> InferResult:
+    """Parse one result map (as stored under a result key)."""
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise CodecError(f"result is not valid msgpack: {exc}") from exc
+    return _result_from_map(body)
+
+
+def decode_results(data: Buffer) -> list[InferResult]:
+    """Parse a stream entry's packed results (a msgpack array of result maps)."""
+    try:
+        body = msgpack.unpackb(data, raw=False)
+    except Exception as exc:
+        raise CodecError(f"result batch is not valid msgpack: {exc}") from exc
+    if not isinstance(body, list):
+        raise CodecError("result batch must be a msgpack array")
+    return [_result_from_map(b) for b in body]

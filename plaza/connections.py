@@ -1,0 +1,116 @@
+"""Connections to Kafka and Redis, built from settings in one place.
+
+Security settings (SASL/TLS for Kafka, password/TLS for Redis) are passed through here, so
+every producer, consumer, admin client and Redis client of Plaza honours them.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from plaza.errors import Unavailable
+from plaza.settings import KafkaSettings, RedisSettings
+
+
+def _kafka_security(k: KafkaSettings) -> dict[str, Any]:
+    opts: dict[str, Any] = {"security_protocol": k.security_protocol}
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=str(k.ssl_cafile) if k.ssl_cafile else None)
+        if k.ssl_certfile:
+            ctx.load_cert_chain(str(k.ssl_certfile), str(k.ssl_keyfile) if k.ssl_keyfile else None)
+        opts["ssl_context"] = ctx
+    if k.security_protocol.startswith("SASL"):
+        opts["sasl_mechanism"] = k.sasl_mechanism or "PLAIN"
+        opts["sasl_plain_username"] = k.sasl_username
+        opts["sasl_plain_password"] = (
+            k.sasl_password.get_secret_value() if k.sasl_password else None
+        )
+    return opts
+
+
+def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
+    """An idempotent producer with acks=all: no duplicates or reordering from retries."""
+    return AIOKafkaProducer(
+        bootstrap_servers=k.bootstrap_servers,
+        client_id=k.client_id,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=k.linger_ms,
+        max_request_size=k.max_request_bytes + 64 * 1024,
+        max_batch_size=max(16384, min(k.max_request_bytes, 1024 * 1024)),
+        request_timeout_ms=k.request_timeout_ms,
+        **_kafka_security(k),
+    )
+
+
+def kafka_consumer(k: KafkaSettings, group_id: str, **overrides: Any) -> AIOKafkaConsumer:
+    """A consumer in ``group_id`` with manual commits, starting at the earliest offset."""
+    opts: dict[str, Any] = {
+        "bootstrap_servers": k.bootstrap_servers,
+        "client_id": k.client_id,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+        "fetch_max_bytes": max(52428800, k.max_request_bytes * 2),
+        "max_partition_fetch_bytes": max(1048576, k.max_request_bytes + 64 * 1024),
+        "request_timeout_ms": k.request_timeout_ms,
+        "session_timeout_ms": 10_000,
+        "heartbeat_interval_ms": 1_000,
+        "max_poll_interval_ms": 300_000,
+        **_kafka_security(k),
+    }
+    opts.update(overrides)
+    return AIOKafkaConsumer(**opts)
+
+
+def kafka_admin(k: KafkaSettings) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=k.bootstrap_servers,
+        client_id=f"{k.client_id}-admin",
+        request_timeout_ms=k.request_timeout_ms,
+        **_kafka_security(k),
+    )
+
+
+async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
+    """Create the topics that do not exist yet (idempotent; safe to race)."""
+    admin = kafka_admin(k)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        configs = {"max.message.bytes": str(k.max_request_bytes + 64 * 1024)}
+        if k.min_insync_replicas:
+            configs["min.insync.replicas"] = str(k.min_insync_replicas)
+        missing = [
+            NewTopic(t, k.partitions, k.replication_factor, topic_configs=configs)
+            for t in topics
+            if t not in existing
+        ]
+        if missing:
+            response = await admin.create_topics(missing)
+            for topic_error in response.topic_errors:
+                topic, code = topic_error[0], topic_error[1]
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    raise Unavailable(
+                        f"cannot create topic {topic}: Kafka error {code} "
+                        f"{topic_error[2] if len(topic_error) > 2 else ''}"
+                    )
+    finally:
+        await admin.close()
+
+
+def redis_client(r: RedisSettings) -> aioredis.Redis:
+    """A pooled asyncio Redis client; bytes in, bytes out."""
+    opts: dict[str, Any] = {"decode_responses": False, "health_check_interval": 30}
+    if r.password:
+        opts["password"] = r.password.get_secret_value()
+    if r.ssl_ca_certs:
+        opts["ssl_ca_certs"] = str(r.ssl_ca_certs)
+    return aioredis.Redis.from_url(r.url, **opts)

@@ -1,0 +1,90 @@
+"""The request envelope and result entry: Plaza's wire contract as Python values.
+
+docs/protocol.md describes the same contract for producers in other languages; the codec
+(``plaza.codec``) turns these values into msgpack and back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from plaza.tensors import Tensor
+
+ENVELOPE_VERSION = 1
+"""Version of the request and result maps; a worker refuses versions it does not speak."""
+
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyTo:
+    """Where a worker writes a request's result.
+
+    The result is always stored under the per-correlation-id result key (that key is also
+    what makes writes idempotent); ``stream`` adds an entry to a Redis stream as well.
+    """
+
+    stream: str | None = None
+    """Full Redis stream name (a gateway's reply stream or a pipeline's own), or None."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """One inference request, as published to a model's Kafka topic."""
+
+    id: str
+    """Correlation id: unique per request; the result is keyed by it."""
+    model: str
+    version: str
+    """Model version as a decimal string; "" means the version policy's default (latest)."""
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[str, ...] = ()
+    """Requested output names; empty means every output of the model."""
+    reply: ReplyTo = field(default_factory=ReplyTo)
+    deadline_ms: int | None = None
+    """Absolute deadline, Unix epoch milliseconds; None uses the model's queue policy."""
+    priority: int = 0
+    """Priority level (1 is highest, as in Triton); 0 uses the model's default level."""
+    parameters: dict[str, Scalar] = field(default_factory=dict)
+    created_ms: int = 0
+    """When the request was made, Unix epoch milliseconds (for queue-time metrics)."""
+
+
+Status = Literal["ok", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """A per-request error: stable code, human message."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """One request's answer, as written to Redis by a worker."""
+
+    id: str
+    model: str
+    version: str
+    outputs: tuple[Tensor, ...] = ()
+    error: ErrorInfo | None = None
+    timing_us: dict[str, int] = field(default_factory=dict)
+    """queue / compute_input / compute_infer / compute_output durations, microseconds."""
+    worker: str = ""
+
+    @property
+    def status(self) -> Status:
+        return "error" if self.error else "ok"
+
+    def output(self, name: str) -> Tensor:
+        for tensor in self.outputs:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(name)
+
+    def as_numpy(self) -> dict[str, Any]:
+        """Outputs by name as numpy arrays."""
+        return {t.name: t.to_numpy() for t in self.outputs}

@@ -1,0 +1,261 @@
+"""config.pbtxt, read with protobuf's text format into Triton's own ModelConfig message.
+
+``load_model_config`` parses (no home-made parser) and ``ModelSpec`` is the frozen view the
+rest of Plaza uses: tensor specs with KServe datatypes, the batching policy, queue policies,
+the version policy and the instance count. Errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from plaza.datatypes import from_config_type
+from plaza.errors import ConfigError
+from plaza.naming import check_model_name
+
+PLATFORM_ONNX = "onnxruntime_onnx"
+PLATFORM_TORCH = "pytorch_libtorch"
+BACKEND_SIMULATED = "plaza_simulated"
+_BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
+DEFAULT_FILENAMES = {PLATFORM_ONNX: "model.onnx", PLATFORM_TORCH: "model.pt"}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """An input or output as configured: dims exclude the batch dim when batching."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """Triton's ModelQueuePolicy for one priority level."""
+
+    reject_on_timeout: bool = True
+    """timeout_action REJECT (True) or DELAY (False)."""
+    default_timeout_us: int = 0
+    """0: no timeout."""
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+    """0: unbounded (Plaza still bounds what a worker holds in memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    """The dynamic_batching block; ``enabled`` is False when the block is absent."""
+
+    enabled: bool = False
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = field(default_factory=QueuePolicy)
+    priority_queue_policy: dict[int, QueuePolicy] = field(default_factory=dict)
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policy.get(level, self.default_queue_policy)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """latest N, all, or specific versions."""
+
+    kind: str = "latest"
+    latest: int = 1
+    specific: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        ordered = sorted(available)
+        if self.kind == "all":
+            return ordered
+        if self.kind == "specific":
+            return [v for v in ordered if v in self.specific]
+        return ordered[-self.latest :] if self.latest > 0 else []
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What Plaza needs to know about one model, taken from its config.pbtxt."""
+
+    name: str
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batching: DynamicBatching
+    version_policy: VersionPolicy
+    instance_count: int
+    default_model_filename: str
+    parameters: dict[str, str]
+    config: mc.ModelConfig
+    """The parsed message itself (served by the /config endpoint)."""
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.inputs if t.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((t for t in self.outputs if t.name == name), None)
+
+    def config_json(self) -> dict[str, Any]:
+        """The config as Triton's model-config endpoint returns it (JSON, field names)."""
+        out: dict[str, Any] = json_format.MessageToDict(
+            self.config, preserving_proto_field_name=True
+        )
+        return out
+
+
+def parse_model_config(text: str, *, source: str, default_name: str) -> ModelSpec:
+    """Parse config.pbtxt text; ConfigError naming ``source`` and the field on any problem."""
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as exc:
+        raise ConfigError(f"{source}: {exc}", file=source) from exc
+    return _spec_from_config(config, source=source, default_name=default_name)
+
+
+def load_model_config(path: Path) -> ModelSpec:
+    """Read ``<model>/config.pbtxt``; the model name defaults to the folder name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(path)) from exc
+    return parse_model_config(text, source=str(path), default_name=path.parent.name)
+
+
+def _fail(source: str, fieldname: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: field '{fieldname}': {message}", file=source, field=fieldname)
+
+
+def _platform(config: mc.ModelConfig, source: str) -> str:
+    if config.backend == "plaza_simulated" or config.platform == BACKEND_SIMULATED:
+        return BACKEND_SIMULATED
+    platform = config.platform or _BACKEND_PLATFORM.get(config.backend, "")
+    if platform not in (PLATFORM_ONNX, PLATFORM_TORCH):
+        raise _fail(
+            source,
+            "platform",
+            f"unsupported platform/backend {config.platform or config.backend!r} "
+            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, backend {BACKEND_SIMULATED})",
+        )
+    return platform
+
+
+def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[TensorSpec, ...]:
+    specs: list[TensorSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"{kind}[{i}]"
+        if not item.name:
+            raise _fail(source, f"{where}.name", "is required")
+        if item.name in seen:
+            raise _fail(source, f"{where}.name", f"duplicate name {item.name!r}")
+        seen.add(item.name)
+        if item.data_type == mc.TYPE_INVALID:
+            raise _fail(source, f"{where}.data_type", "is required")
+        dims = tuple(int(d) for d in item.dims)
+        if not dims and not batching:
+            raise _fail(source, f"{where}.dims", "is required when max_batch_size is 0")
+        if any(d < -1 or d == 0 for d in dims):
+            raise _fail(source, f"{where}.dims", f"{list(dims)}: each dim is -1 or positive")
+        type_name = mc.DataType.Name(item.data_type)
+        try:
+            datatype = from_config_type(type_name)
+        except ConfigError as exc:
+            raise _fail(source, f"{where}.data_type", exc.message) from exc
+        specs.append(TensorSpec(item.name, datatype, dims, bool(getattr(item, "optional", False))))
+    if not specs:
+        raise _fail(source, kind, "at least one is required")
+    return tuple(specs)
+
+
+def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        reject_on_timeout=p.timeout_action == mc.ModelQueuePolicy.REJECT,
+        default_timeout_us=int(p.default_timeout_microseconds),
+        allow_timeout_override=bool(p.allow_timeout_override),
+        max_queue_size=int(p.max_queue_size),
+    )
+
+
+def _batching(config: mc.ModelConfig, source: str) -> DynamicBatching:
+    if not config.HasField("dynamic_batching"):
+        return DynamicBatching()
+    db = config.dynamic_batching
+    preferred = tuple(sorted(int(s) for s in db.preferred_batch_size))
+    for size in preferred:
+        if size < 1 or (config.max_batch_size and size > config.max_batch_size):
+            raise _fail(
+                source,
+                "dynamic_batching.preferred_batch_size",
+                f"{size} must be between 1 and max_batch_size {config.max_batch_size}",
+            )
+    levels = int(db.priority_levels)
+    if levels and not 1 <= db.default_priority_level <= levels:
+        raise _fail(source, "dynamic_batching.default_priority_level", f"must be in 1..{levels}")
+    per_level = {int(k): _queue_policy(v) for k, v in db.priority_queue_policy.items()}
+    if any(not 1 <= k <= levels for k in per_level):
+        raise _fail(source, "dynamic_batching.priority_queue_policy", f"levels are 1..{levels}")
+    return DynamicBatching(
+        enabled=True,
+        preferred_batch_sizes=preferred,
+        max_queue_delay_us=int(db.max_queue_delay_microseconds),
+        priority_levels=levels,
+        default_priority_level=int(db.default_priority_level),
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policy=per_level,
+    )
+
+
+def _version_policy(config: mc.ModelConfig, source: str) -> VersionPolicy:
+    if not config.HasField("version_policy"):
+        return VersionPolicy()
+    which = config.version_policy.WhichOneof("policy_choice")
+    if which == "all":
+        return VersionPolicy(kind="all")
+    if which == "specific":
+        versions = tuple(int(v) for v in config.version_policy.specific.versions)
+        if not versions:
+            raise _fail(source, "version_policy.specific.versions", "names no version")
+        return VersionPolicy(kind="specific", specific=versions)
+    n = int(config.version_policy.latest.num_versions)
+    if n < 1:
+        raise _fail(source, "version_policy.latest.num_versions", "must be at least 1")
+    return VersionPolicy(kind="latest", latest=n)
+
+
+def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str) -> ModelSpec:
+    name = config.name or default_name
+    if config.name and config.name != default_name:
+        raise _fail(source, "name", f"{config.name!r} does not match its folder {default_name!r}")
+    try:
+        check_model_name(name)
+    except Exception as exc:
+        raise _fail(source, "name", str(exc)) from exc
+    config.name = name
+    if config.max_batch_size < 0:
+        raise _fail(source, "max_batch_size", "must be >= 0")
+    platform = _platform(config, source)
+    batching = config.max_batch_size > 0
+    count = sum(max(1, g.count) for g in config.instance_group) or 1
+    return ModelSpec(
+        name=name,
+        platform=platform,
+        max_batch_size=int(config.max_batch_size),
+        inputs=_tensor_specs(config.input, "input", source, batching),
+        outputs=_tensor_specs(config.output, "output", source, batching),
+        batching=_batching(config, source),
+        version_policy=_version_policy(config, source),
+        instance_count=count,
+        default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(platform, ""),
+        parameters={k: v.string_value for k, v in config.parameters.items()},
+        config=config,
+    )

@@ -1,0 +1,88 @@
+"""Every external name Plaza uses: Kafka topics, consumer groups, headers, Redis keys.
+
+Nothing else spells these inline. A ``Names`` value carries the per-deployment prefixes
+(tests give each test its own), so two deployments can share one Kafka and one Redis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from plaza.errors import InvalidInput
+
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+"""Model names: a path component and a Kafka topic fragment, never '..' or a slash."""
+
+# Kafka record headers (values are UTF-8 bytes).
+HEADER_ENVELOPE_VERSION = "plaza-v"
+HEADER_CORRELATION_ID = "plaza-id"
+HEADER_CONTENT_TYPE = "content-type"
+CONTENT_TYPE_MSGPACK = b"application/x-msgpack"
+HEADER_ERROR_CODE = "plaza-error-code"
+HEADER_ERROR_MESSAGE = "plaza-error"
+HEADER_SOURCE_TOPIC = "plaza-source-topic"
+HEADER_SOURCE_PARTITION = "plaza-source-partition"
+HEADER_SOURCE_OFFSET = "plaza-source-offset"
+
+# Field names inside Redis stream entries.
+STREAM_FIELD_RESULTS = b"r"
+STREAM_FIELD_COUNT = b"n"
+
+
+def check_model_name(name: str) -> str:
+    """Return ``name`` if it is a valid model name, else raise InvalidInput."""
+    if not MODEL_NAME_RE.fullmatch(name) or ".." in name:
+        raise InvalidInput(
+            f"invalid model name {name!r}: letters, digits, '_', '-', '.' only", model=name
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    """Names for one deployment, built from its topic and key prefixes."""
+
+    topic_prefix: str = "plaza."
+    key_prefix: str = "plaza:"
+
+    # -- Kafka ---------------------------------------------------------------------------
+    def request_topic(self, model: str, priority: int = 0) -> str:
+        """The model's request topic; priority levels > 1 get a topic each (``.p2``, ...)."""
+        base = f"{self.topic_prefix}infer.{check_model_name(model)}"
+        return base if priority <= 1 else f"{base}.p{priority}"
+
+    def dead_letter_topic(self, model: str) -> str:
+        return f"{self.topic_prefix}dlq.{check_model_name(model)}"
+
+    def control_topic(self) -> str:
+        return f"{self.topic_prefix}control"
+
+    def consumer_group(self, model: str) -> str:
+        """The consumer group every worker of ``model`` joins."""
+        return f"{self.topic_prefix}workers.{check_model_name(model)}"
+
+    # -- Redis ---------------------------------------------------------------------------
+    def result_key(self, correlation_id: str) -> str:
+        """Holds one request's result (first write wins); polled by async clients."""
+        return f"{self.key_prefix}result:{correlation_id}"
+
+    def job_key(self, correlation_id: str) -> str:
+        """Marks a submitted async job as known (so polling can say 'pending')."""
+        return f"{self.key_prefix}job:{correlation_id}"
+
+    def reply_stream(self, gateway_id: str) -> str:
+        """A gateway's (or SDK client's) private reply stream for synchronous calls."""
+        return f"{self.key_prefix}replies:{gateway_id}"
+
+    def results_stream(self, name: str) -> str:
+        """A named result stream for batch pipelines (consumed with XREADGROUP)."""
+        return f"{self.key_prefix}stream:{name}"
+
+    def worker_registry_key(self, model: str) -> str:
+        """Sorted set of a model's live workers, scored by when their heartbeat expires."""
+        return f"{self.key_prefix}workers:{check_model_name(model)}"
+
+    def worker_info_key(self, worker_id: str) -> str:
+        """A worker's self-description (model, versions, host, pid), with a short TTL."""
+        return f"{self.key_prefix}worker-info:{worker_id}"

@@ -1,0 +1,80 @@
+"""A model repository in Triton's layout: ``<root>/<model>/config.pbtxt`` and
+``<root>/<model>/<version>/<model file>``.
+
+Reading is cheap and repeatable (nothing is cached), so ``poll`` mode can simply read again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from plaza.errors import ConfigError, ModelNotFound
+from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config
+from plaza.naming import check_model_name
+
+CONFIG_FILENAME = "config.pbtxt"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVersion:
+    """One servable version: its number and the file the backend loads."""
+
+    spec: ModelSpec
+    version: int
+    path: Path
+
+
+class ModelRepository:
+    """Reads models, versions and model files from one folder."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def model_names(self) -> list[str]:
+        """Every folder that holds a config.pbtxt, sorted."""
+        if not self.root.is_dir():
+            raise ConfigError(f"model repository {self.root} is not a folder", file=str(self.root))
+        return sorted(p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}"))
+
+    def _model_dir(self, name: str) -> Path:
+        check_model_name(name)
+        path = self.root / name
+        if path.resolve().parent != self.root.resolve() or not (path / CONFIG_FILENAME).is_file():
+            raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
+        return path
+
+    def spec(self, name: str) -> ModelSpec:
+        """The parsed config of ``name``; ModelNotFound or ConfigError."""
+        return load_model_config(self._model_dir(name) / CONFIG_FILENAME)
+
+    def available_versions(self, name: str) -> list[int]:
+        """Numeric version folders present on disk (others are ignored, as in Triton)."""
+        folder = self._model_dir(name)
+        return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def served_versions(self, name: str, spec: ModelSpec | None = None) -> list[ModelVersion]:
+        """The versions the version policy selects, each with its model file checked."""
+        spec = spec or self.spec(name)
+        selected = spec.version_policy.select(self.available_versions(name))
+        if not selected:
+            raise ConfigError(
+                f"{self.root / name}: no version folder matches the version policy "
+                f"({spec.version_policy.kind})",
+                file=str(self.root / name),
+            )
+        return [self._version(spec, v) for v in selected]
+
+    def _version(self, spec: ModelSpec, version: int) -> ModelVersion:
+        folder = self.root / spec.name / str(version)
+        if spec.platform == BACKEND_SIMULATED:
+            return ModelVersion(spec, version, folder)
+        path = folder / spec.default_model_filename
+        if not path.is_file():
+            raise ConfigError(
+                f"{path}: model file missing (platform {spec.platform}, "
+                f"field 'default_model_filename' = {spec.default_model_filename!r})",
+                file=str(path),
+                field="default_model_filename",
+            )
+        return ModelVersion(spec, version, path)

@@ -1,0 +1,107 @@
+"""Reading results from Redis: job submission markers, polling, and result streams.
+
+Workers write (``workers/writer.py``); the gateway and the SDK read through this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from plaza.codec import decode_result, decode_results
+from plaza.contract import InferResult
+from plaza.naming import STREAM_FIELD_RESULTS, Names
+from plaza.settings import RedisSettings
+
+JobState = Literal["pending", "done", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """What polling a job id found."""
+
+    state: JobState
+    result: InferResult | None = None
+
+
+class ResultStore:
+    """Result keys and job markers of one deployment (its key prefix)."""
+
+    def __init__(self, redis: aioredis.Redis, settings: RedisSettings, names: Names) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._names = names
+
+    async def mark_submitted(self, correlation_id: str, model: str) -> None:
+        """Remember that a job exists, so polling can tell pending from unknown."""
+        await self._redis.set(
+            self._names.job_key(correlation_id), model.encode(), ex=self._settings.result_ttl_s
+        )
+
+    async def get(self, correlation_id: str) -> InferResult | None:
+        raw: Any = await self._redis.get(self._names.result_key(correlation_id))
+        return None if raw is None else decode_result(raw)
+
+    async def poll(self, correlation_id: str) -> JobStatus:
+        """done (with the result), pending (submitted, no result yet) or unknown."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(self._names.result_key(correlation_id))
+        pipe.exists(self._names.job_key(correlation_id))
+        raw, known = await pipe.execute()
+        if raw is not None:
+            return JobStatus("done", decode_result(raw))
+        return JobStatus("pending" if known else "unknown")
+
+
+async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
+    """Create a consumer group on ``stream`` (and the stream), reading from the start."""
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+async def consume_stream(
+    redis: aioredis.Redis,
+    stream: str,
+    group: str,
+    consumer: str,
+    *,
+    count: int = 64,
+    block_ms: int = 1000,
+    idle_exit: bool = False,
+) -> AsyncIterator[tuple[bytes, list[InferResult]]]:
+    """Yield (entry id, results) from ``stream`` as one consumer of ``group``.
+
+    The caller acknowledges each entry once it has processed it (``ack_entry``), so a
+    consumer that crashes mid-entry gets it again: its own pending entries are delivered
+    first when it comes back (another consumer can also take them with XAUTOCLAIM).
+    ``idle_exit`` stops after a block_ms wait that brought nothing (for batch pipelines
+    that drain and finish).
+    """
+    await ensure_group(redis, stream, group)
+    start = "0"  # first our own pending entries, then new ones
+    while True:
+        reply: Any = await redis.xreadgroup(
+            group, consumer, {stream: start}, count=count, block=block_ms
+        )
+        entries = reply[0][1] if reply else []
+        if not entries:
+            if start == "0":
+                start = ">"
+                continue
+            if idle_exit:
+                return
+            continue
+        for entry_id, fields in entries:
+            yield entry_id, decode_results(fields[STREAM_FIELD_RESULTS])
+
+
+async def ack_entry(redis: aioredis.Redis, stream: str, group: str, entry_id: bytes) -> None:
+    """Acknowledge one processed stream entry (XACK)."""
+    await redis.xack(stream, group, entry_id)

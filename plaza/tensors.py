@@ -1,0 +1,96 @@
+"""Tensors as they travel: name, datatype, shape and raw little-endian bytes.
+
+Fixed-size datatypes are the array's bytes in C order. BYTES tensors use Triton's binary
+serialisation: each element is a 4-byte little-endian length followed by its bytes. Decoding
+fixed-size tensors is zero-copy (``numpy.frombuffer`` over the received buffer).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from plaza.datatypes import from_numpy_dtype, itemsize, to_numpy_dtype
+from plaza.errors import InvalidInput
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One named tensor on the wire."""
+
+    name: str
+    """Input or output name, as in config.pbtxt."""
+    datatype: str
+    """KServe datatype name: FP32, INT64, BYTES, ..."""
+    shape: tuple[int, ...]
+    """Full shape, batch dimension first when the model batches."""
+    data: Buffer
+    """Raw little-endian bytes (Triton's length-prefixed layout for BYTES)."""
+
+    @property
+    def element_count(self) -> int:
+        return math.prod(self.shape)
+
+    def expected_nbytes(self) -> int | None:
+        """Byte length the shape implies, or None for BYTES (variable length)."""
+        size = itemsize(self.datatype)
+        return self.element_count * size if size else None
+
+    def to_numpy(self) -> np.ndarray[Any, Any]:
+        """The tensor as a numpy array; zero-copy (read-only) for fixed-size datatypes."""
+        dtype = to_numpy_dtype(self.datatype)
+        if dtype.kind == "O":
+            return deserialize_bytes(self.data, self.element_count).reshape(self.shape)
+        expected = self.element_count * dtype.itemsize
+        if len(self.data) != expected:
+            raise InvalidInput(
+                f"tensor {self.name!r}: {len(self.data)} bytes for shape {list(self.shape)} "
+                f"of {self.datatype} (expected {expected})",
+                tensor=self.name,
+            )
+        return np.frombuffer(self.data, dtype=dtype).reshape(self.shape)
+
+    @classmethod
+    def from_numpy(cls, name: str, array: np.ndarray[Any, Any]) -> Tensor:
+        """Wrap an array; one copy at most (to C order, little-endian)."""
+        datatype = from_numpy_dtype(array.dtype)
+        if datatype == "BYTES":
+            return cls(name, datatype, tuple(array.shape), serialize_bytes(array))
+        dtype = to_numpy_dtype(datatype)
+        arr = np.ascontiguousarray(array, dtype=dtype)
+        return cls(name, datatype, tuple(arr.shape), arr.data.cast("B"))
+
+
+def serialize_bytes(array: np.ndarray[Any, Any]) -> bytes:
+    """Triton's BYTES layout: per element, uint32 LE length then the bytes."""
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def deserialize_bytes(data: Buffer, count: int) -> np.ndarray[Any, Any]:
+    """Inverse of serialize_bytes; InvalidInput when lengths and data disagree."""
+    view = memoryview(data)
+    out = np.empty(count, dtype=object)
+    pos = 0
+    for i in range(count):
+        if pos + 4 > len(view):
+            raise InvalidInput(f"BYTES tensor truncated at element {i}")
+        (length,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        if pos + length > len(view):
+            raise InvalidInput(f"BYTES tensor element {i} runs past the data")
+        out[i] = bytes(view[pos : pos + length])
+        pos += length
+    if pos != len(view):
+        raise InvalidInput(f"BYTES tensor has {len(view) - pos} trailing bytes")
+    return out

@@ -1,0 +1,86 @@
+"""Checks one request against its model's configuration, before it may join a batch.
+
+Each request is validated on its own so that a bad one never fails its batch-mates. The
+same function serves the worker (authoritative) and the gateway (early 400s).
+"""
+
+from __future__ import annotations
+
+from plaza.contract import InferRequest
+from plaza.errors import InvalidInput
+from plaza.modelconfig import ModelSpec, TensorSpec
+from plaza.tensors import Tensor, deserialize_bytes
+
+
+def _check_shape(tensor: Tensor, spec: TensorSpec, max_batch_size: int) -> int:
+    """The request's batch size (rows), or InvalidInput if the shape does not fit."""
+    shape = tensor.shape
+    if max_batch_size > 0:
+        if len(shape) != len(spec.dims) + 1:
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {list(shape)} must be [batch] + {list(spec.dims)}",
+                tensor=tensor.name,
+            )
+        rows, rest = shape[0], shape[1:]
+        if not 1 <= rows <= max_batch_size:
+            raise InvalidInput(
+                f"input {tensor.name!r}: batch size {rows} is outside 1..{max_batch_size}",
+                tensor=tensor.name,
+            )
+    else:
+        rows, rest = 1, shape
+        if len(rest) != len(spec.dims):
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {list(shape)} does not match dims {list(spec.dims)}",
+                tensor=tensor.name,
+            )
+    for got, want in zip(rest, spec.dims, strict=True):
+        if want != -1 and got != want:
+            raise InvalidInput(
+                f"input {tensor.name!r}: shape {list(shape)} does not match dims {list(spec.dims)}",
+                tensor=tensor.name,
+            )
+    return rows
+
+
+def _check_data(tensor: Tensor) -> None:
+    expected = tensor.expected_nbytes()
+    if expected is None:
+        deserialize_bytes(tensor.data, tensor.element_count)  # raises InvalidInput
+    elif len(tensor.data) != expected:
+        raise InvalidInput(
+            f"input {tensor.name!r}: {len(tensor.data)} bytes of data, shape "
+            f"{list(tensor.shape)} of {tensor.datatype} needs {expected}",
+            tensor=tensor.name,
+        )
+
+
+def validate_request(req: InferRequest, spec: ModelSpec) -> int:
+    """Raise InvalidInput unless ``req`` fits ``spec``; return its batch size (rows)."""
+    given = {t.name: t for t in req.inputs}
+    if len(given) != len(req.inputs):
+        raise InvalidInput("an input name appears twice")
+    unknown = sorted(set(given) - {s.name for s in spec.inputs})
+    if unknown:
+        raise InvalidInput(f"unknown input(s) {unknown} for model {spec.name!r}")
+    rows: set[int] = set()
+    for ispec in spec.inputs:
+        tensor = given.get(ispec.name)
+        if tensor is None:
+            if ispec.optional:
+                continue
+            raise InvalidInput(f"missing input {ispec.name!r} for model {spec.name!r}")
+        if tensor.datatype != ispec.datatype:
+            raise InvalidInput(
+                f"input {ispec.name!r}: datatype {tensor.datatype} but the model expects "
+                f"{ispec.datatype}",
+                tensor=ispec.name,
+            )
+        rows.add(_check_shape(tensor, ispec, spec.max_batch_size))
+        _check_data(tensor)
+    if len(rows) > 1:
+        raise InvalidInput(f"inputs disagree on the batch size: {sorted(rows)}")
+    for name in req.outputs:
+        if spec.output(name) is None:
+            raise InvalidInput(f"unknown output {name!r} for model {spec.name!r}")
+    return rows.pop() if rows else 1

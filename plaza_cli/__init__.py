@@ -1,0 +1,1 @@
+"""Plaza's command line: ``plaza up``, ``plaza gateway``, ``plaza worker``, ``plaza services``."""

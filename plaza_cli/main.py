@@ -1,0 +1,66 @@
+"""The ``plaza`` console command: one entry point, one subcommand per job.
+
+    plaza up                      Kafka + Redis + one worker per model instance + gateway
+    plaza worker --worker.model M one worker process
+    plaza gateway                 the HTTP gateway
+    plaza services up             only Kafka and Redis
+
+Settings flags (``--kafka.bootstrap_servers``, ``--worker.model``, ...) follow the
+subcommand; each also has an environment variable (see plaza/settings.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from plaza.settings import PlazaSettings
+
+COMMANDS = {
+    "up": "bring up Kafka, Redis, the workers and the gateway on the sample repository",
+    "worker": "run one worker process for --worker.model",
+    "gateway": "run the KServe v2 HTTP gateway",
+    "services": "run only Kafka and Redis (plaza services up)",
+}
+
+
+def _settings(argv: list[str]) -> PlazaSettings:
+    return PlazaSettings(_cli_parse_args=argv)  # type: ignore[call-arg]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="plaza", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "command",
+        choices=sorted(COMMANDS),
+        help="; ".join(f"{k}: {v}" for k, v in COMMANDS.items()),
+    )
+    if not args or args[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    parser.parse_args([command])
+    if command == "worker":
+        from workers.main import run_worker
+
+        run_worker(_settings(rest))
+    elif command == "gateway":
+        from gateway.main import run_gateway
+
+        run_gateway(_settings(rest))
+    elif command == "services":
+        from plaza_cli.services import run_services_cli
+
+        return run_services_cli(rest)
+    elif command == "up":
+        from plaza_cli.up import run_up
+
+        return run_up(rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""Helpers shared by integration tests: settings for a test's own prefixes, a running worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from plaza.settings import (
+    GatewaySettings,
+    KafkaSettings,
+    PlazaSettings,
+    RedisSettings,
+    WorkerSettings,
+)
+from workers.worker import Worker
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+
+
+def make_settings(
+    bootstrap: str,
+    redis_url: str,
+    prefix: str,
+    *,
+    model: str = "",
+    repository: Path = REPOSITORY,
+    kafka: dict[str, Any] | None = None,
+    redis: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None,
+    gateway: dict[str, Any] | None = None,
+) -> PlazaSettings:
+    """Settings whose topics and keys belong to this test alone (``prefix``)."""
+    return PlazaSettings(
+        repository=repository,
+        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{prefix}.", partitions=2,
+                            **(kafka or {})),
+        redis=RedisSettings(url=redis_url, key_prefix=f"{prefix}:", **(redis or {})),
+        worker=WorkerSettings(model=model, intra_op_threads=1, heartbeat_interval_s=0.5,
+                              **(worker or {})),
+        gateway=GatewaySettings(**(gateway or {})),
+    )
+
+
+def with_model(settings: PlazaSettings, model: str, **worker: Any) -> PlazaSettings:
+    """The same settings for a worker of ``model``."""
+    section = settings.worker.model_copy(update={"model": model, **worker})
+    return settings.model_copy(update={"worker": section})
+
+
+@asynccontextmanager
+async def running_worker(settings: PlazaSettings, model: str, **worker: Any) -> AsyncIterator[Worker]:
+    """A started worker of ``model``, stopped (drained, committed) on exit."""
+    w = Worker(with_model(settings, model, **worker))
+    await w.start()
+    try:
+        yield w
+    finally:
+        await w.stop()
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0,
+                   what: str = "condition") -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,177 @@
+"""The dynamic batcher, driven by a fake clock: Triton's semantics sized by queue depth."""
+
+from __future__ import annotations
+
+import pytest
+
+from plaza.batching import BatchingPolicy, DynamicBatcher
+from plaza.errors import QueueFull
+from plaza.modelconfig import QueuePolicy
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, us: float) -> None:
+        self.t += us / 1e6
+
+
+def make(clock: FakeClock, **kw) -> DynamicBatcher[int]:
+    policy = BatchingPolicy(**{"max_batch_size": 8, "max_queue_delay_us": 1000, **kw})
+    return DynamicBatcher(policy, clock=clock)
+
+
+def test_waits_for_the_delay_then_runs_what_is_there() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    for i in range(3):
+        b.add(i)
+    d = b.decide()
+    assert d.batch == [] and d.wake_at == pytest.approx(clock.t + 0.001)
+    clock.advance(990)
+    assert b.decide().batch == []
+    clock.advance(20)  # now past the oldest request's max_queue_delay
+    assert b.decide().batch == [0, 1, 2]
+    assert len(b) == 0
+
+
+def test_full_batch_runs_at_once() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    for i in range(11):
+        b.add(i)
+    assert b.decide().batch == list(range(8))
+    assert len(b) == 3
+
+
+def test_preferred_size_runs_at_once_when_depth_reaches_no_further() -> None:
+    clock = FakeClock()
+    b = make(clock, preferred_batch_sizes=(4,))
+    for i in range(5):
+        b.add(i)
+    assert b.decide(backlog=0).batch == [0, 1, 2, 3]  # depth 5: 4 is the best it can do
+
+
+def test_deep_queue_waits_for_records_still_in_kafka() -> None:
+    clock = FakeClock()
+    b = make(clock, preferred_batch_sizes=(4,))
+    for i in range(5):
+        b.add(i)
+    # 5 pending + 10 lagging in Kafka: depth 15 can fill max_batch_size 8, so wait for them
+    assert b.decide(backlog=10).batch == []
+    for i in range(5, 8):
+        b.add(i)
+    assert b.decide(backlog=7).batch == list(range(8))
+
+
+def test_deep_queue_never_waits_past_the_delay() -> None:
+    clock = FakeClock()
+    b = make(clock, preferred_batch_sizes=(4,))
+    for i in range(5):
+        b.add(i)
+    clock.advance(1000)
+    assert b.decide(backlog=100).batch == [0, 1, 2, 3, 4]
+
+
+def test_zero_delay_runs_immediately() -> None:
+    clock = FakeClock()
+    b = make(clock, max_queue_delay_us=0)
+    b.add(1)
+    assert b.decide(backlog=50).batch == [1]
+
+
+def test_request_rows_count_toward_the_batch() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    b.add("a", size=5)
+    b.add("b", size=4)  # would make 9 > 8
+    assert b.decide().batch == ["a"]
+    assert b.pending_size == 4
+
+
+def test_no_dynamic_batching_runs_one_request_at_a_time() -> None:
+    clock = FakeClock()
+    b = make(clock, enabled=False)
+    for i in range(3):
+        b.add(i)
+    assert b.decide().batch == [0]
+    assert b.decide().batch == [1]
+
+
+def test_higher_priority_is_batched_first() -> None:
+    clock = FakeClock()
+    b = make(clock, priority_levels=2, default_priority_level=2, max_batch_size=4)
+    for i in range(4):
+        b.add(f"low{i}", priority=2)
+    b.add("high0", priority=1)
+    b.add("default", priority=0)  # -> level 2
+    first = b.decide().batch
+    assert first == ["high0", "low0", "low1", "low2"]
+    assert b.level_depths() == {1: 0, 2: 2}
+
+
+def test_reject_on_timeout_expires_before_running() -> None:
+    clock = FakeClock()
+    b = make(clock, default_queue_policy=QueuePolicy(default_timeout_us=500))
+    b.add("old")
+    clock.advance(300)
+    b.add("young")
+    clock.advance(300)  # old is 600us old (deadline 500), young 300us
+    d = b.decide()
+    assert d.expired == ["old"] and d.batch == []
+    assert d.wake_at == pytest.approx(clock.t + 0.0002)  # young's own deadline comes first
+
+
+def test_request_deadline_can_only_lower_the_configured_timeout() -> None:
+    clock = FakeClock()
+    b = make(clock, max_queue_delay_us=10_000, default_queue_policy=QueuePolicy(
+        default_timeout_us=1000))
+    b.add("asks-more", deadline=clock.t + 1.0)
+    b.add("asks-less", deadline=clock.t + 0.0002)
+    clock.advance(300)
+    assert b.decide().expired == ["asks-less"]
+    clock.advance(800)
+    assert b.decide().expired == ["asks-more"]
+
+
+def test_delay_action_keeps_the_request_behind_others() -> None:
+    clock = FakeClock()
+    b = make(clock, max_batch_size=2, default_queue_policy=QueuePolicy(
+        reject_on_timeout=False, default_timeout_us=100))
+    b.add("late")
+    clock.advance(200)
+    b.add("fresh1")
+    b.add("fresh2")
+    d = b.decide()
+    assert d.expired == [] and d.batch == ["fresh1", "fresh2"]
+    clock.advance(1000)
+    assert b.decide().batch == ["late"]
+
+
+def test_max_queue_size_raises_queue_full() -> None:
+    clock = FakeClock()
+    b = make(clock, default_queue_policy=QueuePolicy(max_queue_size=2))
+    b.add(1)
+    b.add(2)
+    with pytest.raises(QueueFull) as info:
+        b.add(3)
+    assert info.value.retriable and info.value.code == "queue_full"
+
+
+def test_remove_if_drops_revoked_requests() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    for i in range(6):
+        b.add(i)
+    assert b.remove_if(lambda i: i % 2 == 0) == [0, 2, 4]
+    clock.advance(1000)
+    assert b.decide().batch == [1, 3, 5]
+
+
+def test_empty_batcher_sleeps_until_something_arrives() -> None:
+    d = make(FakeClock()).decide(backlog=0)
+    assert d.batch == [] and d.expired == [] and d.wake_at is None

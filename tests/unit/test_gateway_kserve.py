@@ -1,0 +1,341 @@
+"""KServe v2 bodies <-> Plaza tensors: JSON and binary round trips, and every malformed body."""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.http import InferResult as TritonResult
+
+from gateway import kserve
+from plaza.contract import InferResult
+from plaza.errors import InvalidInput
+from plaza.modelconfig import parse_model_config
+from plaza.tensors import Tensor
+
+
+def _json_body(doc: dict[str, Any]) -> bytes:
+    return orjson.dumps(doc)
+
+
+def _binary_body(doc: dict[str, Any], *blobs: bytes) -> tuple[bytes, int]:
+    header = orjson.dumps(doc)
+    return header + b"".join(blobs), len(header)
+
+
+def _input(name: str, datatype: str, shape: list[int], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": shape, **extra}
+
+
+def _triton_body(
+    inputs: list[httpclient.InferInput], outputs: list[httpclient.InferRequestedOutput] | None
+) -> tuple[bytes, int | None]:
+    """The exact body tritonclient would send (its own request builder)."""
+    from tritonclient.http._utils import _get_inference_request
+
+    body, length = _get_inference_request(
+        inputs, "client-7", outputs, 0, False, False, 0, None, None
+    )
+    return body, length
+
+
+# -- JSON requests --------------------------------------------------------------------------
+
+
+def test_json_flat_and_nested_data_decode_to_the_same_bytes() -> None:
+    flat = _input("INPUT0", "FP32", [2, 2], data=[1, 2, 3, 4.5])
+    nested = _input("INPUT0", "FP32", [2, 2], data=[[1, 2], [3, 4.5]])
+    a = kserve.decode_infer_request(_json_body({"inputs": [flat]}))
+    b = kserve.decode_infer_request(_json_body({"inputs": [nested]}))
+    expected = np.array([[1, 2], [3, 4.5]], dtype=np.float32)
+    for body in (a, b):
+        np.testing.assert_array_equal(body.inputs[0].to_numpy(), expected)
+        assert body.inputs[0].shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "dtype"),
+    [
+        ("INT32", [1, -2, 3], np.int32),
+        ("INT64", [2**40, 0, -1], np.int64),
+        ("UINT8", [0, 255, 7], np.uint8),
+        ("FP64", [0.5, 1, -3], np.float64),
+        ("FP16", [0.5, 1, -3], np.float16),
+        ("BOOL", [True, False, True], np.bool_),
+    ],
+)
+def test_json_numeric_datatypes(datatype: str, data: list[Any], dtype: Any) -> None:
+    body = kserve.decode_infer_request(
+        _json_body({"inputs": [_input("X", datatype, [3], data=data)]})
+    )
+    np.testing.assert_array_equal(body.inputs[0].to_numpy(), np.array(data, dtype=dtype))
+
+
+def test_json_bytes_are_strings_in_tritons_layout() -> None:
+    body = kserve.decode_infer_request(
+        _json_body({"inputs": [_input("T", "BYTES", [2, 1], data=[["héllo"], [""]])]})
+    )
+    tensor = body.inputs[0]
+    assert bytes(tensor.data) == struct.pack("<I", 6) + "héllo".encode() + struct.pack("<I", 0)
+    assert tensor.to_numpy().tolist() == [[b"h\xc3\xa9llo"], [b""]]
+
+
+def test_request_fields_and_parameters() -> None:
+    doc = {
+        "id": "client-label",
+        "inputs": [_input("X", "INT32", [1], data=[1])],
+        "outputs": [{"name": "A", "parameters": {"binary_data": True}}, {"name": "B"}],
+        "parameters": {"binary_data_output": False, "timeout": 250_000, "priority": 2, "k": "v"},
+    }
+    body = kserve.decode_infer_request(_json_body(doc))
+    assert body.client_id == "client-label"
+    assert body.timeout_us == 250_000 and body.priority == 2
+    assert body.parameters == {"k": "v"}
+    assert body.wants_binary("A") and not body.wants_binary("B")
+    req = body.to_request("m", "1", "corr-1")
+    assert req.id == "corr-1" and req.model == "m" and req.version == "1"
+    assert req.outputs == ("A", "B") and req.priority == 2
+    assert req.deadline_ms is not None and req.deadline_ms - req.created_ms == 250
+
+
+def test_no_timeout_means_no_deadline() -> None:
+    body = kserve.decode_infer_request(
+        _json_body({"inputs": [_input("X", "INT32", [1], data=[1])]})
+    )
+    assert body.to_request("m", "", "c").deadline_ms is None
+    assert body.client_id is None and not body.wants_binary("anything")
+
+
+# -- binary requests ------------------------------------------------------------------------
+
+
+def test_binary_inputs_are_zero_copy_slices_in_order() -> None:
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([7, 8], dtype=np.int64)
+    doc = {
+        "inputs": [
+            _input("A", "FP32", [2, 3], parameters={"binary_data_size": a.nbytes}),
+            _input("J", "INT32", [1], data=[5]),
+            _input("B", "INT64", [2], parameters={"binary_data_size": b.nbytes}),
+        ]
+    }
+    raw, length = _binary_body(doc, a.tobytes(), b.tobytes())
+    body = kserve.decode_infer_request(raw, length)
+    got = {t.name: t for t in body.inputs}
+    np.testing.assert_array_equal(got["A"].to_numpy(), a)
+    np.testing.assert_array_equal(got["B"].to_numpy(), b)
+    assert got["J"].to_numpy().tolist() == [5]
+    assert isinstance(got["A"].data, memoryview)
+
+
+def test_tritonclient_request_bodies_decode() -> None:
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    s = np.array([[b"ab", b"\x00\xff"]], dtype=object)
+    binary_in = httpclient.InferInput("INPUT0", [1, 16], "INT32").set_data_from_numpy(x)
+    bytes_in = httpclient.InferInput("S", [1, 2], "BYTES").set_data_from_numpy(s)
+    json_in = httpclient.InferInput("INPUT1", [1, 16], "INT32").set_data_from_numpy(
+        x, binary_data=False
+    )
+    outputs = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)]
+    raw, length = _triton_body([binary_in, bytes_in, json_in], outputs)
+    body = kserve.decode_infer_request(raw, length)
+    got = {t.name: t.to_numpy() for t in body.inputs}
+    np.testing.assert_array_equal(got["INPUT0"], x)
+    np.testing.assert_array_equal(got["INPUT1"], x)
+    assert got["S"].tolist() == [[b"ab", b"\x00\xff"]]
+    assert body.client_id == "client-7" and body.wants_binary("OUTPUT0")
+
+
+def test_tritonclient_without_outputs_asks_binary_for_all() -> None:
+    x = np.ones((1, 4), dtype=np.float32)
+    raw, length = _triton_body(
+        [httpclient.InferInput("I", [1, 4], "FP32").set_data_from_numpy(x)], None
+    )
+    body = kserve.decode_infer_request(raw, length)
+    assert body.binary_output and body.wants_binary("whatever")
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+def _result(*outputs: Tensor) -> InferResult:
+    return InferResult(id="corr", model="m", version="1", outputs=outputs)
+
+
+def _as_triton(body: kserve.EncodedBody) -> TritonResult:
+    return TritonResult.from_response_body(body.content, header_length=body.header_length)
+
+
+def test_json_response_round_trips_through_tritonclient() -> None:
+    f = np.array([[1.5, -2]], dtype=np.float32)
+    s = np.array([b"x", "ü".encode()], dtype=object)
+    body = kserve.encode_infer_response(
+        _result(Tensor.from_numpy("F", f), Tensor.from_numpy("S", s)),
+        response_id="client",
+        binary=lambda _: False,
+    )
+    assert body.header_length is None and body.content_type == "application/json"
+    doc = orjson.loads(body.content)
+    assert doc["id"] == "client" and doc["model_name"] == "m" and doc["model_version"] == "1"
+    assert doc["outputs"][0] == {
+        "name": "F",
+        "datatype": "FP32",
+        "shape": [1, 2],
+        "data": [1.5, -2.0],
+    }
+    assert doc["outputs"][1]["data"] == ["x", "ü"]
+    result = _as_triton(body)
+    np.testing.assert_array_equal(result.as_numpy("F"), f)
+
+
+def test_binary_response_round_trips_through_tritonclient() -> None:
+    f = np.arange(12, dtype=np.float16).reshape(3, 4)
+    i = np.array([1, 2, 3], dtype=np.int64)
+    s = np.array([[b"a\x00b"], [b""]], dtype=object)
+    outputs = (Tensor.from_numpy("F", f), Tensor.from_numpy("I", i), Tensor.from_numpy("S", s))
+    body = kserve.encode_infer_response(
+        _result(*outputs), response_id="r", binary=lambda name: name != "I"
+    )
+    assert body.header_length is not None and body.content_type == "application/octet-stream"
+    header = orjson.loads(body.content[: body.header_length])
+    assert header["outputs"][0]["parameters"] == {"binary_data_size": f.nbytes}
+    assert header["outputs"][1]["data"] == [1, 2, 3]
+    result = _as_triton(body)
+    np.testing.assert_array_equal(result.as_numpy("F"), f)
+    np.testing.assert_array_equal(result.as_numpy("I"), i)
+    assert result.as_numpy("S").tolist() == [[b"a\x00b"], [b""]]
+
+
+def test_extra_fields_and_metadata() -> None:
+    body = kserve.encode_infer_response(
+        _result(), response_id="j", binary=lambda _: False, extra={"status": "done"}
+    )
+    assert orjson.loads(body.content)["status"] == "done"
+    spec = parse_model_config(
+        'name: "m" platform: "onnxruntime_onnx" max_batch_size: 8 '
+        'input [{ name: "I" data_type: TYPE_FP32 dims: [ 4 ] }] '
+        'output [{ name: "O" data_type: TYPE_STRING dims: [ -1 ] }]',
+        source="mem",
+        default_name="m",
+    )
+    meta = kserve.model_metadata(spec, [1, 3])
+    assert meta == {
+        "name": "m",
+        "versions": ["1", "3"],
+        "platform": "onnxruntime_onnx",
+        "inputs": [{"name": "I", "datatype": "FP32", "shape": [-1, 4]}],
+        "outputs": [{"name": "O", "datatype": "BYTES", "shape": [-1, -1]}],
+    }
+    assert kserve.server_metadata("0.1", ["a"]) == {
+        "name": "plaza",
+        "version": "0.1",
+        "extensions": ["a"],
+    }
+
+
+# -- malformed bodies -----------------------------------------------------------------------
+
+_GOOD = _input("X", "FP32", [2], data=[1, 2])
+_MALFORMED_JSON: list[tuple[str, Any, str]] = [
+    ("not json", b"{nope", "not valid JSON"),
+    ("not an object", b"[1, 2]", "must be a JSON object"),
+    ("no inputs", {"id": "x"}, "'inputs' must be a non-empty list"),
+    ("empty inputs", {"inputs": []}, "'inputs' must be a non-empty list"),
+    ("input not object", {"inputs": [3]}, "inputs[0] must be a JSON object"),
+    ("no name", {"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]}, "needs a non-empty"),
+    ("unknown datatype", {"inputs": [_input("X", "FP31", [1], data=[1])]}, "unknown datatype"),
+    ("bad shape", {"inputs": [_input("X", "FP32", [-1], data=[1])]}, "'shape' must be"),
+    ("bool shape", {"inputs": [_input("X", "FP32", [True], data=[1])]}, "'shape' must be"),
+    ("no data", {"inputs": [_input("X", "FP32", [1])]}, "needs 'data'"),
+    ("count mismatch", {"inputs": [_input("X", "FP32", [3], data=[1, 2])]}, "2 data elements"),
+    ("ragged", {"inputs": [_input("X", "FP32", [3], data=[[1, 2], [3]])]}, "not a regular array"),
+    ("string in numbers", {"inputs": [_input("X", "FP32", [2], data=[1, "a"])]}, "string values"),
+    ("float for int", {"inputs": [_input("X", "INT32", [1], data=[1.5])]}, "float values"),
+    ("int for bool", {"inputs": [_input("X", "BOOL", [1], data=[1])]}, "integer values"),
+    ("overflow", {"inputs": [_input("X", "UINT8", [1], data=[256])]}, "out of range"),
+    ("null data", {"inputs": [_input("X", "FP32", [1], data=[None])]}, "non-numeric values"),
+    ("bytes not str", {"inputs": [_input("X", "BYTES", [1], data=[1])]}, "must be strings"),
+    ("bad id", {"id": 5, "inputs": [_GOOD]}, "'id' must be a string"),
+    ("bad params", {"inputs": [_GOOD], "parameters": [1]}, "'parameters' must be a JSON object"),
+    ("nested param", {"inputs": [_GOOD], "parameters": {"a": {"b": 1}}}, "must be a string"),
+    ("bad timeout", {"inputs": [_GOOD], "parameters": {"timeout": -1}}, "non-negative integer"),
+    ("bad flag", {"inputs": [_GOOD], "parameters": {"binary_data_output": 1}}, "true or false"),
+    ("outputs not list", {"inputs": [_GOOD], "outputs": {"name": "O"}}, "'outputs' must be a list"),
+    ("output no name", {"inputs": [_GOOD], "outputs": [{}]}, "outputs[0] must be an object"),
+    (
+        "output bad binary",
+        {"inputs": [_GOOD], "outputs": [{"name": "O", "parameters": {"binary_data": "yes"}}]},
+        "'binary_data' must be true or false",
+    ),
+    (
+        "classification",
+        {"inputs": [_GOOD], "outputs": [{"name": "O", "parameters": {"classification": 3}}]},
+        "not supported",
+    ),
+    (
+        "binary without header",
+        {"inputs": [_input("X", "FP32", [1], parameters={"binary_data_size": 4})]},
+        "no Inference-Header-Content-Length",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "doc", "message"), _MALFORMED_JSON, ids=[c[0] for c in _MALFORMED_JSON]
+)
+def test_malformed_json_bodies(case: str, doc: Any, message: str) -> None:
+    raw = doc if isinstance(doc, bytes) else _json_body(doc)
+    with pytest.raises(InvalidInput, match=re.escape(message)) as info:
+        kserve.decode_infer_request(raw)
+    assert info.value.code == "invalid_input"
+
+
+def _bin_doc(size: Any, **extra: Any) -> dict[str, Any]:
+    return {"inputs": [_input("X", "FP32", [2], parameters={"binary_data_size": size}, **extra)]}
+
+
+_MALFORMED_BINARY: list[tuple[str, dict[str, Any], bytes, int | None, str]] = [
+    ("header past body", _bin_doc(8), b"\0" * 8, 10_000, "outside the body"),
+    ("zero header", _bin_doc(8), b"\0" * 8, 0, "outside the body"),
+    ("size past body", _bin_doc(8), b"\0" * 4, None, "runs past the body"),
+    ("size vs shape", _bin_doc(4), b"\0" * 4, None, "needs 8 bytes"),
+    ("trailing bytes", _bin_doc(8), b"\0" * 12, None, "add up to 8"),
+    ("negative size", _bin_doc(-8), b"", None, "non-negative integer"),
+    ("data and binary", _bin_doc(8, data=[1, 2]), b"\0" * 8, None, "both 'data'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "doc", "blob", "length", "message"),
+    _MALFORMED_BINARY,
+    ids=[c[0] for c in _MALFORMED_BINARY],
+)
+def test_malformed_binary_bodies(
+    case: str, doc: dict[str, Any], blob: bytes, length: int | None, message: str
+) -> None:
+    raw, header_length = _binary_body(doc, blob)
+    with pytest.raises(InvalidInput, match=re.escape(message)) as info:
+        kserve.decode_infer_request(raw, header_length if length is None else length)
+    assert info.value.code == "invalid_input"
+
+
+@pytest.mark.parametrize("value", ["abc", "-3", "1.5", ""])
+def test_bad_header_length_values(value: str) -> None:
+    with pytest.raises(InvalidInput, match="must be an integer"):
+        kserve.parse_header_length(value)
+
+
+def test_header_length_values() -> None:
+    assert kserve.parse_header_length(None) is None
+    assert kserve.parse_header_length(" 42 ") == 42
+
+
+def test_empty_tensors_decode() -> None:
+    doc = {"inputs": [_input("X", "FP32", [1, 0], data=[]), _input("S", "BYTES", [0], data=[])]}
+    body = kserve.decode_infer_request(_json_body(doc))
+    assert [t.to_numpy().shape for t in body.inputs] == [(1, 0), (0,)]

@@ -1,0 +1,127 @@
+"""config.pbtxt parsing into Triton's ModelConfig, the repository layout, bad configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plaza.errors import ConfigError, ModelNotFound
+from plaza.modelconfig import parse_model_config
+from plaza.repository import ModelRepository
+
+GOOD = """
+name: "mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 64
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "logits" data_type: TYPE_FP32 dims: [ 10 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+dynamic_batching {
+  preferred_batch_size: [ 32, 16 ]
+  max_queue_delay_microseconds: 2000
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000 }
+  priority_queue_policy { key: 1 value { max_queue_size: 8 } }
+}
+version_policy { latest { num_versions: 2 } }
+parameters { key: "intra_op_thread_count" value { string_value: "2" } }
+"""
+
+
+def spec(text: str = GOOD, name: str = "mlp"):
+    return parse_model_config(text, source=f"{name}/config.pbtxt", default_name=name)
+
+
+def test_good_config_parses_every_block() -> None:
+    s = spec()
+    assert (s.name, s.platform, s.max_batch_size, s.instance_count) == (
+        "mlp", "onnxruntime_onnx", 64, 2)
+    assert s.inputs[0].datatype == "FP32" and s.inputs[0].dims == (512,)
+    assert s.batching.preferred_batch_sizes == (16, 32)
+    assert s.batching.max_queue_delay_us == 2000
+    assert s.batching.priority_levels == 2 and s.batching.default_priority_level == 2
+    assert not s.batching.default_queue_policy.reject_on_timeout
+    assert s.batching.default_queue_policy.default_timeout_us == 5000
+    assert s.batching.queue_policy(1).max_queue_size == 8
+    assert s.version_policy.select([1, 2, 3]) == [2, 3]
+    assert s.parameters == {"intra_op_thread_count": "2"}
+    assert s.config_json()["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+
+
+def test_defaults_name_from_folder_and_latest_one() -> None:
+    s = spec(GOOD.replace('name: "mlp"', "").replace(
+        "version_policy { latest { num_versions: 2 } }", ""), name="other")
+    assert s.name == "other"
+    assert s.version_policy.select([1, 4, 2]) == [4]
+
+
+@pytest.mark.parametrize(("edit", "field"), [
+    (('platform: "onnxruntime_onnx"', 'platform: "tensorflow_savedmodel"'), "platform"),
+    (('name: "mlp"', 'name: "other"'), "name"),
+    (("max_batch_size: 64", "max_batch_size: -1"), "max_batch_size"),
+    (('input [ { name: "x" data_type: TYPE_FP32 dims: [ 512 ] } ]', "input [ ]"), "input"),
+    (('{ name: "x" data_type: TYPE_FP32', '{ data_type: TYPE_FP32'), "input[0].name"),
+    (("data_type: TYPE_FP32 dims: [ 512 ]", "dims: [ 512 ]"), "input[0].data_type"),
+    (("dims: [ 512 ]", "dims: [ 0 ]"), "input[0].dims"),
+    (("preferred_batch_size: [ 32, 16 ]", "preferred_batch_size: [ 128 ]"),
+     "dynamic_batching.preferred_batch_size"),
+    (("default_priority_level: 2", "default_priority_level: 3"),
+     "dynamic_batching.default_priority_level"),
+    (("priority_queue_policy { key: 1", "priority_queue_policy { key: 5"),
+     "dynamic_batching.priority_queue_policy"),
+    (("num_versions: 2", "num_versions: 0"), "version_policy.latest.num_versions"),
+])
+def test_bad_config_names_file_and_field(edit: tuple[str, str], field: str) -> None:
+    old, new = edit
+    assert old in GOOD
+    with pytest.raises(ConfigError) as info:
+        spec(GOOD.replace(old, new))
+    assert "mlp/config.pbtxt" in info.value.message
+    assert f"'{field}'" in info.value.message
+    assert info.value.code == "bad_config"
+
+
+def test_syntax_error_names_file_and_line() -> None:
+    with pytest.raises(ConfigError, match=r"mlp/config.pbtxt: 2:\d+"):
+        spec('name: "mlp"\nmax_batch_size: "lots"\n')
+
+
+def test_unknown_field_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="no_such_field"):
+        spec(GOOD + "\nno_such_field: 1\n")
+
+
+def _write_model(root: Path, name: str, config: str, versions: dict[str, str]) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    for version, filename in versions.items():
+        (root / name / version).mkdir()
+        if filename:
+            (root / name / version / filename).write_bytes(b"onnx")
+
+
+def test_repository_versions_and_model_files(tmp_path: Path) -> None:
+    _write_model(tmp_path, "mlp", GOOD, {"1": "model.onnx", "3": "model.onnx", "x": ""})
+    repo = ModelRepository(tmp_path)
+    assert repo.model_names() == ["mlp"]
+    assert repo.available_versions("mlp") == [1, 3]
+    assert [mv.version for mv in repo.served_versions("mlp")] == [1, 3]
+    assert repo.served_versions("mlp")[0].path == tmp_path / "mlp" / "1" / "model.onnx"
+
+
+def test_missing_model_file_names_the_file(tmp_path: Path) -> None:
+    _write_model(tmp_path, "mlp", GOOD, {"1": "", "2": "model.onnx"})
+    with pytest.raises(ConfigError, match=r"mlp/1/model.onnx: model file missing"):
+        ModelRepository(tmp_path).served_versions("mlp")
+
+
+def test_unknown_and_unsafe_model_names(tmp_path: Path) -> None:
+    repo = ModelRepository(tmp_path)
+    with pytest.raises(ModelNotFound):
+        repo.spec("nope")
+    for bad in ("../etc", "a/b", "..", ""):
+        with pytest.raises(Exception) as info:
+            repo.spec(bad)
+        assert getattr(info.value, "code", "") == "invalid_input"

@@ -1,0 +1,1 @@
+"""The worker process: Kafka intake -> dynamic batcher -> backend -> Redis results."""

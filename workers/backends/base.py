@@ -1,0 +1,61 @@
+"""The backend interface and the factory that picks one by platform."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+from plaza.errors import ConfigError
+from plaza.modelconfig import BACKEND_SIMULATED, PLATFORM_ONNX, PLATFORM_TORCH
+from plaza.repository import ModelVersion
+from workers.device import Device
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+class Backend(Protocol):
+    """Runs one model version. ``infer`` is called from one executor thread at a time."""
+
+    device: Device
+
+    def load(self) -> None: ...
+
+    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
+        """Inputs by name (batch first) -> the requested outputs by name."""
+        ...
+
+    def unload(self) -> None: ...
+
+
+def thread_count(mv: ModelVersion, configured: int) -> int:
+    """Intra-op threads: the config's ``intra_op_thread_count`` parameter, else the
+    worker setting, else every core."""
+    param = mv.spec.parameters.get("intra_op_thread_count", "")
+    if param:
+        try:
+            return max(1, int(param))
+        except ValueError:
+            raise ConfigError(
+                f"{mv.spec.name}: parameter intra_op_thread_count={param!r} is not an integer",
+                field="parameters.intra_op_thread_count",
+            ) from None
+    return configured or (os.cpu_count() or 1)
+
+
+def create_backend(mv: ModelVersion, device: Device, threads: int = 0) -> Backend:
+    """The backend for ``mv``'s platform. torch is imported only for pytorch_libtorch."""
+    if mv.spec.platform == PLATFORM_ONNX:
+        from workers.backends.onnx import OnnxBackend
+
+        return OnnxBackend(mv, device, thread_count(mv, threads))
+    if mv.spec.platform == PLATFORM_TORCH:
+        from workers.backends.torch import TorchBackend
+
+        return TorchBackend(mv, device, thread_count(mv, threads))
+    if mv.spec.platform == BACKEND_SIMULATED:
+        from workers.backends.simulated import SimulatedBackend
+
+        return SimulatedBackend(mv)
+    raise ConfigError(f"{mv.spec.name}: no backend for platform {mv.spec.platform!r}")

@@ -1,0 +1,171 @@
+"""The batch runner: stack a batch's inputs once, run the backend, split the outputs.
+
+Used by the worker (fed by the batcher) and by the GPU check script (fed directly). Requests
+whose non-batch shapes differ cannot share one tensor; they run as separate sub-batches, as
+in Triton. A backend that raises fails only the sub-batch it was running, each request of it
+getting a ``model_error`` result; the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from plaza.contract import ErrorInfo, InferRequest, InferResult
+from plaza.errors import ModelExecutionError
+from plaza.modelconfig import ModelSpec
+from plaza.tensors import Tensor
+from workers.backends.base import Arrays, Backend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkItem:
+    """A validated request waiting in the batcher."""
+
+    request: InferRequest
+    rows: int
+    version: int
+    received: float = field(default_factory=time.monotonic)
+    """Monotonic time the worker took the request in (queue time starts here)."""
+    partition: Any = None
+    """The Kafka TopicPartition it came from (None outside the worker)."""
+    offset: int = -1
+
+
+def _group_key(item: WorkItem) -> tuple[Any, ...]:
+    shapes = tuple(sorted((t.name, t.shape[1:]) for t in item.request.inputs))
+    return (item.version, shapes)
+
+
+def stack_inputs(items: Sequence[WorkItem], batched: bool) -> Arrays:
+    """One array per input: the requests' arrays concatenated on the batch dim (one copy)."""
+    names = [t.name for t in items[0].request.inputs]
+    if len(items) == 1 or not batched:
+        return {t.name: t.to_numpy() for t in items[0].request.inputs}
+    arrays: Arrays = {}
+    for name in names:
+        parts = [next(t for t in it.request.inputs if t.name == name).to_numpy() for it in items]
+        arrays[name] = np.concatenate(parts, axis=0)
+    return arrays
+
+
+class BatchRunner:
+    """Runs batches of WorkItems on the model's backends (one per served version)."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        backends: dict[int, Backend],
+        executor: Executor | None = None,
+        worker_id: str = "",
+    ) -> None:
+        self.spec = spec
+        self.backends = backends
+        self.executor = executor
+        self.worker_id = worker_id
+        self._all_outputs = [o.name for o in spec.outputs]
+
+    async def run(self, items: Sequence[WorkItem]) -> list[InferResult]:
+        """Results in the order of ``items``; inference runs in the executor thread."""
+        loop = asyncio.get_running_loop()
+        groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        for i, item in enumerate(items):
+            key = _group_key(item) if self.spec.max_batch_size > 0 else (i,)
+            groups[key].append(i)
+        results: list[InferResult | None] = [None] * len(items)
+        for indices in groups.values():
+            group = [items[i] for i in indices]
+            done = await loop.run_in_executor(self.executor, self.run_group, group)
+            for i, res in zip(indices, done, strict=True):
+                results[i] = res
+        return [r for r in results if r is not None]
+
+    def run_group(self, items: Sequence[WorkItem]) -> list[InferResult]:
+        """Run requests that share shapes and a version as one backend call (blocking)."""
+        t0 = time.monotonic()
+        wanted = sorted({o for it in items for o in (it.request.outputs or self._all_outputs)})
+        try:
+            inputs = stack_inputs(items, self.spec.max_batch_size > 0)
+            t1 = time.monotonic()
+            outputs = self.backends[items[0].version].infer(inputs, wanted)
+            t2 = time.monotonic()
+            results = self._split(items, outputs, t0, t1, t2)
+        except Exception as exc:
+            log.exception("%s: batch of %d failed", self.spec.name, len(items))
+            err = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
+            return [self._error(it, err) for it in items]
+        return results
+
+    def _split(
+        self, items: Sequence[WorkItem], outputs: Arrays, t0: float, t1: float, t2: float
+    ) -> list[InferResult]:
+        total = sum(it.rows for it in items)
+        batched = self.spec.max_batch_size > 0
+        for name, arr in outputs.items():
+            if batched and (arr.ndim == 0 or arr.shape[0] != total):
+                raise ModelExecutionError(
+                    f"output {name!r} has shape {list(arr.shape)}, expected {total} rows"
+                )
+        results: list[InferResult] = []
+        start = 0
+        for it in items:
+            end = start + it.rows
+            names = it.request.outputs or self._all_outputs
+            tensors = tuple(
+                Tensor.from_numpy(n, outputs[n][start:end] if batched else outputs[n])
+                for n in names
+            )
+            start = end
+            results.append(self._ok(it, tensors, t0, t1, t2))
+        return results
+
+    def _ok(
+        self, it: WorkItem, tensors: tuple[Tensor, ...], t0: float, t1: float, t2: float
+    ) -> InferResult:
+        t3 = time.monotonic()
+        timing = {
+            "queue": int((t0 - it.received) * 1e6),
+            "compute_input": int((t1 - t0) * 1e6),
+            "compute_infer": int((t2 - t1) * 1e6),
+            "compute_output": int((t3 - t2) * 1e6),
+        }
+        return InferResult(
+            id=it.request.id,
+            model=self.spec.name,
+            version=str(it.version),
+            outputs=tensors,
+            timing_us=timing,
+            worker=self.worker_id,
+        )
+
+    def _error(self, it: WorkItem, err: ModelExecutionError) -> InferResult:
+        return error_result(it.request, err, version=str(it.version), worker=self.worker_id)
+
+
+def error_result(
+    req: InferRequest | None,
+    err: Any,
+    *,
+    rid: str = "",
+    model: str = "",
+    version: str = "",
+    worker: str = "",
+) -> InferResult:
+    """An error answer for a request (or for a record of which only the id is known)."""
+    return InferResult(
+        id=req.id if req else rid,
+        model=req.model if req else model,
+        version=version or (req.version if req else ""),
+        error=ErrorInfo(err.code, err.message),
+        worker=worker,
+    )

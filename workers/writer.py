@@ -1,0 +1,106 @@
+"""Writing a batch's results to Redis: one round trip, idempotent per correlation id.
+
+One Lua script call per batch. For each result it does ``SET result-key payload NX EX ttl``;
+only when that SET wins (the first answer for this correlation id) is the result also added
+to its reply stream. A replayed request (after a crash or a rebalance) therefore never shows
+a second, different answer: first write wins. The results that a batch sends to one stream
+travel as one stream entry (``n`` = count, ``r`` = msgpack array of result maps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import msgpack
+import redis.asyncio as aioredis
+
+from plaza.codec import encode_result
+from plaza.contract import InferResult
+from plaza.naming import Names
+from plaza.settings import RedisSettings
+
+log = logging.getLogger(__name__)
+
+# KEYS: n result keys, then the distinct streams.
+# ARGV: ttl, maxlen, n, then per result: payload, stream index (0 = none; 1-based into streams).
+_WRITE_SCRIPT = """
+local ttl, maxlen, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local per_stream = {}
+local written = 0
+for i = 1, n do
+  local payload, s = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
+  if redis.call('SET', KEYS[i], payload, 'NX', 'EX', ttl) then
+    written = written + 1
+    if s > 0 then
+      per_stream[s] = per_stream[s] or {}
+      table.insert(per_stream[s], payload)
+    end
+  end
+end
+for s, payloads in pairs(per_stream) do
+  local count = #payloads
+  local header
+  if count < 16 then header = string.char(0x90 + count)
+  else header = string.char(0xdc, math.floor(count / 256), count % 256) end
+  redis.call('XADD', KEYS[n + s], 'MAXLEN', '~', maxlen, '*',
+             'n', count, 'r', header .. table.concat(payloads))
+end
+return written
+"""
+_MAX_PER_CALL = 65535  # msgpack array16 header used above
+
+
+class ResultWriter:
+    """Writes results durably; retries while Redis is away (the caller holds the offsets)."""
+
+    def __init__(self, redis: aioredis.Redis, settings: RedisSettings, names: Names) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._names = names
+        self._script = redis.register_script(_WRITE_SCRIPT)
+
+    async def write(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+        """Write (result, reply stream) pairs; returns how many were first writes."""
+        written = 0
+        for start in range(0, len(results), _MAX_PER_CALL):
+            written += await self._write_chunk(results[start : start + _MAX_PER_CALL])
+        return written
+
+    async def _write_chunk(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+        streams: dict[str, int] = {}
+        keys: list[str] = []
+        args: list[bytes | int | str] = [
+            self._settings.result_ttl_s,
+            self._settings.stream_maxlen,
+            len(results),
+        ]
+        for result, stream in results:
+            keys.append(self._names.result_key(result.id))
+            args.append(encode_result(result))
+            args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
+        keys.extend(streams)
+        return int(await self._script(keys=keys, args=args))
+
+    async def write_until_done(
+        self, results: Sequence[tuple[InferResult, str | None]], stop: asyncio.Event | None = None
+    ) -> int:
+        """``write``, retried with backoff until Redis takes it (or ``stop`` is set)."""
+        delay = 0.05
+        while True:
+            try:
+                return await self.write(results)
+            except Exception as exc:  # connection errors, LOADING while Redis replays its AOF
+                if stop is not None and stop.is_set():
+                    raise
+                log.warning(
+                    "writing %d results failed (%s); retrying in %.2fs", len(results), exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+def packed_count(raw: bytes) -> int:
+    """Number of results in a stream entry's ``r`` field (for tests and tools)."""
+    return len(msgpack.unpackb(raw))
