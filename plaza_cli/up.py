@@ -152,9 +152,9 @@ def run_up(argv: list[str]) -> int:
 def _print_banner(base: str, kafka: str, redis: str, models: list[str]) -> None:
     example = (
         f"curl -s {base}/v2/models/add_sub/infer -H 'content-type: application/json' "
-        '-d \'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"FP32",'
+        '-d \'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32",'
         '"data":[' + ",".join(["1"] * 16) + ']},{"name":"INPUT1","shape":[1,16],'
-        '"datatype":"FP32","data":[' + ",".join(["2"] * 16) + "]}]}'"
+        '"datatype":"INT32","data":[' + ",".join(["2"] * 16) + "]}]}'"
     )
     print(
         f"""

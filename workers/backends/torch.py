@@ -8,6 +8,7 @@ Triton's libtorch backend does. This module is imported only for torch models.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import numpy as np
@@ -41,9 +42,11 @@ class TorchBackend:
         else:
             torch.set_num_threads(self.threads)
         try:
-            module = torch.jit.load(  # type: ignore[no-untyped-call]
-                str(self.mv.path), map_location=self._torch_device
-            )
+            with warnings.catch_warnings():  # torch.jit announces its deprecation on load
+                warnings.simplefilter("ignore", DeprecationWarning)
+                module = torch.jit.load(  # type: ignore[no-untyped-call]
+                    str(self.mv.path), map_location=self._torch_device
+                )
         except Exception as exc:
             raise ConfigError(
                 f"{self.mv.path}: torch.jit.load failed: {exc}", file=str(self.mv.path)
@@ -61,15 +64,18 @@ class TorchBackend:
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         if self._module is None:
             raise RuntimeError("backend not loaded")
-        args = [
-            torch.from_numpy(np.ascontiguousarray(inputs[s.name])).to(self._torch_device)
-            for s in self.mv.spec.inputs
-        ]
+        args = [self._tensor(inputs[s.name]) for s in self.mv.spec.inputs]
         with torch.inference_mode():
             raw = self._module(*args)
         values = raw if isinstance(raw, tuple | list) else (raw,)
         by_name = {s.name: v for s, v in zip(self.mv.spec.outputs, values, strict=False)}
         return {name: by_name[name].detach().cpu().numpy() for name in outputs}
+
+    def _tensor(self, array: np.ndarray[Any, Any]) -> torch.Tensor:
+        # Zero-copy views over a request are read-only; torch wants writable memory.
+        if not array.flags.writeable:
+            array = array.copy()
+        return torch.from_numpy(np.ascontiguousarray(array)).to(self._torch_device)
 
     def unload(self) -> None:
         self._module = None

@@ -1,0 +1,56 @@
+"""A batch pipeline: push N jobs straight to Kafka, consume the result stream with a group.
+
+Run against `make up` (Kafka on 127.0.0.1:9092, Redis on 127.0.0.1:6379):
+
+    .venv/bin/python examples/pipeline.py --jobs 10000 --consumers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+
+import numpy as np
+
+from plaza.client import PlazaClient, make_request
+from plaza.settings import PlazaSettings
+
+
+async def consume(client: PlazaClient, stream: str, name: str, want: int,
+                  seen: dict[str, float]) -> None:
+    async for entry_id, results in client.consume(stream, "pipeline", name, block_ms=1000,
+                                                  idle_exit=True):
+        for result in results:
+            seen[result.id] = float(result.output("OUTPUT0").to_numpy()[0, 0])
+        await client.ack(stream, "pipeline", entry_id)
+        if len(seen) >= want:
+            return
+
+
+async def main(jobs: int, consumers: int) -> None:
+    async with PlazaClient(PlazaSettings()) as client:
+        stream = client.results_stream(f"example-{uuid.uuid4().hex[:8]}")
+        start = time.monotonic()
+        ids = await client.publish_many(
+            make_request("identity", {"INPUT0": np.full((1, 8), i, np.float32)},
+                         reply_stream=stream)
+            for i in range(jobs)
+        )
+        published = time.monotonic() - start
+        seen: dict[str, float] = {}
+        await asyncio.gather(*(consume(client, stream, f"c{i}", jobs, seen)
+                               for i in range(consumers)))
+        elapsed = time.monotonic() - start
+        wrong = sum(1 for i, rid in enumerate(ids) if seen.get(rid) != float(i))
+        print(f"published {jobs} jobs in {published:.2f}s; {len(seen)} results in "
+              f"{elapsed:.2f}s ({len(seen) / elapsed:.0f} jobs/s); wrong or missing: {wrong}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--consumers", type=int, default=2)
+    args = parser.parse_args()
+    asyncio.run(main(args.jobs, args.consumers))
