@@ -18,10 +18,12 @@ from plaza.client import PlazaClient, make_request
 from plaza.settings import PlazaSettings
 
 
-async def consume(client: PlazaClient, stream: str, name: str, want: int,
-                  seen: dict[str, float]) -> None:
-    async for entry_id, results in client.consume(stream, "pipeline", name, block_ms=1000,
-                                                  idle_exit=True):
+async def consume(
+    client: PlazaClient, stream: str, name: str, want: int, seen: dict[str, float]
+) -> None:
+    async for entry_id, results in client.consume(
+        stream, "pipeline", name, block_ms=1000, idle_exit=True
+    ):
         for result in results:
             seen[result.id] = float(result.output("OUTPUT0").to_numpy()[0, 0])
         await client.ack(stream, "pipeline", entry_id)
@@ -34,18 +36,22 @@ async def main(jobs: int, consumers: int) -> None:
         stream = client.results_stream(f"example-{uuid.uuid4().hex[:8]}")
         start = time.monotonic()
         ids = await client.publish_many(
-            make_request("identity", {"INPUT0": np.full((1, 8), i, np.float32)},
-                         reply_stream=stream)
+            make_request(
+                "identity", {"INPUT0": np.full((1, 8), i, np.float32)}, reply_stream=stream
+            )
             for i in range(jobs)
         )
         published = time.monotonic() - start
         seen: dict[str, float] = {}
-        await asyncio.gather(*(consume(client, stream, f"c{i}", jobs, seen)
-                               for i in range(consumers)))
+        await asyncio.gather(
+            *(consume(client, stream, f"c{i}", jobs, seen) for i in range(consumers))
+        )
         elapsed = time.monotonic() - start
         wrong = sum(1 for i, rid in enumerate(ids) if seen.get(rid) != float(i))
-        print(f"published {jobs} jobs in {published:.2f}s; {len(seen)} results in "
-              f"{elapsed:.2f}s ({len(seen) / elapsed:.0f} jobs/s); wrong or missing: {wrong}")
+        print(
+            f"published {jobs} jobs in {published:.2f}s; {len(seen)} results in "
+            f"{elapsed:.2f}s ({len(seen) / elapsed:.0f} jobs/s); wrong or missing: {wrong}"
+        )
 
 
 if __name__ == "__main__":

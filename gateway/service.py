@@ -23,7 +23,6 @@ from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo
 from plaza.errors import (
     DeadlineExceeded,
-    InvalidInput,
     JobNotFound,
     ModelNotFound,
     PlazaError,
@@ -32,6 +31,7 @@ from plaza.errors import (
 )
 from plaza.modelconfig import ModelSpec
 from plaza.publisher import RequestPublisher
+from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
 from plaza.replies import ReplyMux
 from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ResultStore
@@ -95,6 +95,8 @@ class GatewayService:
         self._mux: ReplyMux | None = None
         self._results: ResultStore | None = None
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
+        self._backlog = BacklogProbe(settings.kafka, self.names)
+        self._guard = QueueGuard(self._backlog, self.names)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,6 +108,7 @@ class GatewayService:
         await self._publisher.start()
         self._admin = kafka_admin(self.settings.kafka)
         await self._admin.start()
+        await self._backlog.start()
         self._mux = ReplyMux(
             self._redis,
             self.names.reply_stream(self.gateway_id),
@@ -123,6 +126,8 @@ class GatewayService:
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await self._admin.close()
+            with contextlib.suppress(Exception):
+                await self._backlog.stop()
         if self._redis is not None:
             await self._redis.aclose()
         self._mux = self._admin = self._redis = self._results = None
@@ -197,6 +202,7 @@ class GatewayService:
         """
         mux = self._require(self._mux)
         req = replace(self._prepare(req), reply=ReplyTo(stream=mux.stream))
+        await self._admit(req)
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
         fut = mux.expect(req.id)  # before publishing: the reply may beat the ack
         try:
@@ -215,6 +221,7 @@ class GatewayService:
     async def submit(self, req: InferRequest) -> str:
         """Publish ``req`` as an async job; the result goes only to its result key."""
         req = replace(self._prepare(req), reply=ReplyTo())
+        await self._admit(req)
         await self._mark_submitted(req)
         await self._publisher.publish(req)
         return req.id
@@ -233,14 +240,18 @@ class GatewayService:
         """Validate ``req`` against its model; settle its priority level."""
         spec = self.model(req.model, req.version).spec
         validate_request(req, spec)
-        levels = spec.batching.priority_levels
-        if levels == 0:
-            return replace(req, priority=0) if req.priority else req  # no levels: ignored
-        if req.priority > levels:
-            raise InvalidInput(
-                f"priority {req.priority} is outside 1..{levels} for model {spec.name!r}"
-            )
-        return req
+        level = settle_priority(spec, req.priority)
+        return req if level == req.priority else replace(req, priority=level)
+
+    async def _admit(self, req: InferRequest) -> None:
+        """QueueFull at once when the request's queue is at max_queue_size."""
+        spec = self.model(req.model, req.version).spec
+        try:
+            await self._guard.check(spec, req.priority)
+        except PlazaError:
+            raise
+        except Exception as exc:
+            raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc
 
     async def _mark_submitted(self, req: InferRequest) -> None:
         try:

@@ -201,8 +201,15 @@ class DynamicBatcher(Generic[T]):
                 expired.append(entry.item)
             else:  # DELAY: keep it, behind everything else, with no deadline now
                 self._kill(entry)
-                moved = _Pending(entry.item, entry.size, entry.level, entry.arrival, None,
-                                 entry.reject_on_timeout, next(self._seq))
+                moved = _Pending(
+                    entry.item,
+                    entry.size,
+                    entry.level,
+                    entry.arrival,
+                    None,
+                    entry.reject_on_timeout,
+                    next(self._seq),
+                )
                 self._delayed.append(moved)
                 self._count += 1
                 self._size += moved.size

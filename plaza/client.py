@@ -17,15 +17,19 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Future as ConcurrentFuture
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
 
 from plaza.connections import redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
-from plaza.errors import DeadlineExceeded, JobNotFound, error_from_wire
+from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError, error_from_wire
+from plaza.modelconfig import ModelSpec
 from plaza.publisher import RequestPublisher
+from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
 from plaza.replies import ReplyMux
+from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ResultStore, ack_entry, consume_stream
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
@@ -89,15 +93,40 @@ class PlazaClient:
         self._redis = redis_client(self.settings.redis)
         self._store = ResultStore(self._redis, self.settings.redis, self.names)
         self._mux: ReplyMux | None = None
+        self._repository = ModelRepository(self.settings.repository)
+        self._specs: dict[str, ModelSpec | None] = {}
+        self._backlog = BacklogProbe(self.settings.kafka, self.names)
+        self._guard = QueueGuard(self._backlog, self.names)
 
     async def start(self) -> None:
         await self._publisher.start()
+        await self._backlog.start()
+
+    def _spec(self, model: str) -> ModelSpec | None:
+        """The model's config when ``settings.repository`` has it (for priority levels and
+        max_queue_size); None when the client runs without the repository."""
+        if model not in self._specs:
+            try:
+                self._specs[model] = self._repository.spec(model)
+            except PlazaError:
+                self._specs[model] = None
+        return self._specs[model]
+
+    async def _admit(self, req: InferRequest) -> InferRequest:
+        """Settle the priority level and refuse at once (QueueFull) past max_queue_size."""
+        spec = self._spec(req.model)
+        if spec is None:
+            return req
+        level = settle_priority(spec, req.priority)
+        await self._guard.check(spec, level)
+        return req if level == req.priority else replace(req, priority=level)
 
     async def stop(self) -> None:
         if self._mux is not None:
             await self._mux.stop()
             self._mux = None
         await self._publisher.stop()
+        await self._backlog.stop()
         await self._redis.aclose()
 
     async def __aenter__(self) -> PlazaClient:
@@ -110,18 +139,27 @@ class PlazaClient:
     async def _reply_mux(self) -> ReplyMux:
         if self._mux is None:
             r = self.settings.redis
-            self._mux = ReplyMux(self._redis, self.names.reply_stream(self._client_name),
-                                 ttl_s=r.reply_stream_ttl_s, maxlen=r.stream_maxlen)
+            self._mux = ReplyMux(
+                self._redis,
+                self.names.reply_stream(self._client_name),
+                ttl_s=r.reply_stream_ttl_s,
+                maxlen=r.stream_maxlen,
+            )
             await self._mux.start()
         return self._mux
 
     async def infer(
-        self, model: str, inputs: Inputs, *, timeout_s: float = 30.0, raise_on_error: bool = True,
+        self,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout_s: float = 30.0,
+        raise_on_error: bool = True,
         **options: Any,
     ) -> InferResult:
         """Publish one request and wait for its answer on this client's reply stream."""
         mux = await self._reply_mux()
-        req = make_request(model, inputs, reply_stream=mux.stream, **options)
+        req = await self._admit(make_request(model, inputs, reply_stream=mux.stream, **options))
         fut = mux.expect(req.id)
         try:
             await self._publisher.publish(req)
@@ -136,7 +174,7 @@ class PlazaClient:
 
     async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
-        req = make_request(model, inputs, **options)
+        req = await self._admit(make_request(model, inputs, **options))
         await self._store.mark_submitted(req.id, model)
         await self._publisher.publish(req)
         return req.id
@@ -145,6 +183,7 @@ class PlazaClient:
         """Send many requests, letting the producer batch them; waits for every ack."""
         futures, ids = [], []
         for req in requests:
+            req = await self._admit(req)
             futures.append(await self._publisher.send(req))
             ids.append(req.id)
         await asyncio.gather(*futures)
@@ -154,7 +193,11 @@ class PlazaClient:
         return await self._store.poll(job_id)
 
     async def result(
-        self, job_id: str, *, timeout_s: float = 30.0, interval_s: float = 0.02,
+        self,
+        job_id: str,
+        *,
+        timeout_s: float = 30.0,
+        interval_s: float = 0.02,
         raise_on_error: bool = True,
     ) -> InferResult:
         """Poll ``job_id`` until it is done (or raise DeadlineExceeded / JobNotFound)."""
@@ -190,8 +233,9 @@ class SyncPlazaClient:
 
     def __init__(self, settings: PlazaSettings | None = None) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="plaza-client")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="plaza-client"
+        )
         self._thread.start()
         self._client = self._call(self._make(settings))
         self._call(self._client.start())

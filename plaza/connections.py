@@ -18,7 +18,7 @@ from plaza.errors import Unavailable
 from plaza.settings import KafkaSettings, RedisSettings
 
 
-def _kafka_security(k: KafkaSettings) -> dict[str, Any]:
+def kafka_security(k: KafkaSettings) -> dict[str, Any]:
     opts: dict[str, Any] = {"security_protocol": k.security_protocol}
     if k.security_protocol in ("SSL", "SASL_SSL"):
         ctx = ssl.create_default_context(cafile=str(k.ssl_cafile) if k.ssl_cafile else None)
@@ -45,7 +45,7 @@ def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
         max_request_size=k.max_request_bytes + 64 * 1024,
         max_batch_size=max(16384, min(k.max_request_bytes, 1024 * 1024)),
         request_timeout_ms=k.request_timeout_ms,
-        **_kafka_security(k),
+        **kafka_security(k),
     )
 
 
@@ -64,7 +64,7 @@ def kafka_consumer(k: KafkaSettings, group_id: str, **overrides: Any) -> AIOKafk
         "session_timeout_ms": 10_000,
         "heartbeat_interval_ms": 1_000,
         "max_poll_interval_ms": 300_000,
-        **_kafka_security(k),
+        **kafka_security(k),
     }
     opts.update(overrides)
     return AIOKafkaConsumer(**opts)
@@ -75,7 +75,7 @@ def kafka_admin(k: KafkaSettings) -> AIOKafkaAdminClient:
         bootstrap_servers=k.bootstrap_servers,
         client_id=f"{k.client_id}-admin",
         request_timeout_ms=k.request_timeout_ms,
-        **_kafka_security(k),
+        **kafka_security(k),
     )
 
 

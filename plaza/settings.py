@@ -31,6 +31,9 @@ class KafkaSettings(_Section):
     request_timeout_ms: int = 30_000
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request record")
     linger_ms: int = Field(1, ge=0, description="producer linger: small batches of records")
+    backlog_check_ttl_ms: int = Field(
+        250, ge=0, description="how long a measured backlog (for max_queue_size) is reused"
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -36,11 +37,13 @@ def make_settings(
     """Settings whose topics and keys belong to this test alone (``prefix``)."""
     return PlazaSettings(
         repository=repository,
-        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=f"{prefix}.", partitions=2,
-                            **(kafka or {})),
+        kafka=KafkaSettings(
+            bootstrap_servers=bootstrap, topic_prefix=f"{prefix}.", partitions=2, **(kafka or {})
+        ),
         redis=RedisSettings(url=redis_url, key_prefix=f"{prefix}:", **(redis or {})),
-        worker=WorkerSettings(model=model, intra_op_threads=1, heartbeat_interval_s=0.5,
-                              **(worker or {})),
+        worker=WorkerSettings(
+            model=model, intra_op_threads=1, heartbeat_interval_s=0.5, **(worker or {})
+        ),
         gateway=GatewaySettings(**(gateway or {})),
     )
 
@@ -51,8 +54,19 @@ def with_model(settings: PlazaSettings, model: str, **worker: Any) -> PlazaSetti
     return settings.model_copy(update={"worker": section})
 
 
+def model_variant(root: Path, name: str, config: str, base: str = "identity") -> Path:
+    """A repository under ``root`` holding ``base``'s model files under ``name`` with
+    ``config`` as its config.pbtxt (for tests of batching, priority and queue policies)."""
+    target = root / name
+    shutil.copytree(REPOSITORY / base / "1", target / "1")
+    (target / "config.pbtxt").write_text(config)
+    return root
+
+
 @asynccontextmanager
-async def running_worker(settings: PlazaSettings, model: str, **worker: Any) -> AsyncIterator[Worker]:
+async def running_worker(
+    settings: PlazaSettings, model: str, **worker: Any
+) -> AsyncIterator[Worker]:
     """A started worker of ``model``, stopped (drained, committed) on exit."""
     w = Worker(with_model(settings, model, **worker))
     await w.start()
@@ -62,10 +76,11 @@ async def running_worker(settings: PlazaSettings, model: str, **worker: Any) -> 
         await w.stop()
 
 
-async def wait_for(predicate: Callable[[], Awaitable[bool] | bool], timeout: float = 30.0,
-                   what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail after ``timeout`` seconds (never a fixed sleep)."""
-    deadline = time.monotonic() + timeout
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool] | bool], within_s: float = 30.0, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` until true; fail after ``within_s`` seconds (never a fixed sleep)."""
+    deadline = time.monotonic() + within_s
     while True:
         value = predicate()
         if isinstance(value, Awaitable):
@@ -73,5 +88,5 @@ async def wait_for(predicate: Callable[[], Awaitable[bool] | bool], timeout: flo
         if value:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
         await asyncio.sleep(0.02)

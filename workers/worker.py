@@ -50,6 +50,7 @@ from workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
+Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 
 
 @dataclass(slots=True)
@@ -216,9 +217,7 @@ class Worker:
                 self._space.clear()
                 await self._space.wait()
                 continue
-            fetched = await self.consumer.getmany(
-                timeout_ms=200, max_records=min(room, ws.fetch_max_records)
-            )
+            fetched = await self._fetch(room)
             done = Completed()
             for tp, records in fetched.items():
                 for record in records:
@@ -226,6 +225,23 @@ class Worker:
             if done.records:
                 await self._results.put(done)
             self._arrived.set()
+
+    async def _fetch(self, room: int) -> Fetched:
+        """Records to take in, highest priority level first: the fetcher buffers every
+        partition, and lower levels are read only when the higher ones have nothing."""
+        limit = min(room, self.settings.worker.fetch_max_records)
+        if len(self.topics) > 1:
+            levels: dict[int, list[TopicPartition]] = {}
+            for tp in self.consumer.assignment():
+                levels.setdefault(max(1, _topic_level(tp)), []).append(tp)
+            for level in sorted(levels):
+                got: Fetched = await self.consumer.getmany(
+                    *levels[level], timeout_ms=0, max_records=limit
+                )
+                if got:
+                    return got
+        waited: Fetched = await self.consumer.getmany(timeout_ms=200, max_records=limit)
+        return waited
 
     async def _take(
         self, tp: TopicPartition, record: ConsumerRecord[Any, Any], done: Completed
@@ -420,6 +436,7 @@ class Worker:
             pipe = self.redis.pipeline(transaction=False)
             pipe.zadd(key, {self.id: now + ttl})
             pipe.zremrangebyscore(key, "-inf", now)
+            pipe.expire(key, int(ttl) + 1)  # the registry itself goes when every worker has
             pipe.set(self.names.worker_info_key(self.id), info, ex=max(1, int(ttl)))
             await pipe.execute()
         except Exception as exc:  # Redis restarting: the next beat tries again

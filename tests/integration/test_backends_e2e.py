@@ -23,15 +23,18 @@ SENTENCES = [
 
 async def test_minilm_embedding_matches_onnxruntime_in_process(settings: PlazaSettings) -> None:
     tokens = tokenize(SENTENCES, pad_to=24)
-    session = ort.InferenceSession(str(REPOSITORY / "minilm" / "1" / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        str(REPOSITORY / "minilm" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
     expected = session.run(["embedding"], tokens)[0]
     async with running_worker(settings, "minilm"), PlazaClient(settings) as client:
         # one request per sentence, sent together so the worker batches them
-        results = await asyncio.gather(*(
-            client.infer("minilm", {k: v[i : i + 1] for k, v in tokens.items()}, timeout_s=60)
-            for i in range(len(SENTENCES))
-        ))
+        results = await asyncio.gather(
+            *(
+                client.infer("minilm", {k: v[i : i + 1] for k, v in tokens.items()}, timeout_s=60)
+                for i in range(len(SENTENCES))
+            )
+        )
     got = np.concatenate([r.output("embedding").to_numpy() for r in results])
     assert got.shape == (4, 384)
     np.testing.assert_allclose(got, expected, atol=1e-5)
@@ -52,5 +55,9 @@ async def test_torchscript_backend_matches_the_onnx_mlp(settings: PlazaSettings)
             client.infer("mlp", {"input": x}, timeout_s=60),
             client.infer("mlp_torch", {"INPUT__0": x}, timeout_s=60),
         )
-    np.testing.assert_allclose(torch_out.output("OUTPUT__0").to_numpy(),
-                               onnx_out.output("logits").to_numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        torch_out.output("OUTPUT__0").to_numpy(),
+        onnx_out.output("logits").to_numpy(),
+        rtol=1e-4,
+        atol=1e-4,
+    )

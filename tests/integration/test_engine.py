@@ -67,15 +67,17 @@ async def test_result_stream_consumed_by_a_consumer_group(settings: PlazaSetting
     async with running_worker(settings, "identity"), PlazaClient(settings) as client:
         stream = client.results_stream("pipeline")
         ids = await client.publish_many(
-            make_request("identity", {"INPUT0": np.full((1, 2), i, np.float32)},
-                         reply_stream=stream)
+            make_request(
+                "identity", {"INPUT0": np.full((1, 2), i, np.float32)}, reply_stream=stream
+            )
             for i in range(n)
         )
         counts: dict[str, int] = {}
 
         async def consume(name: str) -> None:
-            async for entry_id, results in client.consume(stream, "pipeline", name,
-                                                          block_ms=300, idle_exit=True):
+            async for entry_id, results in client.consume(
+                stream, "pipeline", name, block_ms=300, idle_exit=True
+            ):
                 for res in results:
                     counts[res.id] = counts.get(res.id, 0) + 1
                 await client.ack(stream, "pipeline", entry_id)
@@ -96,12 +98,18 @@ async def test_two_workers_in_one_group_share_the_load(settings: PlazaSettings) 
         running_worker(settings, "identity", max_pending=64) as w2,
         PlazaClient(settings) as client,
     ):
-        await wait_for(lambda: len(w1.consumer.assignment()) == 1
-                       and len(w2.consumer.assignment()) == 1, what="one partition each")
+        await wait_for(
+            lambda: len(w1.consumer.assignment()) == 1 and len(w2.consumer.assignment()) == 1,
+            what="one partition each",
+        )
         stream = client.results_stream("shared")
         ids = await client.publish_many(
-            make_request("identity", {"INPUT0": np.full((1, 1), i, np.float32)},
-                         reply_stream=stream, correlation_id=f"req-{i}")
+            make_request(
+                "identity",
+                {"INPUT0": np.full((1, 1), i, np.float32)},
+                reply_stream=stream,
+                correlation_id=f"req-{i}",
+            )
             for i in range(n)
         )
         got: set[str] = set()
@@ -121,8 +129,10 @@ async def test_invalid_request_gets_an_error_and_its_batch_mates_run(
         good = {"INPUT0": np.ones((1, 16), np.int32), "INPUT1": np.ones((1, 16), np.int32)}
         bad = {"INPUT0": np.ones((1, 15), np.int32), "INPUT1": np.ones((1, 15), np.int32)}
         results = await asyncio.gather(
-            client.infer("add_sub", good), client.infer("add_sub", bad),
-            client.infer("add_sub", good), return_exceptions=True,
+            client.infer("add_sub", good),
+            client.infer("add_sub", bad),
+            client.infer("add_sub", good),
+            return_exceptions=True,
         )
         assert isinstance(results[1], InvalidInput) and "shape" in str(results[1])
         for ok in (results[0], results[2]):
@@ -139,13 +149,17 @@ async def test_undecodable_record_goes_to_the_dead_letter_topic(settings: PlazaS
         await producer.start()
         try:
             await producer.send_and_wait(names.request_topic("identity"), b"\xc1garbage")
-            await producer.send_and_wait(names.request_topic("identity"),
-                                         msgpack.packb({"v": 1, "model": "identity"}))
+            await producer.send_and_wait(
+                names.request_topic("identity"), msgpack.packb({"v": 1, "model": "identity"})
+            )
         finally:
             await producer.stop()
-        dlq = AIOKafkaConsumer(names.dead_letter_topic("identity"),
-                               bootstrap_servers=settings.kafka.bootstrap_servers,
-                               auto_offset_reset="earliest", group_id=None)
+        dlq = AIOKafkaConsumer(
+            names.dead_letter_topic("identity"),
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+            group_id=None,
+        )
         await dlq.start()
         try:
             records = []
@@ -164,10 +178,18 @@ async def test_undecodable_record_goes_to_the_dead_letter_topic(settings: PlazaS
 async def test_a_replayed_request_keeps_its_first_answer(settings: PlazaSettings) -> None:
     async with running_worker(settings, "identity") as worker, PlazaClient(settings) as client:
         stream = client.results_stream("replay")
-        first = make_request("identity", {"INPUT0": np.zeros((1, 2), np.float32)},
-                             reply_stream=stream, correlation_id="same-id")
-        again = make_request("identity", {"INPUT0": np.ones((1, 2), np.float32)},
-                             reply_stream=stream, correlation_id="same-id")
+        first = make_request(
+            "identity",
+            {"INPUT0": np.zeros((1, 2), np.float32)},
+            reply_stream=stream,
+            correlation_id="same-id",
+        )
+        again = make_request(
+            "identity",
+            {"INPUT0": np.ones((1, 2), np.float32)},
+            reply_stream=stream,
+            correlation_id="same-id",
+        )
         await client.publish_many([first])
         await wait_for(lambda: worker.stats.written == 1, what="first answer")
         await client.publish_many([again])
@@ -188,18 +210,31 @@ async def test_results_are_bounded_by_ttl(settings: PlazaSettings) -> None:
 async def test_wire_contract_from_a_plain_producer(settings: PlazaSettings) -> None:
     """A producer that knows only docs/protocol.md: raw msgpack on the topic, raw Redis reads."""
     async with running_worker(settings, "identity"), PlazaClient(settings) as client:
-        body = {"v": 1, "id": "plain-1", "model": "identity", "version": "",
-                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3],
-                            "data": np.array([1, 2, 3], "<f4").tobytes()}]}
+        body = {
+            "v": 1,
+            "id": "plain-1",
+            "model": "identity",
+            "version": "",
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, 3],
+                    "data": np.array([1, 2, 3], "<f4").tobytes(),
+                }
+            ],
+        }
         producer = kafka_producer(settings.kafka)
         await producer.start()
         try:
-            await producer.send_and_wait(settings.names.request_topic("identity"),
-                                         msgpack.packb(body), key=b"plain-1")
+            await producer.send_and_wait(
+                settings.names.request_topic("identity"), msgpack.packb(body), key=b"plain-1"
+            )
         finally:
             await producer.stop()
-        await wait_for(lambda: client._redis.exists(settings.names.result_key("plain-1")),
-                       what="result key")
+        await wait_for(
+            lambda: client._redis.exists(settings.names.result_key("plain-1")), what="result key"
+        )
         raw = msgpack.unpackb(await client._redis.get(settings.names.result_key("plain-1")))
         assert raw["status"] == "ok" and raw["id"] == "plain-1"
         out = raw["outputs"][0]

@@ -128,8 +128,9 @@ def test_reject_on_timeout_expires_before_running() -> None:
 
 def test_request_deadline_can_only_lower_the_configured_timeout() -> None:
     clock = FakeClock()
-    b = make(clock, max_queue_delay_us=10_000, default_queue_policy=QueuePolicy(
-        default_timeout_us=1000))
+    b = make(
+        clock, max_queue_delay_us=10_000, default_queue_policy=QueuePolicy(default_timeout_us=1000)
+    )
     b.add("asks-more", deadline=clock.t + 1.0)
     b.add("asks-less", deadline=clock.t + 0.0002)
     clock.advance(300)
@@ -140,8 +141,11 @@ def test_request_deadline_can_only_lower_the_configured_timeout() -> None:
 
 def test_delay_action_keeps_the_request_behind_others() -> None:
     clock = FakeClock()
-    b = make(clock, max_batch_size=2, default_queue_policy=QueuePolicy(
-        reject_on_timeout=False, default_timeout_us=100))
+    b = make(
+        clock,
+        max_batch_size=2,
+        default_queue_policy=QueuePolicy(reject_on_timeout=False, default_timeout_us=100),
+    )
     b.add("late")
     clock.advance(200)
     b.add("fresh1")

@@ -21,8 +21,20 @@ from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.errors import CodecError, InvalidInput, UnsupportedVersion
 from plaza.tensors import Tensor
 
-NUMERIC = ["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-           "float16", "float32", "float64"]
+NUMERIC = [
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+]
 
 arrays = st.sampled_from(NUMERIC).flatmap(
     lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=1, max_dims=4, max_side=5))
@@ -31,14 +43,28 @@ names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_si
 
 
 @settings(max_examples=150, deadline=None)
-@given(arrays=st.lists(arrays, min_size=1, max_size=3), rid=names, model=st.from_regex(
-    r"[a-z][a-z0-9_]{0,10}", fullmatch=True), deadline=st.none() | st.integers(0, 2**53),
-    priority=st.integers(0, 5), stream=st.none() | names)
+@given(
+    arrays=st.lists(arrays, min_size=1, max_size=3),
+    rid=names,
+    model=st.from_regex(r"[a-z][a-z0-9_]{0,10}", fullmatch=True),
+    deadline=st.none() | st.integers(0, 2**53),
+    priority=st.integers(0, 5),
+    stream=st.none() | names,
+)
 def test_request_round_trip(arrays, rid, model, deadline, priority, stream) -> None:
     tensors = tuple(Tensor.from_numpy(f"in{i}", a) for i, a in enumerate(arrays))
-    req = InferRequest(id=rid, model=model, version="3", inputs=tensors, outputs=("out",),
-                       reply=ReplyTo(stream=stream), deadline_ms=deadline, priority=priority,
-                       parameters={"k": 1, "s": "v"}, created_ms=123)
+    req = InferRequest(
+        id=rid,
+        model=model,
+        version="3",
+        inputs=tensors,
+        outputs=("out",),
+        reply=ReplyTo(stream=stream),
+        deadline_ms=deadline,
+        priority=priority,
+        parameters={"k": 1, "s": "v"},
+        created_ms=123,
+    )
     back = decode_request(encode_request(req))
     assert (back.id, back.model, back.version, back.outputs) == (rid, model, "3", ("out",))
     assert (back.deadline_ms, back.priority, back.reply.stream) == (deadline, priority, stream)
@@ -62,14 +88,22 @@ def test_bytes_tensor_round_trip(values) -> None:
 
 def test_decode_is_zero_copy_over_the_message() -> None:
     arr = np.arange(1000, dtype=np.float32)
-    back = decode_request(encode_request(InferRequest("i", "m", "", (Tensor.from_numpy("x", arr),))))
+    back = decode_request(
+        encode_request(InferRequest("i", "m", "", (Tensor.from_numpy("x", arr),)))
+    )
     out = back.inputs[0].to_numpy()
     assert not out.flags.owndata and not out.flags.writeable  # a view over the decoded bin
 
 
 def test_result_round_trip_single_and_packed() -> None:
-    ok = InferResult("a", "m", "1", (Tensor.from_numpy("y", np.ones((2, 3), np.float32)),),
-                     timing_us={"queue": 5}, worker="w")
+    ok = InferResult(
+        "a",
+        "m",
+        "1",
+        (Tensor.from_numpy("y", np.ones((2, 3), np.float32)),),
+        timing_us={"queue": 5},
+        worker="w",
+    )
     bad = InferResult("b", "m", "1", error=ErrorInfo("invalid_input", "nope"))
     one = decode_result(encode_result(ok))
     assert one.status == "ok" and one.timing_us == {"queue": 5} and one.worker == "w"
@@ -80,37 +114,57 @@ def test_result_round_trip_single_and_packed() -> None:
 
 
 def _envelope(**fields) -> bytes:
-    base = {"v": 1, "id": "x", "model": "m", "version": "",
-            "inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": b"\0" * 4}]}
+    base = {
+        "v": 1,
+        "id": "x",
+        "model": "m",
+        "version": "",
+        "inputs": [{"name": "a", "datatype": "FP32", "shape": [1], "data": b"\0" * 4}],
+    }
     base.update(fields)
     return msgpack.packb({k: v for k, v in base.items() if v is not ...})
 
 
-@pytest.mark.parametrize(("data", "error", "text"), [
-    (b"\xc1not msgpack", CodecError, "not valid msgpack"),
-    (msgpack.packb([1, 2]), CodecError, "must be a msgpack map"),
-    (_envelope(v=2), UnsupportedVersion, "version 2"),
-    (_envelope(v=...), UnsupportedVersion, "version None"),
-    (_envelope(id=...), CodecError, "correlation id"),
-    (_envelope(id=""), CodecError, "correlation id"),
-    (_envelope(model=...), CodecError, "model name"),
-    (_envelope(version=3), CodecError, "'version' must be a string"),
-    (_envelope(inputs={"a": 1}), CodecError, "'inputs' must be a list"),
-    (_envelope(inputs=[7]), CodecError, "must be a map"),
-    (_envelope(inputs=[{"name": "a", "datatype": "FP99", "shape": [1], "data": b""}]),
-     CodecError, "unknown datatype"),
-    (_envelope(inputs=[{"name": "a", "datatype": "FP32", "shape": [-1], "data": b""}]),
-     CodecError, "non-negative"),
-    (_envelope(inputs=[{"name": "a", "datatype": "FP32", "shape": [1], "data": "text"}]),
-     CodecError, "must be bytes"),
-    (_envelope(inputs=[{"datatype": "FP32", "shape": [1], "data": b""}]),
-     CodecError, "name must be"),
-    (_envelope(outputs="y"), CodecError, "'outputs' must be a list"),
-    (_envelope(deadline_ms="soon"), CodecError, "'deadline_ms' must be an integer"),
-    (_envelope(priority=True), CodecError, "'priority' must be an integer"),
-    (_envelope(reply_stream=""), CodecError, "reply_stream"),
-    (_envelope(parameters=[1]), CodecError, "'parameters' must be a map"),
-])
+@pytest.mark.parametrize(
+    ("data", "error", "text"),
+    [
+        (b"\xc1not msgpack", CodecError, "not valid msgpack"),
+        (msgpack.packb([1, 2]), CodecError, "must be a msgpack map"),
+        (_envelope(v=2), UnsupportedVersion, "version 2"),
+        (_envelope(v=...), UnsupportedVersion, "version None"),
+        (_envelope(id=...), CodecError, "correlation id"),
+        (_envelope(id=""), CodecError, "correlation id"),
+        (_envelope(model=...), CodecError, "model name"),
+        (_envelope(version=3), CodecError, "'version' must be a string"),
+        (_envelope(inputs={"a": 1}), CodecError, "'inputs' must be a list"),
+        (_envelope(inputs=[7]), CodecError, "must be a map"),
+        (
+            _envelope(inputs=[{"name": "a", "datatype": "FP99", "shape": [1], "data": b""}]),
+            CodecError,
+            "unknown datatype",
+        ),
+        (
+            _envelope(inputs=[{"name": "a", "datatype": "FP32", "shape": [-1], "data": b""}]),
+            CodecError,
+            "non-negative",
+        ),
+        (
+            _envelope(inputs=[{"name": "a", "datatype": "FP32", "shape": [1], "data": "text"}]),
+            CodecError,
+            "must be bytes",
+        ),
+        (
+            _envelope(inputs=[{"datatype": "FP32", "shape": [1], "data": b""}]),
+            CodecError,
+            "name must be",
+        ),
+        (_envelope(outputs="y"), CodecError, "'outputs' must be a list"),
+        (_envelope(deadline_ms="soon"), CodecError, "'deadline_ms' must be an integer"),
+        (_envelope(priority=True), CodecError, "'priority' must be an integer"),
+        (_envelope(reply_stream=""), CodecError, "reply_stream"),
+        (_envelope(parameters=[1]), CodecError, "'parameters' must be a map"),
+    ],
+)
 def test_malformed_envelopes(data: bytes, error: type[Exception], text: str) -> None:
     with pytest.raises(error, match=text) as info:
         decode_request(data)

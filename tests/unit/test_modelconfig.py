@@ -37,7 +37,11 @@ def spec(text: str = GOOD, name: str = "mlp"):
 def test_good_config_parses_every_block() -> None:
     s = spec()
     assert (s.name, s.platform, s.max_batch_size, s.instance_count) == (
-        "mlp", "onnxruntime_onnx", 64, 2)
+        "mlp",
+        "onnxruntime_onnx",
+        64,
+        2,
+    )
     assert s.inputs[0].datatype == "FP32" and s.inputs[0].dims == (512,)
     assert s.batching.preferred_batch_sizes == (16, 32)
     assert s.batching.max_queue_delay_us == 2000
@@ -51,28 +55,41 @@ def test_good_config_parses_every_block() -> None:
 
 
 def test_defaults_name_from_folder_and_latest_one() -> None:
-    s = spec(GOOD.replace('name: "mlp"', "").replace(
-        "version_policy { latest { num_versions: 2 } }", ""), name="other")
+    s = spec(
+        GOOD.replace('name: "mlp"', "").replace(
+            "version_policy { latest { num_versions: 2 } }", ""
+        ),
+        name="other",
+    )
     assert s.name == "other"
     assert s.version_policy.select([1, 4, 2]) == [4]
 
 
-@pytest.mark.parametrize(("edit", "field"), [
-    (('platform: "onnxruntime_onnx"', 'platform: "tensorflow_savedmodel"'), "platform"),
-    (('name: "mlp"', 'name: "other"'), "name"),
-    (("max_batch_size: 64", "max_batch_size: -1"), "max_batch_size"),
-    (('input [ { name: "x" data_type: TYPE_FP32 dims: [ 512 ] } ]', "input [ ]"), "input"),
-    (('{ name: "x" data_type: TYPE_FP32', '{ data_type: TYPE_FP32'), "input[0].name"),
-    (("data_type: TYPE_FP32 dims: [ 512 ]", "dims: [ 512 ]"), "input[0].data_type"),
-    (("dims: [ 512 ]", "dims: [ 0 ]"), "input[0].dims"),
-    (("preferred_batch_size: [ 32, 16 ]", "preferred_batch_size: [ 128 ]"),
-     "dynamic_batching.preferred_batch_size"),
-    (("default_priority_level: 2", "default_priority_level: 3"),
-     "dynamic_batching.default_priority_level"),
-    (("priority_queue_policy { key: 1", "priority_queue_policy { key: 5"),
-     "dynamic_batching.priority_queue_policy"),
-    (("num_versions: 2", "num_versions: 0"), "version_policy.latest.num_versions"),
-])
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (('platform: "onnxruntime_onnx"', 'platform: "tensorflow_savedmodel"'), "platform"),
+        (('name: "mlp"', 'name: "other"'), "name"),
+        (("max_batch_size: 64", "max_batch_size: -1"), "max_batch_size"),
+        (('input [ { name: "x" data_type: TYPE_FP32 dims: [ 512 ] } ]', "input [ ]"), "input"),
+        (('{ name: "x" data_type: TYPE_FP32', "{ data_type: TYPE_FP32"), "input[0].name"),
+        (("data_type: TYPE_FP32 dims: [ 512 ]", "dims: [ 512 ]"), "input[0].data_type"),
+        (("dims: [ 512 ]", "dims: [ 0 ]"), "input[0].dims"),
+        (
+            ("preferred_batch_size: [ 32, 16 ]", "preferred_batch_size: [ 128 ]"),
+            "dynamic_batching.preferred_batch_size",
+        ),
+        (
+            ("default_priority_level: 2", "default_priority_level: 3"),
+            "dynamic_batching.default_priority_level",
+        ),
+        (
+            ("priority_queue_policy { key: 1", "priority_queue_policy { key: 5"),
+            "dynamic_batching.priority_queue_policy",
+        ),
+        (("num_versions: 2", "num_versions: 0"), "version_policy.latest.num_versions"),
+    ],
+)
 def test_bad_config_names_file_and_field(edit: tuple[str, str], field: str) -> None:
     old, new = edit
     assert old in GOOD

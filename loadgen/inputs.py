@@ -1,0 +1,63 @@
+"""Request inputs for load: made once, before the clock starts, then cycled.
+
+Synthetic tensors follow the model's config (``loadgen.raw_backend.make_inputs``); for
+``minilm`` there are real sentences tokenised with ``plaza.text.tokenize`` at a fixed pad
+length, so every request has the same shape and any of them can share a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from loadgen.raw_backend import make_inputs
+from plaza.modelconfig import ModelSpec
+
+InputSet = dict[str, np.ndarray[Any, Any]]
+POOL_SIZE = 16
+
+_SUBJECTS = ("A man", "The woman", "A child", "The old dog", "Two engineers", "A tired cat")
+_VERBS = ("is eating", "paints", "watches", "is repairing", "carries", "describes")
+_OBJECTS = (
+    "a piece of bread", "the red bicycle", "a long train in the rain", "an old map of Lisbon",
+    "the toll plaza at rush hour", "a bowl of noodles",
+)  # fmt: skip
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    """``count`` plain English sentences, different from one another, reproducible."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        s, v, o = (rng.integers(len(x)) for x in (_SUBJECTS, _VERBS, _OBJECTS))
+        out.append(f"{_SUBJECTS[s]} {_VERBS[v]} {_OBJECTS[o]}.")
+    return out
+
+
+def synthetic_pool(
+    spec: ModelSpec, *, rows: int = 1, seq_len: int = 16, count: int = POOL_SIZE, seed: int = 0
+) -> list[InputSet]:
+    """``count`` input sets of ``rows`` rows each, shaped by the model's config."""
+    rng = np.random.default_rng(seed)
+    return [make_inputs(spec, rows, seq_len, rng) for _ in range(count)]
+
+
+def text_pool(
+    *, rows: int = 1, pad_to: int = 32, count: int = POOL_SIZE, seed: int = 0
+) -> list[InputSet]:
+    """minilm inputs: tokenised sentences, ``rows`` per request, padded to ``pad_to``."""
+    from plaza.text import tokenize
+
+    texts = sentences(count * rows, seed)
+    return [tokenize(texts[i * rows : (i + 1) * rows], pad_to=pad_to) for i in range(count)]
+
+
+def input_pool(
+    spec: ModelSpec, *, rows: int = 1, seq_len: int = 16, count: int = POOL_SIZE, seed: int = 0
+) -> list[InputSet]:
+    """Text for a model fed token ids and a mask (minilm), synthetic tensors otherwise."""
+    names = {t.name for t in spec.inputs}
+    if names == {"input_ids", "attention_mask"}:
+        return text_pool(rows=rows, pad_to=seq_len, count=count, seed=seed)
+    return synthetic_pool(spec, rows=rows, seq_len=seq_len, count=count, seed=seed)

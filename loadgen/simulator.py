@@ -1,0 +1,333 @@
+"""A headless scheduling simulator: Plaza's own batcher on a simulated clock.
+
+Discrete-event: the events are arrivals, batch completions and the batcher's ``wake_at``.
+``plaza.batching.DynamicBatcher`` decides every batch, exactly as in a worker, but its clock
+is the simulation's. A latency model (``loadgen.latency``) says how long a batch takes.
+
+Plaza's layout is modelled: each *instance* is one worker process with its own batcher,
+owning some of the topic's ``partitions`` (partition ``p`` goes to instance ``p % n``), and
+each request lands on a partition at random (its key is a random correlation id). A worker
+holds at most ``max_pending`` requests; the rest wait in Kafka and count as consumer lag
+(the batcher's ``backlog``). ``routing="shared"`` instead feeds every instance from one
+batcher, as Triton schedules instances of one model.
+
+Load is open (an ``ArrivalProcess``: constant, Poisson, bursts) or closed (``concurrency``
+clients, each sending again as soon as its answer is back, ``overhead_s`` being the round
+trip outside the worker: client, Kafka, Redis).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from loadgen.arrivals import ArrivalProcess
+from loadgen.latency import LatencyModel
+from loadgen.stats import LatencySummary, mean_batch_size, size_histogram, summarize
+from plaza.batching import BatchingPolicy, DynamicBatcher
+
+Routing = Literal["partitioned", "shared"]
+_ARRIVE, _DONE, _WAKE, _ISSUE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What to simulate. Give ``arrivals`` (open loop) or ``concurrency`` (closed loop)."""
+
+    policy: BatchingPolicy
+    latency: LatencyModel
+    arrivals: ArrivalProcess | None = None
+    concurrency: int | None = None
+    overhead_s: float = 0.0
+    """Round trip outside the worker; half before the batcher, half after."""
+    instances: int = 1
+    partitions: int = 4
+    routing: Routing = "partitioned"
+    max_pending: int = 1024
+    rows_per_request: int = 1
+    duration_s: float = 10.0
+    """Requests are sent during [0, duration_s); then the queue drains."""
+    warmup_s: float = 1.0
+    """Statistics cover [warmup_s, duration_s)."""
+    seed: int = 0
+    max_events: int = 10_000_000
+    depth_points: int = 200
+
+    def __post_init__(self) -> None:
+        if (self.arrivals is None) == (self.concurrency is None):
+            raise ValueError("give exactly one of arrivals (open loop) or concurrency")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.instances < 1 or self.partitions < 1 or self.max_pending < 1:
+            raise ValueError("instances, partitions and max_pending must be >= 1")
+        if not 0 <= self.warmup_s < self.duration_s:
+            raise ValueError("need 0 <= warmup_s < duration_s")
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What the simulated run did, over the measurement window."""
+
+    throughput: float
+    """Answers per second (requests, not rows) reaching the clients in the window."""
+    completed: int
+    expired: int
+    latency: LatencySummary
+    """Client-side: send to answer, overhead included."""
+    server_latency: LatencySummary
+    """Arrival at the worker to batch completion."""
+    batch_sizes: dict[int, int]
+    mean_batch: float
+    depth_mean: float
+    depth_max: int
+    depth_series: list[tuple[float, int]]
+    """(time, requests waiting in workers and Kafka), sampled evenly over the run."""
+    utilization: list[float]
+    """Busy fraction of each instance over the window."""
+    unfinished: int = 0
+    """Requests still queued when the event limit stopped the run (normally 0)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "throughput": self.throughput,
+            "completed": self.completed,
+            "expired": self.expired,
+            "latency": self.latency.as_dict(),
+            "server_latency": self.server_latency.as_dict(),
+            "batch_sizes": {str(k): v for k, v in self.batch_sizes.items()},
+            "mean_batch": self.mean_batch,
+            "depth_mean": self.depth_mean,
+            "depth_max": self.depth_max,
+            "depth_series": self.depth_series,
+            "utilization": self.utilization,
+            "unfinished": self.unfinished,
+        }
+
+
+class _Clock:
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One batcher and the instances it feeds (one worker, or all of them when shared)."""
+
+    batcher: DynamicBatcher[int]
+    free: int
+    lag: list[int] = field(default_factory=list)
+    lag_head: int = 0
+    in_flight: int = 0
+    wake_token: int = 0
+    busy_s: float = 0.0
+
+    @property
+    def lag_len(self) -> int:
+        return len(self.lag) - self.lag_head
+
+
+class Simulator:
+    """Runs one SimConfig; ``run()`` returns a SimResult (deterministic for a seed)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.cfg = config
+        self.clock = _Clock()
+        shared = config.routing == "shared"
+        lanes = 1 if shared else config.instances
+        per_lane = config.instances if shared else 1
+        self.lanes = [
+            _Lane(DynamicBatcher(config.policy, clock=self.clock), per_lane) for _ in range(lanes)
+        ]
+        self._owner = [p % lanes for p in range(config.partitions)]
+        self._rng = np.random.default_rng(config.seed)
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self.issued: list[float] = []
+        self.arrived: list[float] = []
+        self.done: list[float] = []
+        self._batches: list[tuple[float, int]] = []
+        self._depth: list[tuple[float, int]] = [(0.0, 0)]
+        self._waiting = 0
+        self.expired = 0
+
+    # -- event queue ---------------------------------------------------------------------
+    def _push(self, at: float, kind: int, data: Any) -> None:
+        heapq.heappush(self._events, (at, next(self._seq), kind, data))
+
+    def run(self) -> SimResult:
+        self._schedule_load()
+        handlers: dict[int, Callable[[Any], None]] = {
+            _ISSUE: self._on_issue, _ARRIVE: self._on_arrive,
+            _DONE: self._on_done, _WAKE: self._on_wake,
+        }  # fmt: skip
+        for _ in range(self.cfg.max_events):
+            if not self._events:
+                break
+            at, _, kind, data = heapq.heappop(self._events)
+            self.clock.now = at
+            handlers[kind](data)
+        return self._result()
+
+    def _schedule_load(self) -> None:
+        cfg = self.cfg
+        if cfg.arrivals is not None:
+            for t in cfg.arrivals.times(cfg.duration_s):
+                self._push(t, _ISSUE, None)
+        else:
+            assert cfg.concurrency is not None
+            for _ in range(cfg.concurrency):
+                self._push(0.0, _ISSUE, None)
+
+    # -- handlers ------------------------------------------------------------------------
+    def _on_issue(self, _: Any) -> None:
+        rid = len(self.issued)
+        self.issued.append(self.clock.now)
+        self.arrived.append(float("nan"))
+        self.done.append(float("nan"))
+        self._push(self.clock.now + self.cfg.overhead_s / 2, _ARRIVE, rid)
+
+    def _on_arrive(self, rid: int) -> None:
+        self.arrived[rid] = self.clock.now
+        partition = int(self._rng.integers(self.cfg.partitions))
+        lane = self.lanes[self._owner[partition]]
+        self._waiting += 1
+        self._note_depth()
+        if len(lane.batcher) + lane.in_flight < self.cfg.max_pending:
+            lane.batcher.add(rid, size=self.cfg.rows_per_request)
+        else:
+            lane.lag.append(rid)
+        self._dispatch(lane)
+
+    def _on_done(self, data: tuple[_Lane, list[int], float]) -> None:
+        lane, batch, started = data
+        now = self.clock.now
+        lane.free += 1
+        lane.in_flight -= len(batch)
+        lane.busy_s += _overlap(started, now, self.cfg.warmup_s, self.cfg.duration_s)
+        for rid in batch:
+            self.done[rid] = now
+            self._answered(now)
+        self._refill(lane)
+        self._dispatch(lane)
+
+    def _on_wake(self, data: tuple[_Lane, int]) -> None:
+        lane, token = data
+        if token == lane.wake_token:
+            self._dispatch(lane)
+
+    def _answered(self, now: float) -> None:
+        """A request left the system; a closed-loop client sends its next one."""
+        if self.cfg.concurrency is not None:
+            again = now + self.cfg.overhead_s / 2
+            if again < self.cfg.duration_s:
+                self._push(again, _ISSUE, None)
+
+    # -- the worker ----------------------------------------------------------------------
+    def _refill(self, lane: _Lane) -> None:
+        while lane.lag_len and len(lane.batcher) + lane.in_flight < self.cfg.max_pending:
+            lane.batcher.add(lane.lag[lane.lag_head], size=self.cfg.rows_per_request)
+            lane.lag_head += 1
+        if lane.lag_head > 4096 and lane.lag_head * 2 > len(lane.lag):
+            del lane.lag[: lane.lag_head]
+            lane.lag_head = 0
+
+    def _dispatch(self, lane: _Lane) -> None:
+        now = self.clock.now
+        while lane.free > 0:
+            decision = lane.batcher.decide(backlog=lane.lag_len * self.cfg.rows_per_request)
+            for rid in decision.expired:
+                self.done[rid] = float("nan")
+                self.expired += 1
+                self._waiting -= 1
+                self._answered(now)
+            if decision.batch:
+                self._start(lane, decision.batch)
+                continue
+            if decision.wake_at is not None:
+                lane.wake_token += 1
+                self._push(max(decision.wake_at, now + 1e-9), _WAKE, (lane, lane.wake_token))
+            break
+        self._note_depth()
+
+    def _start(self, lane: _Lane, batch: list[int]) -> None:
+        now = self.clock.now
+        rows = len(batch) * self.cfg.rows_per_request
+        lane.free -= 1
+        lane.in_flight += len(batch)
+        self._waiting -= len(batch)
+        self._batches.append((now, rows))
+        self._push(now + self.cfg.latency.batch_latency_s(rows), _DONE, (lane, batch, now))
+        self._refill(lane)
+
+    def _note_depth(self) -> None:
+        if self._depth[-1][1] != self._waiting:
+            self._depth.append((self.clock.now, self._waiting))
+
+    # -- results -------------------------------------------------------------------------
+    def _result(self) -> SimResult:
+        cfg = self.cfg
+        lo, hi = cfg.warmup_s, cfg.duration_s
+        issued, arrived, done = (np.asarray(v) for v in (self.issued, self.arrived, self.done))
+        half = cfg.overhead_s / 2
+        answered = done + half
+        finished = ~np.isnan(done)
+        in_window = finished & (answered >= lo) & (answered < hi)
+        sent_in_window = finished & (issued >= lo) & (issued < hi)
+        sizes = [rows for t, rows in self._batches if lo <= t < hi]
+        depth_mean, depth_max = _depth_stats(self._depth, lo, hi)
+        window = hi - lo
+        return SimResult(
+            throughput=float(in_window.sum()) / window,
+            completed=int(in_window.sum()),
+            expired=self.expired,
+            latency=summarize((answered - issued)[sent_in_window]),
+            server_latency=summarize((done - arrived)[sent_in_window]),
+            batch_sizes=size_histogram(sizes),
+            mean_batch=mean_batch_size(sizes),
+            depth_mean=depth_mean,
+            depth_max=depth_max,
+            depth_series=_sample_steps(self._depth, hi, cfg.depth_points),
+            utilization=[
+                lane.busy_s / (window * (cfg.instances if cfg.routing == "shared" else 1))
+                for lane in self.lanes
+            ],
+            unfinished=int((~finished).sum()) - self.expired,
+        )
+
+
+def simulate(config: SimConfig) -> SimResult:
+    """Run one simulation (see ``Simulator``)."""
+    return Simulator(config).run()
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    return max(0.0, min(b, hi) - max(a, lo))
+
+
+def _depth_stats(steps: list[tuple[float, int]], lo: float, hi: float) -> tuple[float, int]:
+    """Time-weighted mean and max of a step function over [lo, hi)."""
+    total, peak = 0.0, 0
+    for (t0, value), (t1, _) in zip(steps, [*steps[1:], (float("inf"), 0)], strict=True):
+        span = _overlap(t0, t1, lo, hi)
+        if span > 0:
+            total += span * value
+            peak = max(peak, value)
+    return total / (hi - lo), peak
+
+
+def _sample_steps(steps: list[tuple[float, int]], until: float, points: int) -> list[tuple[float, int]]:
+    """The step function's value at ``points`` evenly spaced times in [0, until]."""
+    times = np.linspace(0.0, until, max(2, points))
+    starts = np.asarray([t for t, _ in steps])
+    idx = np.searchsorted(starts, times, side="right") - 1
+    return [(round(float(t), 6), steps[int(i)][1]) for t, i in zip(times, idx, strict=True)]

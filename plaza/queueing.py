@@ -1,0 +1,114 @@
+"""Queue admission before publishing: priority levels and ``max_queue_size``.
+
+The queue of a model is its Kafka backlog: records its worker group has not committed yet
+(end offset minus committed offset, per partition of the level's topic). The gateway and the
+SDK measure it here, cached for a moment, and refuse a request with QueueFull at once when
+the level's ``max_queue_size`` is reached, instead of letting the backlog grow without bound.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
+
+from plaza.connections import kafka_admin, kafka_security
+from plaza.errors import InvalidInput, QueueFull
+from plaza.modelconfig import ModelSpec
+from plaza.naming import Names
+from plaza.settings import KafkaSettings
+
+
+def settle_priority(spec: ModelSpec, priority: int) -> int:
+    """The level a request runs at: 0 -> the model's default; no levels -> 0."""
+    levels = spec.batching.priority_levels
+    if levels == 0:
+        return 0
+    if priority < 0 or priority > levels:
+        raise InvalidInput(f"priority {priority} is outside 1..{levels} for model {spec.name!r}")
+    return priority or spec.batching.default_priority_level or levels
+
+
+class BacklogProbe:
+    """Consumer lag of a worker group on one topic, cached for ``ttl_s``."""
+
+    def __init__(self, kafka: KafkaSettings, names: Names) -> None:
+        self._kafka = kafka
+        self._names = names
+        self._ttl_s = kafka.backlog_check_ttl_ms / 1000
+        self._cache: dict[str, tuple[float, int]] = {}
+        self._admin: AIOKafkaAdminClient | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def start(self) -> None:
+        self._admin = kafka_admin(self._kafka)
+        await self._admin.start()
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._kafka.bootstrap_servers,
+            group_id=None,
+            enable_auto_commit=False,
+            **kafka_security(self._kafka),
+        )
+        await self._consumer.start()
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._admin is not None:
+            await self._admin.close()
+        self._admin = self._consumer = None
+
+    async def lag(self, model: str, topic: str) -> int:
+        """Records on ``topic`` that the model's workers have not committed yet."""
+        now = time.monotonic()
+        cached = self._cache.get(topic)
+        if cached and now - cached[0] < self._ttl_s:
+            return cached[1]
+        value = await self._measure(model, topic)
+        self._cache[topic] = (now, value)
+        return value
+
+    async def _measure(self, model: str, topic: str) -> int:
+        if self._admin is None or self._consumer is None:
+            raise RuntimeError("BacklogProbe is not started")
+        parts = self._consumer.partitions_for_topic(topic)
+        if not parts:
+            await self._consumer._client.force_metadata_update()
+            parts = self._consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return 0
+        ends: dict[TopicPartition, int] = await self._consumer.end_offsets(tps)
+        starts: dict[TopicPartition, int] = await self._consumer.beginning_offsets(tps)
+        committed: dict[TopicPartition, Any] = await self._admin.list_consumer_group_offsets(
+            self._names.consumer_group(model), partitions=tps
+        )
+        total = 0
+        for tp in tps:
+            meta = committed.get(tp)
+            done = meta.offset if meta is not None and meta.offset >= 0 else starts[tp]
+            total += max(0, ends[tp] - done)
+        return total
+
+
+class QueueGuard:
+    """Refuses requests whose priority level's queue is at ``max_queue_size``."""
+
+    def __init__(self, probe: BacklogProbe, names: Names) -> None:
+        self._probe = probe
+        self._names = names
+
+    async def check(self, spec: ModelSpec, level: int) -> None:
+        limit = spec.batching.queue_policy(level).max_queue_size
+        if not limit:
+            return
+        depth = await self._probe.lag(spec.name, self._names.request_topic(spec.name, level))
+        if depth >= limit:
+            raise QueueFull(
+                f"model {spec.name!r} queue (priority level {level or 'default'}) holds "
+                f"{depth} requests; max_queue_size is {limit}",
+                depth=depth,
+            )

@@ -1,0 +1,93 @@
+"""Fault-test fixtures: Plaza worker and gateway subprocesses, and the FAULT summary lines.
+
+Services come from tests/conftest.py: the session's Kafka and Redis for faults that do not
+touch them, private ones (``kafka_cluster_factory``, ``redis_server_factory``) for faults
+that kill or restart them. Each test has its own topic and key prefix (``unique_id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+
+from tests.faults.harness import Deployment, FaultReport, Processes
+
+_REPORTS: list[FaultReport] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "faults: kills and restarts real processes (tests/faults)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fault tests need real services: mark them ``integration`` and ``faults``."""
+    for item in items:
+        if "faults" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.faults)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The FAULT lines of this run, together at the end of the output."""
+    if _REPORTS:
+        terminalreporter.section("fault summary")
+        for report in _REPORTS:
+            terminalreporter.write_line(report.line())
+            terminalreporter.write_line("  " + report.detail_line())
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    """Start ``plaza worker`` / ``plaza gateway`` processes; logs in the test's tmp dir."""
+    procs = Processes(tmp_path / "logs")
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+        for proc in procs.started:  # shown by pytest when the test failed
+            print(proc.tail(15))
+
+
+@pytest.fixture
+def record_fault() -> Callable[[FaultReport], None]:
+    """Print a test's FAULT line (and details) and keep it for the run's summary."""
+
+    def record(report: FaultReport) -> None:
+        print(report.line(), flush=True)
+        print(report.detail_line(), flush=True)
+        _REPORTS.append(report)
+
+    return record
+
+
+@pytest.fixture
+async def redis_for() -> AsyncIterator[Callable[[str], redis.asyncio.Redis]]:
+    """Redis clients for a URL (bytes replies), closed after the test."""
+    clients: list[redis.asyncio.Redis] = []
+
+    def make(url: str) -> redis.asyncio.Redis:
+        client = redis.asyncio.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+async def deployment(kafka_bootstrap: str, redis_url: str, unique_id: str
+                     ) -> AsyncIterator[Deployment]:
+    """This test's deployment on the session's Kafka and Redis; its keys deleted after."""
+    dep = Deployment(kafka_bootstrap, redis_url, unique_id)
+    yield dep
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{dep.names.key_prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()

@@ -1,0 +1,117 @@
+"""Deadlines, queue policy, max_queue_size and priority levels on real Kafka and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plaza.client import PlazaClient, make_request
+from plaza.errors import DeadlineExceeded, QueueFull
+from plaza.settings import PlazaSettings
+from tests.support import model_variant, running_worker, wait_for
+
+IDENTITY = """
+name: "{name}" platform: "onnxruntime_onnx" max_batch_size: {mbs}
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+dynamic_batching {{ max_queue_delay_microseconds: 500 {batching} }}
+"""
+
+
+def variant(tmp_path: Path, settings: PlazaSettings, name: str, batching: str,
+            mbs: int = 8, **kafka: object) -> PlazaSettings:
+    repo = model_variant(tmp_path, name, IDENTITY.format(name=name, mbs=mbs, batching=batching))
+    return settings.model_copy(update={
+        "repository": repo,
+        "kafka": settings.kafka.model_copy(update=kafka),
+    })
+
+
+def x(i: float) -> dict[str, np.ndarray]:
+    return {"INPUT0": np.full((1, 2), i, np.float32)}
+
+
+async def test_expired_requests_are_answered_with_timeout_never_dropped(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    s = variant(tmp_path, settings, "rejecting", "default_queue_policy { timeout_action: REJECT }")
+    async with PlazaClient(s) as client:
+        stream = client.results_stream("deadlines")
+        late = [make_request("rejecting", x(i), reply_stream=stream, timeout_s=0.001)
+                for i in range(20)]
+        fresh = [make_request("rejecting", x(i), reply_stream=stream) for i in range(20)]
+        await client.publish_many(late + fresh)
+        async with running_worker(s, "rejecting") as worker:
+            codes: dict[str, str] = {}
+            async for entry, results in client.consume(stream, "g", "c", block_ms=300):
+                codes.update({r.id: r.error.code if r.error else "ok" for r in results})
+                await client.ack(stream, "g", entry)
+                if len(codes) == 40:
+                    break
+        assert {codes[r.id] for r in late} == {"timeout"}
+        assert {codes[r.id] for r in fresh} == {"ok"}
+        assert worker.stats.expired == 20
+        with pytest.raises(DeadlineExceeded):
+            await client.result(late[0].id)  # the stored answer is the typed timeout error
+
+
+async def test_delay_policy_keeps_expired_requests_and_runs_them(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    s = variant(tmp_path, settings, "delaying", "default_queue_policy { timeout_action: DELAY }")
+    async with PlazaClient(s) as client:
+        jobs = [await client.submit("delaying", x(i), timeout_s=0.001) for i in range(10)]
+        async with running_worker(s, "delaying") as worker:
+            results = await asyncio.gather(*(client.result(j, timeout_s=60) for j in jobs))
+        assert [float(r.output("OUTPUT0").to_numpy()[0, 0]) for r in results] == list(range(10))
+        assert worker.stats.expired == 0
+
+
+async def test_max_queue_size_refuses_at_once_with_a_typed_error(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    s = variant(tmp_path, settings, "bounded", "default_queue_policy { max_queue_size: 5 }",
+                backlog_check_ttl_ms=0)
+    async with PlazaClient(s) as client:
+        for i in range(5):
+            await client.submit("bounded", x(i))  # no worker: they wait in Kafka
+        with pytest.raises(QueueFull) as info:
+            await client.submit("bounded", x(99))
+        assert info.value.retriable and info.value.details["depth"] == 5
+        async with running_worker(s, "bounded"):
+            topic = s.names.request_topic("bounded")
+
+            async def drained() -> bool:
+                return await client._backlog.lag("bounded", topic) < 5
+
+            await wait_for(drained, what="the worker to drain the queue")
+            result = await client.infer("bounded", x(7), timeout_s=60)  # drained: accepted
+        assert float(result.output("OUTPUT0").to_numpy()[0, 0]) == 7.0
+
+
+async def test_priority_one_finishes_before_priority_two_under_a_backlog(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    s = variant(tmp_path, settings, "prio", "priority_levels: 2 default_priority_level: 2",
+                mbs=4)
+    async with PlazaClient(s) as client:
+        stream = client.results_stream("prio")
+        low = [make_request("prio", x(i), reply_stream=stream, priority=2) for i in range(150)]
+        high = [make_request("prio", x(i), reply_stream=stream, priority=1) for i in range(150)]
+        await client.publish_many(low)  # the low ones are older, and there are as many
+        await client.publish_many(high)
+        order: list[str] = []
+        async with running_worker(s, "prio", max_pending=16, fetch_max_records=8):
+            async for entry, results in client.consume(stream, "g", "c", block_ms=300):
+                order.extend(r.id for r in results)
+                await client.ack(stream, "g", entry)
+                if len(order) == 300:
+                    break
+        rank = {rid: i for i, rid in enumerate(order)}
+        last_high = max(rank[r.id] for r in high)
+        low_before = sum(1 for r in low if rank[r.id] < last_high)
+        # a batch in flight when the backlog appears may hold a few low ones; not more
+        assert low_before <= 15, f"{low_before} priority-2 requests finished before priority 1"

@@ -1,0 +1,85 @@
+"""The batch runner with a fake backend: stacking, splitting, shape groups, isolated failures."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from plaza.client import make_request
+from plaza.modelconfig import parse_model_config
+from workers.runner import BatchRunner, WorkItem
+
+SPEC = parse_model_config(
+    """
+    name: "m" platform: "onnxruntime_onnx" max_batch_size: 16
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    """,
+    source="m/config.pbtxt",
+    default_name="m",
+)
+
+
+class Doubler:
+    """A backend that doubles its input and remembers the batch shapes it saw."""
+
+    def __init__(self, fail_when: float | None = None) -> None:
+        self.calls: list[tuple[int, ...]] = []
+        self.fail_when = fail_when
+
+    def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+        x = inputs["x"]
+        self.calls.append(x.shape)
+        if self.fail_when is not None and (x == self.fail_when).any():
+            raise RuntimeError("poisoned batch")
+        return {"y": x * 2}
+
+
+def item(value: float, rows: int = 1, width: int = 3) -> WorkItem:
+    req = make_request("m", {"x": np.full((rows, width), value, np.float32)})
+    return WorkItem(request=req, rows=rows, version=1)
+
+
+def run(runner: BatchRunner, items: list[WorkItem]):
+    return asyncio.run(runner.run(items))
+
+
+def test_batch_is_stacked_once_and_split_back_per_request() -> None:
+    backend = Doubler()
+    runner = BatchRunner(SPEC, {1: backend}, worker_id="w")  # type: ignore[dict-item]
+    results = run(runner, [item(1), item(2, rows=3), item(3)])
+    assert backend.calls == [(5, 3)]
+    assert [r.output("y").to_numpy().tolist() for r in results] == [
+        [[2, 2, 2]], [[4, 4, 4]] * 3, [[6, 6, 6]]]
+    assert all(r.worker == "w" and r.timing_us["compute_infer"] >= 0 for r in results)
+
+
+def test_requests_with_different_shapes_run_as_separate_sub_batches() -> None:
+    backend = Doubler()
+    runner = BatchRunner(SPEC, {1: backend})  # type: ignore[dict-item]
+    results = run(runner, [item(1, width=3), item(2, width=5), item(3, width=3)])
+    assert sorted(backend.calls) == [(1, 5), (2, 3)]
+    assert [r.output("y").to_numpy().shape for r in results] == [(1, 3), (1, 5), (1, 3)]
+
+
+def test_a_failing_sub_batch_fails_only_its_requests_and_the_runner_keeps_going() -> None:
+    backend = Doubler(fail_when=9.0)
+    runner = BatchRunner(SPEC, {1: backend})  # type: ignore[dict-item]
+    results = run(runner, [item(9, width=4), item(1, width=3), item(2, width=4)])
+    assert [r.status for r in results] == ["error", "ok", "error"]
+    assert results[0].error is not None and results[0].error.code == "model_error"
+    assert "poisoned batch" in results[0].error.message
+    again = run(runner, [item(4), item(5)])
+    assert [r.status for r in again] == ["ok", "ok"]
+
+
+def test_wrong_output_rows_is_a_model_error_not_a_crash() -> None:
+    class Truncating(Doubler):
+        def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+            return {"y": inputs["x"][:1]}
+
+    runner = BatchRunner(SPEC, {1: Truncating()})  # type: ignore[dict-item]
+    results = run(runner, [item(1), item(2)])
+    assert [r.error.code if r.error else "ok" for r in results] == ["model_error"] * 2
