@@ -8,11 +8,14 @@ the level's ``max_queue_size`` is reached, instead of letting the backlog grow w
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from plaza.connections import kafka_admin, kafka_security
@@ -20,6 +23,8 @@ from plaza.errors import InvalidInput, QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 
 def settle_priority(spec: ModelSpec, priority: int) -> int:
@@ -83,15 +88,34 @@ class BacklogProbe:
             return 0
         ends: dict[TopicPartition, int] = await self._consumer.end_offsets(tps)
         starts: dict[TopicPartition, int] = await self._consumer.beginning_offsets(tps)
-        committed: dict[TopicPartition, Any] = await self._admin.list_consumer_group_offsets(
-            self._names.consumer_group(model), partitions=tps
-        )
+        committed = await self._committed(model, tps)
+        if committed is None:
+            return 0  # the group coordinator is away: do not refuse work on a guess
         total = 0
         for tp in tps:
             meta = committed.get(tp)
             done = meta.offset if meta is not None and meta.offset >= 0 else starts[tp]
             total += max(0, ends[tp] - done)
         return total
+
+    async def _committed(
+        self, model: str, tps: list[TopicPartition]
+    ) -> dict[TopicPartition, Any] | None:
+        """The worker group's committed offsets; None if its coordinator stays unavailable
+        (a new cluster loads __consumer_offsets on first use, a failover moves it)."""
+        assert self._admin is not None
+        for attempt in range(5):
+            try:
+                offsets: dict[TopicPartition, Any] = await self._admin.list_consumer_group_offsets(
+                    self._names.consumer_group(model), partitions=tps
+                )
+                return offsets
+            except KafkaError as exc:
+                if not getattr(exc, "retriable", False):
+                    raise
+                await asyncio.sleep(0.05 * 2**attempt)
+        log.warning("backlog of %s unknown: its group coordinator is unavailable", model)
+        return None
 
 
 class QueueGuard:

@@ -18,14 +18,23 @@ from plaza.settings import PlazaSettings
 
 COMMANDS = {
     "up": "bring up Kafka, Redis, the workers and the gateway on the sample repository",
-    "worker": "run one worker process for --worker.model",
+    "worker": "run one worker process for --model NAME (alias of --worker.model)",
     "gateway": "run the KServe v2 HTTP gateway",
     "services": "run only Kafka and Redis (plaza services up)",
 }
 
 
+SHORT_FLAGS = {"--model": "--worker.model", "--repository": "--repository"}
+"""Short spellings accepted before the settings parser sees the arguments."""
+
+
 def _settings(argv: list[str]) -> PlazaSettings:
-    return PlazaSettings(_cli_parse_args=argv)  # type: ignore[call-arg]
+    expanded = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        flag = SHORT_FLAGS.get(flag, flag)
+        expanded.append(f"{flag}{eq}{value}" if eq else flag)
+    return PlazaSettings(_cli_parse_args=expanded)  # type: ignore[call-arg]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,3 +115,30 @@ async def test_priority_one_finishes_before_priority_two_under_a_backlog(
         low_before = sum(1 for r in low if rank[r.id] < last_high)
         # a batch in flight when the backlog appears may hold a few low ones; not more
         assert low_before <= 15, f"{low_before} priority-2 requests finished before priority 1"
+
+
+async def test_gateway_answers_503_at_once_beyond_max_queue_size(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.service import GatewayService
+
+    s = variant(tmp_path, settings, "bounded_http", "default_queue_policy { max_queue_size: 3 }",
+                backlog_check_ttl_ms=0)
+    service = GatewayService(s)
+    await service.start()
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                        "data": [1.0, 2.0]}]}
+    try:
+        transport = httpx.ASGITransport(app=create_app(s, service))
+        async with httpx.AsyncClient(transport=transport, base_url="http://plaza") as http:
+            for _ in range(3):  # no worker: the jobs wait in Kafka
+                ok = await http.post("/v2/models/bounded_http/jobs", json=body)
+                assert ok.status_code == 202, ok.text
+            full = await http.post("/v2/models/bounded_http/infer", json=body)
+        assert full.status_code == 503
+        assert full.json()["code"] == "queue_full" and "max_queue_size is 3" in full.json()["error"]
+    finally:
+        await service.stop()
