@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from plaza.errors import ConfigError, InvalidInput
@@ -33,8 +35,9 @@ def to_numpy_dtype(datatype: str) -> np.dtype[np.generic]:
         raise InvalidInput(f"unknown datatype {datatype!r}", datatype=datatype) from None
 
 
+@functools.lru_cache(maxsize=64)
 def from_numpy_dtype(dtype: np.dtype[np.generic]) -> str:
-    """The KServe datatype name of a numpy dtype."""
+    """The KServe datatype name of a numpy dtype (cached: it runs once per output tensor)."""
     if dtype.kind in "OSU":
         return "BYTES"
     for name, candidate in _NUMPY.items():

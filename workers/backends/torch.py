@@ -43,7 +43,7 @@ class TorchBackend:
             torch.set_num_threads(self.threads)
         try:
             with warnings.catch_warnings():  # torch.jit announces its deprecation on load
-                warnings.simplefilter("ignore", DeprecationWarning)
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.load. is deprecated")
                 module = torch.jit.load(  # type: ignore[no-untyped-call]
                     str(self.mv.path), map_location=self._torch_device
                 )
