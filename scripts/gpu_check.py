@@ -14,6 +14,7 @@ On a machine without a GPU it runs on the CPU (useful to check the script itself
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from dataclasses import replace
@@ -68,8 +69,8 @@ def check(model: str, device_pref: str) -> list[dict[str, Any]]:
         items = [WorkItem(make_request(model, r), rows=1, version=mv.version) for r in reqs]
         stacked = {k: np.concatenate([r[k] for r in reqs]) for k in reqs[0]}
         outputs = [o.name for o in mv.spec.outputs]
-        raw = timed(lambda: backend.infer(stacked, outputs))
-        via_runner = timed(lambda: runner.run_group(items))
+        raw = timed(functools.partial(backend.infer, stacked, outputs))
+        via_runner = timed(functools.partial(runner.run_group, items))
         rows.append(
             {
                 "model": model,
