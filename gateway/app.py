@@ -31,7 +31,13 @@ from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"
 """Health endpoints answer without an API key (probes carry none)."""
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "parameters", "plaza_async_jobs")
+EXTENSIONS = (
+    "binary_tensor_data",
+    "model_configuration",
+    "parameters",
+    "statistics",
+    "plaza_async_jobs",
+)
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
 
 
@@ -156,6 +162,11 @@ class Endpoints:
     async def model_config(self, request: Request) -> Response:
         return JSONBody(self.service.model_config(*_model_path(request)))
 
+    async def model_stats(self, request: Request) -> Response:
+        params = request.path_params
+        name, version = str(params.get("model", "")), str(params.get("version", ""))
+        return JSONBody(await self.service.statistics(name, version))
+
     async def _infer_body(self, request: Request, model: str, version: str) -> kserve.InferBody:
         self.service.model(model, version)  # 404 before reading a body for nothing
         raw = await read_body(request, self._max_body)
@@ -207,9 +218,11 @@ class Endpoints:
             Route("/v2", self.server_metadata, methods=["GET"]),
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready, methods=["GET"]),
+            Route("/v2/models/stats", self.model_stats, methods=["GET"]),  # before {model}
         ]
         for base in bases:
             routes += [
+                Route(f"{base}/stats", self.model_stats, methods=["GET"]),
                 Route(base, self.model_metadata, methods=["GET"]),
                 Route(f"{base}/ready", self.model_ready, methods=["GET"]),
                 Route(f"{base}/config", self.model_config, methods=["GET"]),

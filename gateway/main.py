@@ -5,6 +5,7 @@ from __future__ import annotations
 import uvicorn
 
 from gateway.app import create_app
+from gateway.metrics import serve_metrics
 from plaza.settings import PlazaSettings
 
 
@@ -24,5 +25,7 @@ def server_config(settings: PlazaSettings) -> uvicorn.Config:
 
 
 def run_gateway(settings: PlazaSettings) -> None:
-    """Serve the HTTP gateway until interrupted (``plaza gateway``)."""
-    uvicorn.Server(server_config(settings)).run()
+    """Serve the HTTP gateway, and its metrics on ``metrics_port``, until interrupted."""
+    config = server_config(settings)
+    with serve_metrics(config.app, settings.gateway):
+        uvicorn.Server(config).run()

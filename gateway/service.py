@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 
+from gateway.metrics import GatewayMetrics, metered
+from gateway.stats import read_statistics
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo
 from plaza.errors import (
@@ -97,6 +99,7 @@ class GatewayService:
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
         self._backlog = BacklogProbe(settings.kafka, self.names)
         self._guard = QueueGuard(self._backlog, self.names)
+        self.metrics = GatewayMetrics()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -188,12 +191,18 @@ class GatewayService:
             return False
         return counts[0] >= 1
 
+    async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's statistics of every model, one model, or one version (``gateway.stats``)."""
+        chosen = {name: self.model(name, version)} if name else self.models
+        return await read_statistics(self._require(self._redis), self.names, chosen, version)
+
     # -- inference -----------------------------------------------------------------------
     def sync_timeout(self, timeout_us: int | None) -> float:
         """Seconds a sync call waits: the configured wait, shortened by a request timeout."""
         configured = self.settings.gateway.sync_timeout_s
         return configured if timeout_us is None else min(configured, timeout_us / 1e6)
 
+    @metered
     async def infer(self, req: InferRequest, timeout_s: float | None = None) -> InferResult:
         """Publish ``req`` and wait for its result.
 

@@ -29,6 +29,29 @@ HEADER_SOURCE_OFFSET = "plaza-source-offset"
 STREAM_FIELD_RESULTS = b"r"
 STREAM_FIELD_COUNT = b"n"
 
+# Prometheus metric names: Triton's where Triton has the metric (same meaning, same units).
+METRIC_REQUEST_SUCCESS = "nv_inference_request_success"
+METRIC_REQUEST_FAILURE = "nv_inference_request_failure"
+METRIC_INFERENCE_COUNT = "nv_inference_count"
+METRIC_EXEC_COUNT = "nv_inference_exec_count"
+METRIC_PENDING_REQUESTS = "nv_inference_pending_request_count"
+METRIC_REQUEST_DURATION_US = "nv_inference_request_duration_us"
+METRIC_QUEUE_DURATION_US = "nv_inference_queue_duration_us"
+METRIC_COMPUTE_INPUT_DURATION_US = "nv_inference_compute_input_duration_us"
+METRIC_COMPUTE_INFER_DURATION_US = "nv_inference_compute_infer_duration_us"
+METRIC_COMPUTE_OUTPUT_DURATION_US = "nv_inference_compute_output_duration_us"
+METRIC_GPU_UTILIZATION = "nv_gpu_utilization"
+METRIC_GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
+METRIC_GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+METRIC_BATCH_SIZE = "plaza_inference_batch_size"
+METRIC_CONSUMER_LAG = "plaza_kafka_consumer_lag"
+LABEL_MODEL = "model"
+LABEL_VERSION = "version"
+LABEL_REASON = "reason"
+LABEL_GPU_UUID = "gpu_uuid"
+LABEL_TOPIC = "topic"
+LABEL_PARTITION = "partition"
+
 
 def check_model_name(name: str) -> str:
     """Return ``name`` if it is a valid model name, else raise InvalidInput."""
@@ -86,3 +109,7 @@ class Names:
     def worker_info_key(self, worker_id: str) -> str:
         """A worker's self-description (model, versions, host, pid), with a short TTL."""
         return f"{self.key_prefix}worker-info:{worker_id}"
+
+    def model_stats_key(self, model: str, version: str) -> str:
+        """Hash of one model version's cumulative statistics, summed over its workers."""
+        return f"{self.key_prefix}stats:{check_model_name(model)}:{version}"

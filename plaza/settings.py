@@ -53,6 +53,9 @@ class RedisSettings(_Section):
     result_ttl_s: int = Field(3600, ge=1, description="TTL of result and job keys")
     stream_maxlen: int = Field(10_000, ge=1, description="approximate MAXLEN of reply streams")
     reply_stream_ttl_s: int = Field(600, ge=1, description="idle expiry of a reply stream")
+    stats_ttl_s: int = Field(
+        7 * 86400, ge=1, description="idle expiry of a model version's statistics hash"
+    )
 
 
 class WorkerSettings(_Section):
@@ -64,6 +67,10 @@ class WorkerSettings(_Section):
     fetch_max_records: int = Field(512, ge=1)
     intra_op_threads: int = Field(0, ge=0, description="0: the model's config, else all cores")
     heartbeat_interval_s: float = Field(2.0, gt=0)
+    metrics_host: str = Field("127.0.0.1", description="address the worker's /metrics listens on")
+    metrics_port: int = Field(
+        0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"
+    )
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +26,8 @@ from plaza.tensors import Tensor
 from workers.backends.base import Arrays, Backend
 
 log = logging.getLogger(__name__)
+ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
+"""Told of every backend execution: its requests and their results (worker metrics)."""
 
 
 @dataclass(slots=True)
@@ -68,11 +70,13 @@ class BatchRunner:
         backends: dict[int, Backend],
         executor: Executor | None = None,
         worker_id: str = "",
+        observer: ExecutionObserver | None = None,
     ) -> None:
         self.spec = spec
         self.backends = backends
         self.executor = executor
         self.worker_id = worker_id
+        self.observer = observer
         self._all_outputs = [o.name for o in spec.outputs]
 
     async def run(self, items: Sequence[WorkItem]) -> list[InferResult]:
@@ -86,6 +90,8 @@ class BatchRunner:
         for indices in groups.values():
             group = [items[i] for i in indices]
             done = await loop.run_in_executor(self.executor, self.run_group, group)
+            if self.observer is not None:
+                self.observer(group, done)
             for i, res in zip(indices, done, strict=True):
                 results[i] = res
         return [r for r in results if r is not None]

@@ -44,6 +44,7 @@ from plaza.settings import PlazaSettings
 from workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
 from workers.backends import Backend, create_backend
 from workers.device import select_device
+from workers.metrics import WorkerMetrics
 from workers.offsets import OffsetTracker
 from workers.runner import BatchRunner, WorkItem, error_result
 from workers.writer import ResultWriter
@@ -104,6 +105,9 @@ class Worker:
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.stats = WorkerStats()
+        self.metrics = WorkerMetrics(
+            self.model, self.names, settings.worker, stats_ttl_s=settings.redis.stats_ttl_s
+        )
         self.offsets = OffsetTracker()
         self._fetched: dict[TopicPartition, int] = {}
         self._in_flight = 0
@@ -127,7 +131,9 @@ class Worker:
         await self._load_backends(repo)
         self.policy = BatchingPolicy.from_spec(self.spec)
         self.batcher: DynamicBatcher[WorkItem] = DynamicBatcher(self.policy)
-        self.runner = BatchRunner(self.spec, self._backends, self._executor, self.id)
+        self.runner = BatchRunner(
+            self.spec, self._backends, self._executor, self.id, observer=self.metrics.executed
+        )
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
@@ -143,6 +149,7 @@ class Worker:
         )
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self.consumer.start()
+        self.metrics.start(self.versions, pending=lambda: len(self.batcher) + self._in_flight)
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [
@@ -198,6 +205,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
             await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
         await self.consumer.stop()
@@ -308,12 +316,13 @@ class Worker:
 
     def _lag(self) -> int:
         """Records in our partitions that Kafka holds but we have not fetched yet."""
-        total = 0
+        lags: dict[TopicPartition, int] = {}
         for tp, position in self._fetched.items():
             high = self.consumer.highwater(tp)
             if high is not None:
-                total += max(0, high - position)
-        return total
+                lags[tp] = max(0, high - position)
+        self.metrics.lags = lags
+        return sum(lags.values())
 
     # -- scheduling ------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
@@ -370,6 +379,7 @@ class Worker:
             done = await self._results.get()
             try:
                 written = await self.writer.write_until_done(done.answers)
+                self.metrics.answered(done.answers)
                 self.stats.written += written
                 self.stats.duplicates_suppressed += len(done.answers) - written
                 for tp, offset in done.records:
@@ -430,6 +440,7 @@ class Worker:
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "pending": len(self.batcher),
+                "metrics_port": self.metrics.port,
             }
         )
         try:
@@ -438,7 +449,7 @@ class Worker:
             pipe.zremrangebyscore(key, "-inf", now)
             pipe.expire(key, int(ttl) + 1)  # the registry itself goes when every worker has
             pipe.set(self.names.worker_info_key(self.id), info, ex=max(1, int(ttl)))
-            await pipe.execute()
+            await self.metrics.flush_with(pipe)  # executes the pipe, statistics included
         except Exception as exc:  # Redis restarting: the next beat tries again
             log.warning("%s: heartbeat failed: %s", self.id, exc)
 

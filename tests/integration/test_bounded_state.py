@@ -35,7 +35,9 @@ async def serve(client: PlazaClient, stream: str, n: int, start: int) -> None:
 
 
 async def test_redis_state_is_bounded_by_maxlen_and_ttl(settings: PlazaSettings) -> None:
-    redis = settings.redis.model_copy(update={"stream_maxlen": 20, "result_ttl_s": 120})
+    redis = settings.redis.model_copy(
+        update={"stream_maxlen": 20, "result_ttl_s": 120, "stats_ttl_s": 120}
+    )
     s = settings.model_copy(update={"redis": redis})
     async with running_worker(s, "identity", max_pending=8), PlazaClient(s) as client:
         stream = client.results_stream("bounded")

@@ -1,0 +1,134 @@
+"""The gateway's own metrics: synchronous infer requests per model version, on port 8002.
+
+The gateway runs no model, so it counts what it sees: each synchronous infer call's success
+(with its duration, publish to answer) or failure (with Triton's reason), under Triton's
+names, labelled with the model and the version that answered (the default version, the
+newest served, when the request named none). Requests for models or versions that are not
+loaded are not counted: label values come only from the repository, never from clients.
+
+The numbers of the models themselves (queue and compute times, batch sizes, executions)
+come from the workers' own /metrics ports and, summed, from the statistics API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol, TypeVar, cast
+
+from prometheus_client import CollectorRegistry, Counter
+
+from plaza.contract import InferRequest, InferResult
+from plaza.errors import ConfigError, ModelNotFound, PlazaError
+from plaza.metrics import MetricsServer, failure_reason
+from plaza.naming import (
+    LABEL_MODEL,
+    LABEL_REASON,
+    LABEL_VERSION,
+    METRIC_REQUEST_DURATION_US,
+    METRIC_REQUEST_FAILURE,
+    METRIC_REQUEST_SUCCESS,
+)
+from plaza.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+F = TypeVar("F", bound=Callable[..., Awaitable[InferResult]])
+
+
+class GatewayMetrics:
+    """Request counters on a registry of the gateway's own (never the global one)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = [LABEL_MODEL, LABEL_VERSION]
+        self.success = Counter(
+            METRIC_REQUEST_SUCCESS,
+            "Number of successful inference requests through the gateway",
+            labels,
+            registry=self.registry,
+        )
+        self.failure = Counter(
+            METRIC_REQUEST_FAILURE,
+            "Number of failed inference requests through the gateway",
+            [*labels, LABEL_REASON],
+            registry=self.registry,
+        )
+        self.duration_us = Counter(
+            METRIC_REQUEST_DURATION_US,
+            "Cumulative duration of successful requests at the gateway, microseconds",
+            labels,
+            registry=self.registry,
+        )
+
+    def succeeded(self, model: str, version: str, seconds: float) -> None:
+        self.success.labels(model, version).inc()
+        self.duration_us.labels(model, version).inc(int(seconds * 1e6))
+
+    def failed(self, model: str, version: str, code: str) -> None:
+        self.failure.labels(model, version, failure_reason(code)).inc()
+
+
+class _Metered(Protocol):
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    def model(self, name: str, version: str = "") -> Any: ...
+
+
+def _version_label(service: _Metered, req: InferRequest) -> str | None:
+    """The version the request is served by; None when the model or version is not loaded."""
+    try:
+        loaded = service.model(req.model, req.version)
+    except ModelNotFound:
+        return None
+    versions: tuple[int, ...] = loaded.versions
+    return req.version or (str(max(versions)) if versions else "")
+
+
+def metered(infer: F) -> F:
+    """Counts each call of the service's ``infer(req, timeout_s)`` in ``self.metrics``."""
+
+    @functools.wraps(infer)
+    async def wrapper(self: _Metered, req: InferRequest, *args: Any, **kwargs: Any) -> InferResult:
+        started = time.monotonic()
+        try:
+            result = await infer(self, req, *args, **kwargs)
+        except Exception as exc:
+            version = _version_label(self, req)
+            if version is not None:
+                code = exc.code if isinstance(exc, PlazaError) else PlazaError.code
+                self.metrics.failed(req.model, version, code)
+            raise
+        self.metrics.succeeded(
+            result.model or req.model, result.version, time.monotonic() - started
+        )
+        return result
+
+    return cast(F, wrapper)
+
+
+@contextlib.contextmanager
+def serve_metrics(app: Any, settings: GatewaySettings) -> Iterator[MetricsServer | None]:
+    """Serve the gateway app's metrics on ``metrics_port`` (8002) while the block runs.
+
+    ``app`` is ``create_app``'s Starlette app (its service owns the registry). A negative
+    port turns the metrics off; 0 takes a free port (logged). A port already taken is logged
+    as an error and the gateway serves without metrics: inference matters more.
+    """
+    if settings.metrics_port < 0:
+        yield None
+        return
+    registry = app.state.service.metrics.registry
+    try:
+        server = MetricsServer(registry, settings.host, settings.metrics_port)
+    except ConfigError as exc:
+        log.error("gateway serves no metrics: %s", exc.message)
+        yield None
+        return
+    with server:
+        log.info("gateway metrics at %s", server.url)
+        yield server

@@ -1,0 +1,333 @@
+"""A worker's metrics: Triton's per model version counters, batch sizes, consumer lag, GPU.
+
+The worker feeds one ``WorkerMetrics`` at three points and nothing else:
+- ``executed(items, results)``: the runner's observer, once per backend execution
+  (inference and execution counts, batch sizes, per batch size compute times);
+- ``answered(answers)``: after the writer made a batch of answers durable (request success
+  and failure, queue and compute times per request);
+- ``lags``: set by the scheduler whenever it computes consumer lag.
+
+The hot path touches plain ints only. Prometheus reads them at scrape time through a
+collector on the worker's own registry (served by ``plaza.metrics.MetricsServer`` on
+``worker.metrics_port``), and the heartbeat adds what changed since the last beat to the
+model version's statistics hash in Redis (``flush_with``), where the gateway's statistics
+API reads the sum over all workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from plaza.contract import InferResult
+from plaza.errors import ConfigError
+from plaza.metrics import MetricsServer, failure_reason
+from plaza.naming import (
+    LABEL_MODEL,
+    LABEL_PARTITION,
+    LABEL_REASON,
+    LABEL_TOPIC,
+    LABEL_VERSION,
+    METRIC_BATCH_SIZE,
+    METRIC_COMPUTE_INFER_DURATION_US,
+    METRIC_COMPUTE_INPUT_DURATION_US,
+    METRIC_COMPUTE_OUTPUT_DURATION_US,
+    METRIC_CONSUMER_LAG,
+    METRIC_EXEC_COUNT,
+    METRIC_INFERENCE_COUNT,
+    METRIC_PENDING_REQUESTS,
+    METRIC_QUEUE_DURATION_US,
+    METRIC_REQUEST_DURATION_US,
+    METRIC_REQUEST_FAILURE,
+    METRIC_REQUEST_SUCCESS,
+    Names,
+)
+from plaza.settings import WorkerSettings
+from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
+from workers.gpu_metrics import GpuCollector
+from workers.runner import WorkItem
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Upper bounds of the batch-size histogram (rows per execution)."""
+_NS_PER_US = 1000
+
+Answer = tuple[InferResult, str | None]
+
+
+class WorkerMetrics:
+    """Metrics and statistics of one worker (one model, the versions it serves)."""
+
+    def __init__(
+        self,
+        model: str,
+        names: Names,
+        settings: WorkerSettings,
+        *,
+        stats_ttl_s: int,
+        gpu: GpuCollector | None = None,
+    ) -> None:
+        self.model = model
+        self._names = names
+        self._settings = settings
+        self._stats_ttl_s = stats_ttl_s
+        self.stats: dict[str, ModelStatistics] = {}
+        """Totals by version ("1", "2", ...); fixed once ``start`` has run."""
+        self._flushed: dict[str, dict[str, int]] = {}
+        self._default = ""
+        self.lags: dict[Any, int] = {}
+        """Consumer lag by TopicPartition, replaced by the scheduler on every decision."""
+        self._pending: Callable[[], int] = lambda: 0
+        self.gpu = gpu if gpu is not None else GpuCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        self.registry.register(self.gpu)
+        self._server: MetricsServer | None = None
+
+    @property
+    def port(self) -> int | None:
+        """Where /metrics is served (None before ``start`` or with ``metrics_port`` -1)."""
+        return self._server.port if self._server is not None else None
+
+    def start(self, versions: Sequence[int], pending: Callable[[], int]) -> None:
+        """Know the served versions and the pending count; serve /metrics unless it is off."""
+        self.stats = {str(v): self.stats.get(str(v), ModelStatistics()) for v in versions}
+        self._default = str(max(versions)) if versions else ""
+        if not self.stats:
+            self.stats[""] = ModelStatistics()
+        self._pending = pending
+        if self._settings.metrics_port >= 0 and self._server is None:
+            try:
+                self._server = MetricsServer(
+                    self.registry, self._settings.metrics_host, self._settings.metrics_port
+                )
+            except ConfigError as exc:  # a port taken: serve the model all the same
+                log.error("%s: worker serves no metrics: %s", self.model, exc.message)
+                return
+            log.info("%s metrics at %s", self.model, self._server.url)
+
+    def version(self, version: str) -> ModelStatistics:
+        """The totals of ``version``; "" and versions not served count as the default."""
+        stats = self.stats.get(version)
+        if stats is None:
+            stats = self.stats.get(self._default)
+            if stats is None:
+                stats = self.stats[self._default] = ModelStatistics()
+        return stats
+
+    # -- feeding --------------------------------------------------------------------------
+    def executed(self, items: Sequence[WorkItem], results: Sequence[InferResult]) -> None:
+        """One backend execution (the runner's observer). Failed executions count nothing."""
+        ok = [r for r in results if r.error is None]
+        if not ok:
+            return
+        rows = sum(it.rows for it, r in zip(items, results, strict=True) if r.error is None)
+        stats = self.version(ok[0].version)
+        stats.execution_count += 1
+        stats.inference_count += rows
+        timing = ok[-1].timing_us  # one execution: the same input and infer times for all
+        batch = stats.batch(rows)
+        batch.compute_input.add(timing.get("compute_input", 0) * _NS_PER_US)
+        batch.compute_infer.add(timing.get("compute_infer", 0) * _NS_PER_US)
+        batch.compute_output.add(max(r.timing_us.get("compute_output", 0) for r in ok) * _NS_PER_US)
+
+    def answered(self, answers: Iterable[Answer]) -> None:
+        """Answers now durable in Redis: success with its phases, or failure by reason.
+
+        Sums per version first and adds once per batch: this runs for every request.
+        """
+        now_ms = int(time.time() * 1000)
+        sums: dict[str, list[int]] = {}
+        for result, _ in answers:
+            if result.error is not None:
+                self._failed(result.version, result.error.code, now_ms)
+                continue
+            acc = sums.get(result.version)
+            if acc is None:
+                acc = sums[result.version] = [0, 0, 0, 0, 0]
+            timing = result.timing_us
+            acc[0] += 1
+            acc[1] += timing.get("queue", 0)
+            acc[2] += timing.get("compute_input", 0)
+            acc[3] += timing.get("compute_infer", 0)
+            acc[4] += timing.get("compute_output", 0)
+        for version, (n, queue, c_in, c_infer, c_out) in sums.items():
+            stats = self.version(version)
+            stats.last_inference = now_ms
+            for phase, us in (
+                (stats.success, queue + c_in + c_infer + c_out),
+                (stats.queue, queue),
+                (stats.compute_input, c_in),
+                (stats.compute_infer, c_infer),
+                (stats.compute_output, c_out),
+            ):
+                phase.count += n
+                phase.ns += us * _NS_PER_US
+
+    def _failed(self, version: str, code: str, now_ms: int) -> None:
+        stats = self.version(version)
+        stats.last_inference = now_ms
+        stats.fail.add(0)  # the worker does not time failures; Triton's ns stays 0
+        reason = failure_reason(code)
+        stats.failures[reason] = stats.failures.get(reason, 0) + 1
+
+    # -- publishing -----------------------------------------------------------------------
+    async def flush_with(self, pipe: Any) -> list[Any]:
+        """Execute ``pipe`` (the heartbeat's) with the statistics changed since the last flush.
+
+        One round trip for both. Only when it succeeds do the changes count as flushed, so a
+        beat that fails carries them over to the next one.
+        """
+        snapshot = {v: s.fields() for v, s in self.stats.items()}
+        changes = [
+            (
+                self._names.model_stats_key(self.model, v),
+                fields["last_inference"],
+                increments(fields, self._flushed.get(v, {})),
+            )
+            for v, fields in snapshot.items()
+            if v
+        ]
+        if changes:
+            keys, args = flush_arguments(changes, self._stats_ttl_s)
+            pipe.eval(FLUSH_SCRIPT, len(keys), *keys, *args)
+        replies: list[Any] = await pipe.execute()
+        self._flushed = snapshot
+        return replies
+
+    async def close(self, redis: aioredis.Redis) -> None:
+        """Flush the last statistics (best effort), stop serving /metrics, release NVML."""
+        try:
+            await self.flush_with(redis.pipeline(transaction=False))
+        except Exception as exc:
+            log.warning("%s: last statistics flush failed: %s", self.model, exc)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        with contextlib.suppress(Exception):
+            self.gpu.close()
+
+
+def _labels(model: str, version: str) -> list[str]:
+    return [model, version]
+
+
+class _Collector:
+    """Renders a WorkerMetrics' numbers as Prometheus families at scrape time."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._m
+        versions = [(v, s) for v, s in dict(m.stats).items() if v]
+        yield from self._counters(m.model, versions)
+        yield self._failures(m.model, versions)
+        yield self._batch_sizes(m.model, versions)
+        pending = GaugeMetricFamily(
+            METRIC_PENDING_REQUESTS,
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=[LABEL_MODEL, LABEL_VERSION],
+        )
+        # The batcher holds requests of every served version together.
+        pending.add_metric(
+            _labels(m.model, versions[0][0] if len(versions) == 1 else ""), m._pending()
+        )
+        yield pending
+        lag = GaugeMetricFamily(
+            METRIC_CONSUMER_LAG,
+            "Records in the partition not yet fetched by this worker (high-water mark - position).",
+            labels=[LABEL_MODEL, LABEL_TOPIC, LABEL_PARTITION],
+        )
+        for tp, value in dict(m.lags).items():
+            lag.add_metric([m.model, str(tp.topic), str(tp.partition)], value)
+        yield lag
+
+    @staticmethod
+    def _counters(model: str, versions: list[tuple[str, ModelStatistics]]) -> Iterator[Metric]:
+        specs: list[tuple[str, str, Callable[[ModelStatistics], int]]] = [
+            (
+                METRIC_REQUEST_SUCCESS,
+                "Number of successful inference requests, all batch sizes",
+                lambda s: s.success.count,
+            ),
+            (
+                METRIC_INFERENCE_COUNT,
+                "Number of inferences performed (a batch of n counts n)",
+                lambda s: s.inference_count,
+            ),
+            (
+                METRIC_EXEC_COUNT,
+                "Number of model executions performed",
+                lambda s: s.execution_count,
+            ),
+            (
+                METRIC_REQUEST_DURATION_US,
+                "Cumulative inference request duration in microseconds",
+                lambda s: s.success.ns // _NS_PER_US,
+            ),
+            (
+                METRIC_QUEUE_DURATION_US,
+                "Cumulative inference queuing duration in microseconds",
+                lambda s: s.queue.ns // _NS_PER_US,
+            ),
+            (
+                METRIC_COMPUTE_INPUT_DURATION_US,
+                "Cumulative compute input duration in microseconds",
+                lambda s: s.compute_input.ns // _NS_PER_US,
+            ),
+            (
+                METRIC_COMPUTE_INFER_DURATION_US,
+                "Cumulative compute inference duration in microseconds",
+                lambda s: s.compute_infer.ns // _NS_PER_US,
+            ),
+            (
+                METRIC_COMPUTE_OUTPUT_DURATION_US,
+                "Cumulative inference compute output duration in microseconds",
+                lambda s: s.compute_output.ns // _NS_PER_US,
+            ),
+        ]
+        for name, doc, read in specs:
+            family = CounterMetricFamily(name, doc, labels=[LABEL_MODEL, LABEL_VERSION])
+            for version, stats in versions:
+                family.add_metric(_labels(model, version), read(stats))
+            yield family
+
+    @staticmethod
+    def _failures(model: str, versions: list[tuple[str, ModelStatistics]]) -> Metric:
+        family = CounterMetricFamily(
+            METRIC_REQUEST_FAILURE,
+            "Number of failed inference requests, all batch sizes",
+            labels=[LABEL_MODEL, LABEL_VERSION, LABEL_REASON],
+        )
+        for version, stats in versions:
+            for reason, count in sorted(dict(stats.failures).items()):
+                family.add_metric([model, version, reason], count)
+        return family
+
+    @staticmethod
+    def _batch_sizes(model: str, versions: list[tuple[str, ModelStatistics]]) -> Metric:
+        family = HistogramMetricFamily(
+            METRIC_BATCH_SIZE,
+            "Rows per model execution (the batch sizes the dynamic batcher formed)",
+            labels=[LABEL_MODEL, LABEL_VERSION],
+        )
+        for version, stats in versions:
+            counts = {size: b.compute_infer.count for size, b in dict(stats.batches).items()}
+            buckets = [
+                (str(float(le)), sum(n for size, n in counts.items() if size <= le))
+                for le in BATCH_BUCKETS
+            ]
+            buckets.append(("+Inf", sum(counts.values())))
+            total = sum(size * n for size, n in counts.items())
+            family.add_metric(_labels(model, version), buckets, total)
+        return family
