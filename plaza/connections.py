@@ -13,6 +13,10 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from plaza.errors import Unavailable
 from plaza.settings import KafkaSettings, RedisSettings
@@ -108,7 +112,13 @@ async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
 
 def redis_client(r: RedisSettings) -> aioredis.Redis:
     """A pooled asyncio Redis client; bytes in, bytes out."""
-    opts: dict[str, Any] = {"decode_responses": False, "health_check_interval": 30}
+    opts: dict[str, Any] = {
+        "decode_responses": False,
+        "health_check_interval": 30,
+        # After a Redis restart every pooled connection is dead: retry on a fresh one.
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), 3),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+    }
     if r.password:
         opts["password"] = r.password.get_secret_value()
     if r.ssl_ca_certs:

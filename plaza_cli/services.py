@@ -215,8 +215,13 @@ def _accepts(port: int) -> bool:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as Kafka's Uuid)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (as Kafka's Uuid).
+
+    Never one starting with '-': a command line would read it as an option."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -622,7 +627,7 @@ class KafkaCluster:
         for node in nodes:
             props = self.node_dir(node) / "server.properties"
             argv = [*self._jvm(node), "kafka.tools.StorageTool", "format"]
-            argv += ["-t", cluster_id, "-c", str(props)]
+            argv += [f"--cluster-id={cluster_id}", "-c", str(props)]
             proc = _Process(f"kafka-format-{node}", argv, self.node_dir(node) / "format.log")
             proc.start(self.node_dir(node))
             procs.append(proc)

@@ -7,13 +7,18 @@ that kill or restart them. Each test has its own topic and key prefix (``unique_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio
+from redis.exceptions import RedisError
 
-from tests.faults.harness import Deployment, FaultReport, Processes
+from tests.faults.audit import FaultReport
+from tests.faults.harness import Deployment
+from tests.faults.processes import Processes
 
 _REPORTS: list[FaultReport] = []
 
@@ -79,14 +84,40 @@ async def redis_for() -> AsyncIterator[Callable[[str], redis.asyncio.Redis]]:
 
 
 @pytest.fixture
-async def deployment(kafka_bootstrap: str, redis_url: str, unique_id: str
-                     ) -> AsyncIterator[Deployment]:
-    """This test's deployment on the session's Kafka and Redis; its keys deleted after."""
-    dep = Deployment(kafka_bootstrap, redis_url, unique_id)
-    yield dep
-    client = redis.asyncio.Redis.from_url(redis_url)
+async def deployments(
+    request: pytest.FixtureRequest, unique_id: str
+) -> AsyncIterator[Callable[..., Deployment]]:
+    """Make this test's deployment: the session's Kafka and Redis unless others are given.
+
+        dep = deployments()                                     # session services
+        dep = deployments(bootstrap=cluster.bootstrap_servers)  # a private Kafka
+
+    Other keyword arguments go to :class:`Deployment`. Its Redis keys are deleted after.
+    """
+    made: list[Deployment] = []
+
+    def make(
+        bootstrap: str | None = None, redis_url: str | None = None, **options: Any
+    ) -> Deployment:
+        dep = Deployment(
+            bootstrap or request.getfixturevalue("kafka_bootstrap"),
+            redis_url or request.getfixturevalue("redis_url"),
+            unique_id,
+            **options,
+        )
+        made.append(dep)
+        return dep
+
+    yield make
+    for dep in made:
+        with contextlib.suppress(RedisError, OSError):  # a private Redis may be gone
+            await _delete_keys(dep.redis_url, dep.names.key_prefix)
+
+
+async def _delete_keys(url: str, prefix: str) -> None:
+    client = redis.asyncio.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=5)
     try:
-        keys = [k async for k in client.scan_iter(match=f"{dep.names.key_prefix}*", count=1000)]
+        keys = [k async for k in client.scan_iter(match=f"{prefix}*", count=1000)]
         if keys:
             await client.delete(*keys)
     finally:
