@@ -22,34 +22,44 @@ class _Section(BaseModel):
 class KafkaSettings(_Section):
     """How to reach Kafka and how Plaza's topics are made."""
 
-    bootstrap_servers: str = "127.0.0.1:9092"
-    topic_prefix: str = "plaza."
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="Kafka brokers, host:port[,host:port]"
+    )
+    topic_prefix: str = Field("plaza.", description="prefix of every topic and consumer group")
     partitions: int = Field(4, ge=1, description="partitions of each request topic Plaza creates")
-    replication_factor: int = Field(1, ge=1)
-    min_insync_replicas: int | None = Field(None, ge=1)
-    client_id: str = "plaza"
-    request_timeout_ms: int = 30_000
+    replication_factor: int = Field(1, ge=1, description="replicas of each topic Plaza creates")
+    min_insync_replicas: int | None = Field(
+        None, ge=1, description="min.insync.replicas of the topics Plaza creates"
+    )
+    client_id: str = Field("plaza", description="Kafka client id")
+    request_timeout_ms: int = Field(
+        30_000, description="Kafka request timeout; also bounds a publish"
+    )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request record")
     linger_ms: int = Field(1, ge=0, description="producer linger: small batches of records")
     backlog_check_ttl_ms: int = Field(
         250, ge=0, description="how long a measured backlog (for max_queue_size) is reused"
     )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: Path | None = None
-    ssl_certfile: Path | None = None
-    ssl_keyfile: Path | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security protocol"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism (PLAIN when unset)"
+    )
+    sasl_username: str | None = Field(None, description="SASL user")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (secret)")
+    ssl_cafile: Path | None = Field(None, description="CA bundle for Kafka TLS")
+    ssl_certfile: Path | None = Field(None, description="client certificate for Kafka TLS")
+    ssl_keyfile: Path | None = Field(None, description="client key for Kafka TLS")
 
 
 class RedisSettings(_Section):
     """How to reach Redis and how long results live there."""
 
-    url: str = "redis://127.0.0.1:6379/0"
-    password: SecretStr | None = None
-    ssl_ca_certs: Path | None = None
-    key_prefix: str = "plaza:"
+    url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (rediss:// for TLS)")
+    password: SecretStr | None = Field(None, description="Redis password (secret)")
+    ssl_ca_certs: Path | None = Field(None, description="CA bundle for Redis TLS")
+    key_prefix: str = Field("plaza:", description="prefix of every Redis key and stream")
     result_ttl_s: int = Field(3600, ge=1, description="TTL of result and job keys")
     stream_maxlen: int = Field(10_000, ge=1, description="approximate MAXLEN of reply streams")
     reply_stream_ttl_s: int = Field(600, ge=1, description="idle expiry of a reply stream")
@@ -61,30 +71,36 @@ class RedisSettings(_Section):
 class WorkerSettings(_Section):
     """One worker process."""
 
-    model: str = ""
-    worker_id: str = ""
+    model: str = Field("", description="the model this worker serves (required)")
+    worker_id: str = Field("", description="worker id; default host-pid-random")
     max_pending: int = Field(1024, ge=1, description="records held in memory before pausing fetch")
-    fetch_max_records: int = Field(512, ge=1)
+    fetch_max_records: int = Field(512, ge=1, description="records taken per fetch")
     intra_op_threads: int = Field(0, ge=0, description="0: the model's config, else all cores")
-    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_interval_s: float = Field(
+        2.0, gt=0, description="registry heartbeat and stats flush interval"
+    )
     metrics_host: str = Field("127.0.0.1", description="address the worker's /metrics listens on")
     metrics_port: int = Field(
         0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"
     )
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: the GPU with most free memory, else cpu"
+    )
 
 
 class GatewaySettings(_Section):
     """The HTTP gateway."""
 
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    gateway_id: str = ""
+    host: str = Field("127.0.0.1", description="address the gateway listens on")
+    http_port: int = Field(8000, description="KServe v2 HTTP port")
+    grpc_port: int = Field(8001, description="gRPC port (reserved; no gRPC front yet)")
+    metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
+    gateway_id: str = Field("", description="names the reply stream; default a random id")
     sync_timeout_s: float = Field(30.0, gt=0, description="sync infer waits this long, then 504")
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    api_key: SecretStr | None = None
+    max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="request body limit (413 beyond)"
+    )
+    api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
 
 
 class PlazaSettings(BaseSettings):
@@ -98,12 +114,12 @@ class PlazaSettings(BaseSettings):
         cli_kebab_case=False,
     )
 
-    repository: Path = Path("model_repository")
+    repository: Path = Field(Path("model_repository"), description="the model repository folder")
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     worker: WorkerSettings = WorkerSettings()
     gateway: GatewaySettings = GatewaySettings()
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
 
     @property
     def names(self) -> Names:

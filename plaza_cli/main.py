@@ -4,6 +4,10 @@
     plaza worker --worker.model M one worker process
     plaza gateway                 the HTTP gateway
     plaza services up             only Kafka and Redis
+    plaza loadgen -m M ...        load sweeps (concurrency / request rate), reports, plots
+    plaza profile M               a model's batch-latency curve and batching advice
+    plaza simulate ...            the scheduling simulator
+    plaza bench [--only NAME]     the benchmark suite
 
 Settings flags (``--kafka.bootstrap_servers``, ``--worker.model``, ...) follow the
 subcommand; each also has an environment variable (see plaza/settings.py).
@@ -21,6 +25,11 @@ COMMANDS = {
     "worker": "run one worker process for --model NAME (alias of --worker.model)",
     "gateway": "run the KServe v2 HTTP gateway",
     "services": "run only Kafka and Redis (plaza services up)",
+    "settings": "print every setting with its default, environment variable and flag",
+    "loadgen": "perf_analyzer-like load sweeps against the gateway or Kafka (loadgen)",
+    "profile": "batch-latency curve of a model's backend and dynamic_batching advice",
+    "simulate": "headless scheduling simulator (the batcher on a simulated clock)",
+    "bench": "the side-by-side benchmark suite (python -m loadgen.bench)",
 }
 
 
@@ -64,10 +73,27 @@ def main(argv: list[str] | None = None) -> int:
         from plaza_cli.services import run_services_cli
 
         return run_services_cli(rest)
+    elif command == "settings":
+        from plaza_cli.settings_doc import run_settings_doc
+
+        return run_settings_doc()
     elif command == "up":
         from plaza_cli.up import run_up
 
         return run_up(rest)
+    elif command in ("loadgen", "profile", "simulate"):
+        from loadgen import cli
+
+        runners = {
+            "loadgen": cli.run_loadgen_cli,
+            "profile": cli.run_profile_cli,
+            "simulate": cli.run_simulate_cli,
+        }
+        return runners[command](rest)
+    elif command == "bench":
+        from loadgen.bench import main as run_bench
+
+        return run_bench(rest)
     return 0
 
 

@@ -1,0 +1,58 @@
+"""``plaza settings``: every setting with its default, environment variable and CLI flag.
+
+docs/settings.md is this command's output; a unit test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from plaza.settings import PlazaSettings
+
+HEADER = """# Settings
+
+Every setting has a default, an environment variable and a command-line flag (the flag goes
+after the subcommand: `plaza worker --model mlp --kafka.bootstrap_servers 10.0.0.5:9092`).
+Secrets (`*_password`, `api_key`) are never printed in logs or reprs. This page is the output
+of `plaza settings`; `tests/unit/test_settings_doc.py` keeps it current.
+
+Security pass-through: Kafka SASL/TLS (`kafka.security_protocol`, `kafka.sasl_mechanism`,
+`kafka.sasl_username`, `kafka.sasl_password`, `kafka.ssl_cafile`, `kafka.ssl_certfile`,
+`kafka.ssl_keyfile`) reaches every producer, consumer and admin client; Redis
+`redis.password` and `redis.ssl_ca_certs` (with a `rediss://` URL for TLS) reach every Redis
+client (`plaza/connections.py`). `gateway.api_key` turns on bearer-token auth.
+"""
+
+
+def _default(field: Any) -> str:
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return ""
+    return f"`{value}`" if value not in (None, "") else "(none)"
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            rows += _rows(annotation, f"{prefix}{name}.")
+            continue
+        dotted = f"{prefix}{name}"
+        env = "PLAZA_" + dotted.replace(".", "__").upper()
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `--{dotted}` | `{env}` | {_default(field)} | {description} |")
+    return rows
+
+
+def render() -> str:
+    lines = [HEADER, "| flag | environment variable | default | meaning |",
+             "| --- | --- | --- | --- |", *_rows(PlazaSettings, "")]
+    return "\n".join(lines) + "\n"
+
+
+def run_settings_doc() -> int:
+    print(render(), end="")
+    return 0
