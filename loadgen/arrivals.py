@@ -40,11 +40,9 @@ class ArrivalProcess:
 
     def times(self, until_s: float, limit: int | None = None) -> Iterator[float]:
         """Arrival offsets in [0, until_s), at most ``limit`` of them, in order."""
-        count = 0
-        for t in self._unbounded():
+        for count, t in enumerate(self._unbounded()):
             if t >= until_s or (limit is not None and count >= limit):
                 return
-            count += 1
             yield t
 
     def _unbounded(self) -> Iterator[float]:

@@ -51,8 +51,9 @@ def binary_request(
     inputs: Mapping[str, np.ndarray[Any, Any]], *, binary_output: bool = True
 ) -> EncodedRequest:
     """Triton's binary tensor extension: JSON header + raw tensor bytes, in input order."""
-    blobs = [np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes()
-             for a in inputs.values()]  # fmt: skip
+    blobs = [
+        np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<")).tobytes() for a in inputs.values()
+    ]
     doc: dict[str, Any] = {
         "inputs": [
             {**_header(n, a), "parameters": {"binary_data_size": len(b)}}
@@ -61,7 +62,10 @@ def binary_request(
         "parameters": {"binary_data_output": binary_output},
     }
     header = orjson.dumps(doc)
-    headers = {"Content-Type": "application/octet-stream", HEADER_INFERENCE_LENGTH: str(len(header))}
+    headers = {
+        "Content-Type": "application/octet-stream",
+        HEADER_INFERENCE_LENGTH: str(len(header)),
+    }
     return EncodedRequest(b"".join([header, *blobs]), headers)
 
 

@@ -20,9 +20,13 @@ POOL_SIZE = 16
 _SUBJECTS = ("A man", "The woman", "A child", "The old dog", "Two engineers", "A tired cat")
 _VERBS = ("is eating", "paints", "watches", "is repairing", "carries", "describes")
 _OBJECTS = (
-    "a piece of bread", "the red bicycle", "a long train in the rain", "an old map of Lisbon",
-    "the toll plaza at rush hour", "a bowl of noodles",
-)  # fmt: skip
+    "a piece of bread",
+    "the red bicycle",
+    "a long train in the rain",
+    "an old map of Lisbon",
+    "the toll plaza at rush hour",
+    "a bowl of noodles",
+)
 
 
 def sentences(count: int, seed: int = 0) -> list[str]:

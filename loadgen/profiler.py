@@ -145,10 +145,14 @@ def recommend(curve: Sequence[CurvePoint], budget_ms: float | None = None) -> Re
     if not feasible:
         first = min(curve, key=lambda p: p.batch_size)
         return Recommendation(
-            1, 0, budget_ms, 2 * first.p50_ms, first.items_per_s,
+            1,
+            0,
+            budget_ms,
+            2 * first.p50_ms,
+            first.items_per_s,
             note=f"the budget is below twice the batch-1 latency ({2 * first.p50_ms:.2f} ms): "
             "no batching setting meets it",
-        )  # fmt: skip
+        )
     best = max(p.items_per_s for p in feasible)
     chosen = min(
         (p for p in feasible if p.items_per_s >= (1 - KNEE_TOLERANCE) * best),
@@ -205,9 +209,15 @@ def profile_model(
         backend.unload()
     a, b = fit_linear(curve)
     return Profile(
-        model, mv.version, spec.platform, spec.max_batch_size, curve, a, b,
+        model,
+        mv.version,
+        spec.platform,
+        spec.max_batch_size,
+        curve,
+        a,
+        b,
         recommend(curve, budget_ms),
-    )  # fmt: skip
+    )
 
 
 def write_profile(profile: Profile, out: Path) -> list[Path]:

@@ -130,6 +130,8 @@ class _Lane:
     in_flight: int = 0
     wake_token: int = 0
     busy_s: float = 0.0
+    dirty: bool = False
+    """Something changed at this instant: decide once every event of the instant is in."""
 
     @property
     def lag_len(self) -> int:
@@ -167,16 +169,28 @@ class Simulator:
     def run(self) -> SimResult:
         self._schedule_load()
         handlers: dict[int, Callable[[Any], None]] = {
-            _ISSUE: self._on_issue, _ARRIVE: self._on_arrive,
-            _DONE: self._on_done, _WAKE: self._on_wake,
-        }  # fmt: skip
+            _ISSUE: self._on_issue,
+            _ARRIVE: self._on_arrive,
+            _DONE: self._on_done,
+            _WAKE: self._on_wake,
+        }
         for _ in range(self.cfg.max_events):
             if not self._events:
                 break
             at, _, kind, data = heapq.heappop(self._events)
             self.clock.now = at
             handlers[kind](data)
+            if not self._events or self._events[0][0] > at:
+                self._decide_dirty()
         return self._result()
+
+    def _decide_dirty(self) -> None:
+        """Like a worker, whose intake adds every record of a fetch before the scheduler
+        decides: requests arriving at the same instant can share a batch."""
+        for lane in self.lanes:
+            if lane.dirty:
+                lane.dirty = False
+                self._dispatch(lane)
 
     def _schedule_load(self) -> None:
         cfg = self.cfg
@@ -206,7 +220,7 @@ class Simulator:
             lane.batcher.add(rid, size=self.cfg.rows_per_request)
         else:
             lane.lag.append(rid)
-        self._dispatch(lane)
+        lane.dirty = True
 
     def _on_done(self, data: tuple[_Lane, list[int], float]) -> None:
         lane, batch, started = data
@@ -218,12 +232,12 @@ class Simulator:
             self.done[rid] = now
             self._answered(now)
         self._refill(lane)
-        self._dispatch(lane)
+        lane.dirty = True
 
     def _on_wake(self, data: tuple[_Lane, int]) -> None:
         lane, token = data
         if token == lane.wake_token:
-            self._dispatch(lane)
+            lane.dirty = True
 
     def _answered(self, now: float) -> None:
         """A request left the system; a closed-loop client sends its next one."""
@@ -325,7 +339,9 @@ def _depth_stats(steps: list[tuple[float, int]], lo: float, hi: float) -> tuple[
     return total / (hi - lo), peak
 
 
-def _sample_steps(steps: list[tuple[float, int]], until: float, points: int) -> list[tuple[float, int]]:
+def _sample_steps(
+    steps: list[tuple[float, int]], until: float, points: int
+) -> list[tuple[float, int]]:
     """The step function's value at ``points`` evenly spaced times in [0, until]."""
     times = np.linspace(0.0, until, max(2, points))
     starts = np.asarray([t for t, _ in steps])

@@ -5,6 +5,7 @@ Pure functions over samples; the load generator, the simulator and the benchmark
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,7 +59,9 @@ class ServerSplit:
 
     @property
     def server_us(self) -> float:
-        return self.queue_us + self.compute_input_us + self.compute_infer_us + self.compute_output_us
+        return (
+            self.queue_us + self.compute_input_us + self.compute_infer_us + self.compute_output_us
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "server_us": self.server_us}
@@ -116,7 +119,7 @@ def estimate_batch_sizes(
     for times in groups.values():
         times.sort()
         run = 1
-        for prev, cur in zip(times, times[1:], strict=False):
+        for prev, cur in itertools.pairwise(times):
             if cur - prev > gap_s:
                 sizes.append(run)
                 run = 0

@@ -48,8 +48,12 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def render() -> str:
-    lines = [HEADER, "| flag | environment variable | default | meaning |",
-             "| --- | --- | --- | --- |", *_rows(PlazaSettings, "")]
+    lines = [
+        HEADER,
+        "| flag | environment variable | default | meaning |",
+        "| --- | --- | --- | --- |",
+        *_rows(PlazaSettings, ""),
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ import importlib.resources
 import itertools
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -754,7 +755,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     for result in results:
         stream = sys.stderr if result.status == "failed" else sys.stdout
         print(f"{result.status:>10}  {result.name:<10} {result.detail}", file=stream)
+    for folder in simulated_version_folders(args.repository):
+        print(f"{'ready':>10}  {folder.parent.name:<10} {folder} (simulated device: no file)")
     return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def simulated_version_folders(repository: Path) -> list[Path]:
+    """Version folder 1 for each simulated-device model (backend plaza_simulated): it has
+    no model file, but a version folder is what makes a version servable."""
+    folders = []
+    for config in sorted(repository.glob("*/config.pbtxt")):
+        if re.search(r'^\s*backend\s*:\s*"plaza_simulated"', config.read_text(), re.M):
+            folder = config.parent / "1"
+            folder.mkdir(exist_ok=True)
+            folders.append(folder)
+    return folders
 
 
 if __name__ == "__main__":

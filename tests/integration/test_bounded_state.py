@@ -22,8 +22,7 @@ def rss_bytes() -> int:
 
 async def serve(client: PlazaClient, stream: str, n: int, start: int) -> None:
     ids = await client.publish_many(
-        make_request("identity", {"INPUT0": np.full((1, 64), i, np.float32)},
-                     reply_stream=stream)
+        make_request("identity", {"INPUT0": np.full((1, 64), i, np.float32)}, reply_stream=stream)
         for i in range(start, start + n)
     )
     want, got = set(ids), 0
@@ -52,8 +51,10 @@ async def test_redis_state_is_bounded_by_maxlen_and_ttl(settings: PlazaSettings)
 
 
 async def test_worker_memory_does_not_grow_with_requests_served(settings: PlazaSettings) -> None:
-    async with running_worker(settings, "identity", max_pending=64) as worker, \
-            PlazaClient(settings) as client:
+    async with (
+        running_worker(settings, "identity", max_pending=64) as worker,
+        PlazaClient(settings) as client,
+    ):
         stream = client.results_stream("rss")
         await serve(client, stream, 1000, 0)  # warm up: allocator pools, caches
         before = rss_bytes()

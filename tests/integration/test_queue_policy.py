@@ -21,13 +21,16 @@ dynamic_batching {{ max_queue_delay_microseconds: 500 {batching} }}
 """
 
 
-def variant(tmp_path: Path, settings: PlazaSettings, name: str, batching: str,
-            mbs: int = 8, **kafka: object) -> PlazaSettings:
+def variant(
+    tmp_path: Path, settings: PlazaSettings, name: str, batching: str, mbs: int = 8, **kafka: object
+) -> PlazaSettings:
     repo = model_variant(tmp_path, name, IDENTITY.format(name=name, mbs=mbs, batching=batching))
-    return settings.model_copy(update={
-        "repository": repo,
-        "kafka": settings.kafka.model_copy(update=kafka),
-    })
+    return settings.model_copy(
+        update={
+            "repository": repo,
+            "kafka": settings.kafka.model_copy(update=kafka),
+        }
+    )
 
 
 def x(i: float) -> dict[str, np.ndarray]:
@@ -40,8 +43,9 @@ async def test_expired_requests_are_answered_with_timeout_never_dropped(
     s = variant(tmp_path, settings, "rejecting", "default_queue_policy { timeout_action: REJECT }")
     async with PlazaClient(s) as client:
         stream = client.results_stream("deadlines")
-        late = [make_request("rejecting", x(i), reply_stream=stream, timeout_s=0.001)
-                for i in range(20)]
+        late = [
+            make_request("rejecting", x(i), reply_stream=stream, timeout_s=0.001) for i in range(20)
+        ]
         fresh = [make_request("rejecting", x(i), reply_stream=stream) for i in range(20)]
         await client.publish_many(late + fresh)
         async with running_worker(s, "rejecting") as worker:
@@ -73,8 +77,13 @@ async def test_delay_policy_keeps_expired_requests_and_runs_them(
 async def test_max_queue_size_refuses_at_once_with_a_typed_error(
     settings: PlazaSettings, tmp_path: Path
 ) -> None:
-    s = variant(tmp_path, settings, "bounded", "default_queue_policy { max_queue_size: 5 }",
-                backlog_check_ttl_ms=0)
+    s = variant(
+        tmp_path,
+        settings,
+        "bounded",
+        "default_queue_policy { max_queue_size: 5 }",
+        backlog_check_ttl_ms=0,
+    )
     async with PlazaClient(s) as client:
         for i in range(5):
             await client.submit("bounded", x(i))  # no worker: they wait in Kafka
@@ -95,8 +104,7 @@ async def test_max_queue_size_refuses_at_once_with_a_typed_error(
 async def test_priority_one_finishes_before_priority_two_under_a_backlog(
     settings: PlazaSettings, tmp_path: Path
 ) -> None:
-    s = variant(tmp_path, settings, "prio", "priority_levels: 2 default_priority_level: 2",
-                mbs=4)
+    s = variant(tmp_path, settings, "prio", "priority_levels: 2 default_priority_level: 2", mbs=4)
     async with PlazaClient(s) as client:
         stream = client.results_stream("prio")
         low = [make_request("prio", x(i), reply_stream=stream, priority=2) for i in range(150)]
@@ -125,12 +133,16 @@ async def test_gateway_answers_503_at_once_beyond_max_queue_size(
     from gateway.app import create_app
     from gateway.service import GatewayService
 
-    s = variant(tmp_path, settings, "bounded_http", "default_queue_policy { max_queue_size: 3 }",
-                backlog_check_ttl_ms=0)
+    s = variant(
+        tmp_path,
+        settings,
+        "bounded_http",
+        "default_queue_policy { max_queue_size: 3 }",
+        backlog_check_ttl_ms=0,
+    )
     service = GatewayService(s)
     await service.start()
-    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
-                        "data": [1.0, 2.0]}]}
+    body = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1.0, 2.0]}]}
     try:
         transport = httpx.ASGITransport(app=create_app(s, service))
         async with httpx.AsyncClient(transport=transport, base_url="http://plaza") as http:

@@ -37,8 +37,14 @@ def tensor(name: str = "a", datatype: str = "FP32", shape: Any = (1, 4), data: A
 
 
 def record(**fields: Any) -> bytes:
-    body = {"v": 1, "id": "r1", "model": "m", "version": "", "inputs": [tensor()],
-            "reply_stream": "out"}
+    body = {
+        "v": 1,
+        "id": "r1",
+        "model": "m",
+        "version": "",
+        "inputs": [tensor()],
+        "reply_stream": "out",
+    }
     body.update(fields)
     return msgpack.packb({k: v for k, v in body.items() if v is not ...})
 
@@ -48,45 +54,75 @@ def judge(value: bytes | None) -> Any:
 
 
 REJECTED = [  # (case, record, error code, words in the message)
-    ("wrong datatype", record(inputs=[tensor(datatype="FP64",
-                                             data=b"\0" * 32)]), "invalid_input", "datatype"),
+    (
+        "wrong datatype",
+        record(inputs=[tensor(datatype="FP64", data=b"\0" * 32)]),
+        "invalid_input",
+        "datatype",
+    ),
     ("missing batch dim", record(inputs=[tensor(shape=(4,))]), "invalid_input", "[batch]"),
     ("wrong dims", record(inputs=[tensor(shape=(1, 5))]), "invalid_input", "dims"),
     ("batch too big", record(inputs=[tensor(shape=(9, 4))]), "invalid_input", "batch size 9"),
-    ("empty batch", record(inputs=[tensor(shape=(0, 4), data=b"")]), "invalid_input",
-     "batch size 0"),
+    (
+        "empty batch",
+        record(inputs=[tensor(shape=(0, 4), data=b"")]),
+        "invalid_input",
+        "batch size 0",
+    ),
     ("short data", record(inputs=[tensor(data=b"\0" * 15)]), "invalid_input", "needs 16"),
     ("long data", record(inputs=[tensor(data=b"\0" * 17)]), "invalid_input", "needs 16"),
     ("missing input", record(inputs=[]), "invalid_input", "missing input 'a'"),
-    ("extra input", record(inputs=[tensor(), tensor(name="zzz")]), "invalid_input",
-     "unknown input"),
+    (
+        "extra input",
+        record(inputs=[tensor(), tensor(name="zzz")]),
+        "invalid_input",
+        "unknown input",
+    ),
     ("duplicate input", record(inputs=[tensor(), tensor()]), "invalid_input", "twice"),
     ("unknown output", record(outputs=["nope"]), "invalid_input", "unknown output"),
-    ("bad BYTES data", record(inputs=[tensor(), tensor("s", "BYTES", (1, 1), b"\x09\0\0\0ab")]),
-     "invalid_input", "BYTES"),
-    ("inputs disagree on batch", record(inputs=[tensor(), tensor("s", "BYTES", (2, 1),
-                                                                  b"\1\0\0\0a\1\0\0\0b")]),
-     "invalid_input", "disagree"),
+    (
+        "bad BYTES data",
+        record(inputs=[tensor(), tensor("s", "BYTES", (1, 1), b"\x09\0\0\0ab")]),
+        "invalid_input",
+        "BYTES",
+    ),
+    (
+        "inputs disagree on batch",
+        record(inputs=[tensor(), tensor("s", "BYTES", (2, 1), b"\1\0\0\0a\1\0\0\0b")]),
+        "invalid_input",
+        "disagree",
+    ),
     ("unknown version", record(version="7"), "model_not_found", "no served version '7'"),
     ("non-numeric version", record(version="latest"), "model_not_found", "served version"),
     ("other model", record(model="other"), "model_not_found", "not 'other'"),
     ("envelope version 2", record(v=2), "unsupported_envelope_version", "version 2"),
     ("no envelope version", record(v=...), "unsupported_envelope_version", "version None"),
-    ("unknown datatype", record(inputs=[tensor(datatype="FP8")]), "bad_envelope",
-     "unknown datatype"),
-    ("negative dim", record(inputs=[tensor(shape=(1, -4), data=b"")]), "bad_envelope",
-     "non-negative"),
+    (
+        "unknown datatype",
+        record(inputs=[tensor(datatype="FP8")]),
+        "bad_envelope",
+        "unknown datatype",
+    ),
+    (
+        "negative dim",
+        record(inputs=[tensor(shape=(1, -4), data=b"")]),
+        "bad_envelope",
+        "non-negative",
+    ),
     ("data not bytes", record(inputs=[tensor(data="zeros")]), "bad_envelope", "must be bytes"),
     ("inputs not a list", record(inputs={"a": 1}), "bad_envelope", "'inputs' must be a list"),
     ("bad deadline", record(deadline_ms="soon"), "bad_envelope", "deadline_ms"),
     ("no model", record(model=...), "bad_envelope", "model name"),
-    ("oversize payload", record(parameters={"pad": "x" * LIMIT}), "payload_too_large",
-     "limit 4096"),
+    (
+        "oversize payload",
+        record(parameters={"pad": "x" * LIMIT}),
+        "payload_too_large",
+        "limit 4096",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("case", "value", "code", "words"), REJECTED,
-                         ids=[c[0] for c in REJECTED])
+@pytest.mark.parametrize(("case", "value", "code", "words"), REJECTED, ids=[c[0] for c in REJECTED])
 def test_invalid_request_is_answered_with_a_stable_code(
     case: str, value: bytes, code: str, words: str
 ) -> None:

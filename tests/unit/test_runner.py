@@ -52,7 +52,10 @@ def test_batch_is_stacked_once_and_split_back_per_request() -> None:
     results = run(runner, [item(1), item(2, rows=3), item(3)])
     assert backend.calls == [(5, 3)]
     assert [r.output("y").to_numpy().tolist() for r in results] == [
-        [[2, 2, 2]], [[4, 4, 4]] * 3, [[6, 6, 6]]]
+        [[2, 2, 2]],
+        [[4, 4, 4]] * 3,
+        [[6, 6, 6]],
+    ]
     assert all(r.worker == "w" and r.timing_us["compute_infer"] >= 0 for r in results)
 
 

@@ -32,10 +32,14 @@ def test_no_unpickling_or_eval_on_the_request_path() -> None:
 
 
 def test_kafka_sasl_ssl_settings_reach_the_clients(tmp_path: Path) -> None:
-    opts = kafka_security(KafkaSettings(
-        security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
-        sasl_username="plaza", sasl_password="s3cret",
-    ))
+    opts = kafka_security(
+        KafkaSettings(
+            security_protocol="SASL_SSL",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_username="plaza",
+            sasl_password="s3cret",
+        )
+    )
     assert opts["security_protocol"] == "SASL_SSL"
     assert opts["sasl_mechanism"] == "SCRAM-SHA-512"
     assert (opts["sasl_plain_username"], opts["sasl_plain_password"]) == ("plaza", "s3cret")

@@ -15,6 +15,12 @@ def test_settings_doc_is_current() -> None:
 
 def test_every_security_setting_is_listed() -> None:
     text = render()
-    for name in ("kafka.sasl_password", "kafka.ssl_cafile", "redis.password",
-                 "redis.ssl_ca_certs", "gateway.api_key", "gateway.max_body_bytes"):
+    for name in (
+        "kafka.sasl_password",
+        "kafka.ssl_cafile",
+        "redis.password",
+        "redis.ssl_ca_certs",
+        "gateway.api_key",
+        "gateway.max_body_bytes",
+    ):
         assert f"`--{name}`" in text

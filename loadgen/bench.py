@@ -1,0 +1,115 @@
+"""The benchmark suite: ``make bench`` = ``python -m loadgen.bench`` (not part of make test).
+
+    python -m loadgen.bench                      # everything (about 10 minutes here)
+    python -m loadgen.bench --only batching,scale
+    python -m loadgen.bench --quick              # shorter windows, one round
+    python -m loadgen.bench --list
+
+It starts its own Kafka and Redis (free loopback ports, under ``--work-dir``), runs each
+benchmark's workers and gateway as child processes on them, each benchmark in a Plaza of
+its own (topic and key prefix, repository folder), and stops everything at the end. Each
+benchmark prints its ratios and writes ``results/bench/<name>.json``; a failing benchmark
+is reported and the others still run (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.benchkit import Context
+from loadgen.benchmarks import BENCHMARKS
+from loadgen.stack import Processes, Services, fresh_dir
+from loadgen.sweep import environment
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadgen.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    p.add_argument("--quick", action="store_true", help="shorter windows, one round")
+    p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    p.add_argument("--repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--out-dir", type=Path, default=Path("results/bench"))
+    p.add_argument("--work-dir", type=Path, default=Path("var/bench"))
+    p.add_argument("--keep", action="store_true", help="keep the work dir (logs, data)")
+    return p.parse_args(argv)
+
+
+def _selected(only: str | None) -> list[str]:
+    if not only:
+        return list(BENCHMARKS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; choose from {list(BENCHMARKS)}")
+    return names
+
+
+def _print_ratios(name: str, report: dict[str, Any]) -> None:
+    print(f"== {name}")
+    for key, value in report.get("ratios", {}).items():
+        print(f"   {key}: {value:.3f}" if isinstance(value, float) else f"   {key}: {value}")
+
+
+async def _run_all(ctx: Context, names: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for name in names:
+        started = time.monotonic()
+        print(f"-- {name} ...", flush=True)
+        try:
+            report = await BENCHMARKS[name](ctx)
+        except Exception as exc:
+            traceback.print_exc()
+            summary[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            ctx.procs.stop_all()
+            continue
+        finally:
+            elapsed = time.monotonic() - started
+        report.update(
+            benchmark=name, seconds=round(elapsed, 1), environment=environment(), quick=ctx.quick
+        )
+        path = ctx.out_dir / f"{name}.json"
+        path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        _print_ratios(name, report)
+        print(f"   ({elapsed:.0f} s; {path})", flush=True)
+        summary[name] = report.get("ratios", {})
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.list:
+        for name, fn in BENCHMARKS.items():
+            print(f"{name:<14} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return 0
+    names = _selected(args.only)
+    work = fresh_dir(args.work_dir)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"starting Kafka and Redis under {work} ...", flush=True)
+    services = Services(work / "services", fast_start=False)
+    procs = Processes(work / "logs")
+    ctx = Context(args.repository, work, args.out_dir, services, procs, args.quick)
+    try:
+        with services:
+            summary = asyncio.run(_run_all(ctx, names))
+    finally:
+        procs.stop_all()
+    summary_path = args.out_dir / "summary.json"
+    doc = {"environment": environment(), "quick": args.quick, "notes": ctx.notes, **summary}
+    summary_path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    print(f"wrote {summary_path}")
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if any("error" in v for v in summary.values() if isinstance(v, dict)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

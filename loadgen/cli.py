@@ -1,0 +1,363 @@
+"""Command lines: ``plaza loadgen`` (= ``python -m loadgen``), ``plaza profile``,
+``plaza simulate``. ``plaza bench`` is ``loadgen.bench``.
+
+    plaza loadgen -m mlp --target http-binary --concurrency 1:64:x2
+    plaza loadgen -m mlp --target kafka,http-json --request-rate 100:400:100 \\
+        --distribution poisson --out results/loadgen/mlp-rate
+    plaza profile mlp --latency-budget-ms 10
+    plaza simulate --model simulated --rate 200:1600:200 --distribution poisson
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.arrivals import DISTRIBUTIONS, ArrivalProcess
+from loadgen.inputs import input_pool
+from loadgen.latency import LatencyModel, LinearLatency, ProfileLatency
+from loadgen.measure import Load, WindowConfig
+from loadgen.profiler import ensure_version_folder, format_profile, profile_model, write_profile
+from loadgen.progress import WindowProgress
+from loadgen.simulator import SimConfig, SimResult, simulate
+from loadgen.sweep import format_table, parse_range, run_sweep, write_reports
+from loadgen.targets import TARGET_KINDS, Target, make_target
+from plaza.batching import BatchingPolicy
+from plaza.errors import PlazaError
+from plaza.repository import ModelRepository
+from plaza.settings import PlazaSettings
+
+DEFAULT_REPOSITORY = Path("model_repository")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in parse_range(text)]
+
+
+# -- loadgen --------------------------------------------------------------------------------
+
+
+def loadgen_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="plaza loadgen",
+        description="perf_analyzer-like load: concurrency or request-rate sweeps, measured "
+        "in windows until stable, against the gateway (HTTP) or Kafka (SDK).",
+    )
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument(
+        "--target",
+        default="http-binary",
+        help=f"comma-separated, measured side by side: {', '.join(TARGET_KINDS)}",
+    )
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (HTTP targets)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", help="e.g. 16, 1:64:x2, 1,8,64 (default 1)")
+    load.add_argument("--request-rate", help="requests/s, e.g. 100:400:100")
+    p.add_argument("--distribution", choices=("constant", "poisson"), default="constant")
+    p.add_argument(
+        "--repository",
+        type=Path,
+        help="where the model's config is read (input shapes); default PLAZA_REPOSITORY",
+    )
+    p.add_argument("--batch-size", type=int, default=1, help="rows per request")
+    p.add_argument("--seq-len", type=int, default=16, help="size of -1 dims (minilm: pad length)")
+    p.add_argument("--window-s", type=float, default=2.0)
+    p.add_argument("--warmup-s", type=float, default=1.0)
+    p.add_argument("--stability", type=float, default=0.10, help="allowed spread (0.10 = 10%%)")
+    p.add_argument("--stable-windows", type=int, default=3)
+    p.add_argument("--max-windows", type=int, default=10)
+    p.add_argument("--max-in-flight", type=int, default=4096, help="rate mode bound")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="per request")
+    p.add_argument("--bootstrap-servers", help="Kafka (kafka target; default: PLAZA_ settings)")
+    p.add_argument("--redis-url", help="Redis (kafka target)")
+    p.add_argument("--topic-prefix", help="Kafka topic prefix (kafka target)")
+    p.add_argument("--key-prefix", help="Redis key prefix (kafka target)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write OUT.csv, OUT.json, OUT.png")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def kafka_settings(args: argparse.Namespace) -> PlazaSettings:
+    """PLAZA_* settings from the environment, overridden by the flags that were given."""
+    base = PlazaSettings()
+    kafka = {"bootstrap_servers": args.bootstrap_servers, "topic_prefix": args.topic_prefix}
+    redis = {"url": args.redis_url, "key_prefix": args.key_prefix}
+    return base.model_copy(
+        update={
+            "repository": args.repository,
+            "kafka": base.kafka.model_copy(update={k: v for k, v in kafka.items() if v}),
+            "redis": base.redis.model_copy(update={k: v for k, v in redis.items() if v}),
+        }
+    )
+
+
+def _loads(args: argparse.Namespace) -> list[Load]:
+    if args.request_rate:
+        return [
+            Load("rate", v, args.distribution, args.seed) for v in parse_range(args.request_rate)
+        ]
+    return [Load("concurrency", int(v)) for v in parse_range(args.concurrency or "1")]
+
+
+def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
+    args = loadgen_parser().parse_args(argv)
+    kinds = [k.strip() for k in args.target.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in TARGET_KINDS]
+    if bad or not kinds:
+        print(f"error: unknown target(s) {bad}; choose from {TARGET_KINDS}", file=sys.stderr)
+        return 2
+    args.repository = args.repository or PlazaSettings().repository
+    try:
+        ensure_version_folder(args.repository, args.model)
+        spec = ModelRepository(args.repository).spec(args.model)
+        loads = _loads(args)
+    except (PlazaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    pool = input_pool(spec, rows=args.batch_size, seq_len=args.seq_len, seed=args.seed)
+    settings = kafka_settings(args) if "kafka" in kinds else None
+    conns = int(max((ld.value for ld in loads), default=1)) if not args.request_rate else 1024
+    targets: list[Target] = [
+        make_target(
+            k,
+            args.model,
+            pool,
+            url=args.url,
+            settings=settings,
+            max_connections=max(1, min(conns, 1024)),
+            timeout_s=args.timeout_s,
+        )
+        for k in kinds
+    ]
+    cfg = WindowConfig(
+        args.window_s,
+        args.warmup_s,
+        args.stability,
+        args.stable_windows,
+        args.max_windows,
+        args.max_in_flight,
+    )
+    total = len(loads) * len(targets) * cfg.max_windows
+    with WindowProgress(total, enabled=False if args.no_progress else None) as bar:
+        points = asyncio.run(run_sweep(targets, loads, cfg, bar))
+    print(format_table(points))
+    if args.out:
+        meta = {
+            "model": args.model,
+            "targets": kinds,
+            "window": dataclasses.asdict(cfg),
+            "rows_per_request": args.batch_size,
+            "seq_len": args.seq_len,
+        }
+        for path in write_reports(points, args.out, meta, plot=not args.no_plot):
+            print(f"wrote {path}")
+    return 1 if any(p.completed == 0 for p in points) else 0
+
+
+# -- profile --------------------------------------------------------------------------------
+
+
+def run_profile_cli(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="plaza profile",
+        description="Batch-latency curve of a model's backend, run directly, and the "
+        "dynamic_batching settings it suggests for a latency budget.",
+    )
+    p.add_argument("model")
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    p.add_argument("--latency-budget-ms", type=float)
+    p.add_argument("--batch-sizes", type=_ints, help="default: 1, 2, 4, ... max_batch_size")
+    p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--window-s", type=float, default=0.5)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: as a worker)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--out", type=Path, help="default results/profile/MODEL")
+    args = p.parse_args(argv)
+    try:
+        prof = profile_model(
+            args.repository,
+            args.model,
+            budget_ms=args.latency_budget_ms,
+            sizes=args.batch_sizes,
+            threads=args.threads,
+            device=args.device,
+            seq_len=args.seq_len,
+            rounds=args.rounds,
+            window_s=args.window_s,
+        )
+    except PlazaError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(format_profile(prof))
+    for path in write_profile(prof, args.out or Path("results/profile") / args.model):
+        print(f"wrote {path}")
+    return 0
+
+
+# -- simulate -------------------------------------------------------------------------------
+
+
+def simulate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="plaza simulate",
+        description="Headless scheduling simulator: Plaza's DynamicBatcher on a simulated "
+        "clock, with an arrival process and a batch latency model.",
+    )
+    p.add_argument("--model", help="take batching (and a*n+b of a plaza_simulated model) from it")
+    p.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    p.add_argument("--profile", type=Path, help="latency from a `plaza profile` JSON")
+    p.add_argument("--latency-a-us", type=float, help="per-row latency (with --latency-b-us)")
+    p.add_argument("--latency-b-us", type=float, default=0.0, help="per-batch latency")
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--preferred-batch-sizes", type=_ints)
+    p.add_argument("--max-queue-delay-us", type=int)
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", help="requests/s, e.g. 500 or 100:1000:100")
+    load.add_argument("--concurrency", help="closed-loop clients, e.g. 16 or 1:64:x2")
+    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="poisson")
+    p.add_argument("--burst-size", type=int, default=16)
+    p.add_argument(
+        "--overhead-ms",
+        type=float,
+        default=0.0,
+        help="round trip outside the worker (closed loop re-send delay)",
+    )
+    p.add_argument("--instances", type=int, help="worker processes (default: instance_group)")
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--routing", choices=("partitioned", "shared"), default="partitioned")
+    p.add_argument("--max-pending", type=int, default=1024)
+    p.add_argument("--rows", type=int, default=1, help="rows per request")
+    p.add_argument("--duration-s", type=float, default=30.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="write OUT.json and OUT.png (one per load point)")
+    p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+def _sim_policy_and_latency(args: argparse.Namespace) -> tuple[BatchingPolicy, LatencyModel, int]:
+    policy, instances = BatchingPolicy(max_batch_size=32), 1
+    latency: LatencyModel | None = None
+    if args.model:
+        ensure_version_folder(args.repository, args.model)
+        spec = ModelRepository(args.repository).spec(args.model)
+        policy, instances = BatchingPolicy.from_spec(spec), spec.instance_count
+        if args.profile is None and args.latency_a_us is None:
+            latency = LinearLatency.from_spec(spec)
+    overrides: dict[str, Any] = {
+        "max_batch_size": args.max_batch_size,
+        "preferred_batch_sizes": tuple(args.preferred_batch_sizes or ()) or None,
+        "max_queue_delay_us": args.max_queue_delay_us,
+    }
+    policy = dataclasses.replace(policy, **{k: v for k, v in overrides.items() if v is not None})
+    if args.profile is not None:
+        latency = ProfileLatency.from_file(args.profile)
+    elif args.latency_a_us is not None:
+        latency = LinearLatency(args.latency_a_us, args.latency_b_us)
+    if latency is None:
+        raise ValueError("give --model (a plaza_simulated one), --profile or --latency-a-us")
+    return policy, latency, args.instances or instances
+
+
+def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
+    policy, latency, instances = _sim_policy_and_latency(args)
+    common: dict[str, Any] = dict(
+        policy=policy,
+        latency=latency,
+        instances=instances,
+        partitions=args.partitions,
+        routing=args.routing,
+        max_pending=args.max_pending,
+        rows_per_request=args.rows,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        seed=args.seed,
+        overhead_s=args.overhead_ms / 1e3,
+    )
+    if args.concurrency:
+        return [SimConfig(concurrency=int(c), **common) for c in parse_range(args.concurrency)]
+    return [
+        SimConfig(
+            arrivals=ArrivalProcess(r, args.distribution, args.burst_size, args.seed), **common
+        )
+        for r in parse_range(args.rate or "100")
+    ]
+
+
+def _sim_label(cfg: SimConfig) -> str:
+    if cfg.arrivals is not None:
+        return f"rate {cfg.arrivals.rate:g}/s {cfg.arrivals.distribution}"
+    return f"concurrency {cfg.concurrency}"
+
+
+def format_simulation(cfg: SimConfig, res: SimResult) -> str:
+    lat = res.latency
+    hist = " ".join(f"{k}:{v}" for k, v in res.batch_sizes.items())
+    return (
+        f"{_sim_label(cfg):<26} {res.throughput:>9.1f}/s  p50 {lat.p50_ms:7.2f}  "
+        f"p90 {lat.p90_ms:7.2f}  p99 {lat.p99_ms:7.2f} ms  batch {res.mean_batch:5.1f}  "
+        f"depth mean {res.depth_mean:7.1f} max {res.depth_max:5d}  "
+        f"util {', '.join(f'{u:.2f}' for u in res.utilization)}\n    batches {hist}"
+    )
+
+
+def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
+    args = simulate_parser().parse_args(argv)
+    try:
+        configs = sim_configs(args)
+    except (PlazaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    first = configs[0]
+    print(
+        f"policy: max_batch_size {first.policy.max_batch_size}, preferred "
+        f"{list(first.policy.preferred_batch_sizes)}, "
+        f"max_queue_delay {first.policy.max_queue_delay_us} us; {first.latency.describe()}; "
+        f"{first.instances} instance(s), {first.partitions} partitions, {first.routing}"
+    )
+    runs = []
+    for cfg in configs:
+        res = simulate(cfg)
+        print(format_simulation(cfg, res))
+        runs.append({"load": _sim_label(cfg), **res.as_dict()})
+        if args.out and not args.no_plot:
+            try:
+                _plot_simulation(cfg, res, args.out)
+            except ImportError:
+                print("note: matplotlib is not installed; no plot", file=sys.stderr)
+                args.no_plot = True
+    if args.out:
+        path = args.out.with_suffix(".json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "latency": first.latency.describe(),
+            "policy": dataclasses.asdict(first.policy),
+            "instances": first.instances,
+            "partitions": first.partitions,
+        }
+        path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2, default=str) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def _plot_simulation(cfg: SimConfig, res: SimResult, out: Path) -> None:
+    from loadgen.plots import simulation
+
+    label = _sim_label(cfg)
+    slug = label.replace(" ", "-").replace("/", "")
+    path = simulation(
+        res.depth_series,
+        res.batch_sizes,
+        out.with_name(f"{out.name}-{slug}.png"),
+        f"{label}: {res.throughput:.0f}/s, p99 {res.latency.p99_ms:.1f} ms",
+    )
+    print(f"wrote {path}")

@@ -1,0 +1,138 @@
+"""Sweeps: several load points on one or more targets, and their CSV / JSON / PNG reports.
+
+Targets are measured side by side: for each load point every target runs in turn before
+the next point, so a slow drift of a shared machine touches them alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadgen.measure import Load, PointResult, WindowConfig, WindowResult, measure
+from loadgen.targets import Target
+
+Progress = Callable[[str, WindowResult], None]
+
+
+def parse_range(text: str) -> list[float]:
+    """``"1:64:x2"`` (geometric), ``"100:400:100"`` (arithmetic), ``"1,4,16"`` or ``"16"``."""
+    text = text.strip()
+    if "," in text:
+        return [float(v) for v in text.split(",") if v.strip()]
+    parts = text.split(":")
+    if len(parts) == 1:
+        return [float(parts[0])]
+    if len(parts) not in (2, 3):
+        raise ValueError(f"bad range {text!r}: start:end[:step] (step N or xN)")
+    start, end = float(parts[0]), float(parts[1])
+    step = parts[2] if len(parts) == 3 else "1"
+    if start <= 0 or end < start:
+        raise ValueError(f"bad range {text!r}: need 0 < start <= end")
+    values: list[float] = []
+    value = start
+    if step.startswith("x"):
+        factor = float(step[1:])
+        if factor <= 1:
+            raise ValueError(f"bad range {text!r}: the factor must be > 1")
+        while value <= end * (1 + 1e-9):
+            values.append(value)
+            value *= factor
+    else:
+        inc = float(step)
+        if inc <= 0:
+            raise ValueError(f"bad range {text!r}: the step must be > 0")
+        while value <= end * (1 + 1e-9):
+            values.append(value)
+            value += inc
+    return values
+
+
+async def run_sweep(
+    targets: Sequence[Target],
+    loads: Sequence[Load],
+    cfg: WindowConfig,
+    progress: Progress | None = None,
+) -> list[PointResult]:
+    """Every load on every target, targets interleaved per load. Targets are started here."""
+    for target in targets:
+        await target.start()
+    results: list[PointResult] = []
+    try:
+        for load in loads:
+            for target in targets:
+                label = f"{target.label} {load.label}"
+                hook = None if progress is None else (lambda w, lb=label: progress(lb, w))
+                results.append(await measure(target, load, cfg, hook))
+    finally:
+        for target in targets:
+            await target.stop()
+    return results
+
+
+def format_table(points: Sequence[PointResult]) -> str:
+    head = (
+        f"{'target':<12} {'load':<26} {'infer/s':>9} {'p50':>8} {'p90':>8} {'p95':>8} "
+        f"{'p99':>8} {'queue':>8} {'infer':>8} {'other':>8} {'batch':>6} {'err':>5} stable"
+    )
+    lines = [head, "  (latencies in ms; queue / infer = server-side means; other = the rest)"]
+    for p in points:
+        s = p.server
+        queue = s.queue_us / 1e3 if s else math.nan
+        infer = s.compute_infer_us / 1e3 if s else math.nan
+        other = p.client_overhead_us / 1e3
+        lat = p.latency
+        lines.append(
+            f"{p.target:<12} {p.load.label:<26} {p.throughput:>9.1f} {lat.p50_ms:>8.2f} "
+            f"{lat.p90_ms:>8.2f} {lat.p95_ms:>8.2f} {lat.p99_ms:>8.2f} {queue:>8.2f} "
+            f"{infer:>8.2f} {other:>8.2f} {p.mean_batch:>6.1f} {p.errors:>5} "
+            f"{'yes' if p.stable else 'no'}"
+        )
+    return "\n".join(lines)
+
+
+def environment() -> dict[str, Any]:
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "load_average": list(os.getloadavg()),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def write_reports(
+    points: Sequence[PointResult], out: Path, meta: dict[str, Any], *, plot: bool = True
+) -> list[Path]:
+    """``out``.csv, ``out``.json and (``plot``) ``out``.png; the paths written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    csv_path, json_path = out.with_suffix(".csv"), out.with_suffix(".json")
+    rows = [p.as_row() for p in points]
+    with csv_path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["target"])
+        writer.writeheader()
+        writer.writerows(rows)
+    doc = {"meta": {**meta, "environment": environment()}, "points": [p.as_dict() for p in points]}
+    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    written = [csv_path, json_path]
+    if plot and points:
+        from loadgen.plots import latency_vs_throughput
+
+        curves: dict[str, list[tuple[float, float, float]]] = {}
+        for p in points:
+            key = f"{p.target} {p.load.mode}"
+            curves.setdefault(key, []).append((p.throughput, p.latency.p50_ms, p.latency.p99_ms))
+        title = f"{meta.get('model', '')}: latency vs throughput"
+        try:
+            written.append(latency_vs_throughput(curves, out.with_suffix(".png"), title))
+        except ImportError:
+            print("note: matplotlib is not installed; no plot", file=sys.stderr)
+    return written
