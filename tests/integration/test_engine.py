@@ -169,7 +169,8 @@ async def test_undecodable_record_goes_to_the_dead_letter_topic(settings: PlazaS
                 records.extend(r for rs in batch.values() for r in rs)
         finally:
             await dlq.stop()
-        assert records[0].value == b"\xc1garbage"
+        # two partitions: the dead letters may come back in either order
+        assert b"\xc1garbage" in {r.value for r in records}
         codes = [dict(r.headers)[HEADER_ERROR_CODE] for r in records]
         assert codes == [b"bad_envelope", b"bad_envelope"]
         assert worker.stats.dead_lettered == 2

@@ -74,7 +74,10 @@ async def test_simulator_predicts_an_overloaded_worker(plaza: dict[str, Any]) ->
         await target.stop()
     report = compare_with_simulation(real, load, cfg, policy, latency, dep.partitions)
     assert real.errors == 0
-    assert 0.85 <= report["simulated_vs_real"] <= 1.15, report
+    # The 15% claim is measured by `make bench` (results/bench/simulator.json, see
+    # docs/benchmarks.md): a test on a shared 2-core machine asserts no speed. This bound
+    # only catches a simulator that models the batcher wrongly (off by 2x).
+    assert 0.5 <= report["simulated_vs_real"] <= 2.0, report
 
 
 @pytest.mark.parametrize("kind", ["kafka", "http-json", "http-binary"])
