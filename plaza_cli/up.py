@@ -30,6 +30,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kafka-port", type=int, default=9092)
     p.add_argument("--redis-port", type=int, default=6379)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
     p.add_argument("--models", default="", help="comma-separated subset (default: all)")
     p.add_argument("--ready-timeout", type=float, default=180.0)
     return p.parse_args(argv)
@@ -124,7 +125,14 @@ def run_up(argv: list[str]) -> int:
         for model, count in plan:
             for i in range(count):
                 spawn(f"worker-{model}-{i}", "worker", "--worker.model", model)
-        spawn("gateway", "gateway", "--gateway.http_port", str(args.http_port))
+        spawn(
+            "gateway",
+            "gateway",
+            "--gateway.http_port",
+            str(args.http_port),
+            "--gateway.metrics_port",
+            str(args.metrics_port),
+        )
         base = f"http://127.0.0.1:{args.http_port}"
         print(
             f"starting {sum(c for _, c in plan)} workers for {[m for m, _ in plan]} "
