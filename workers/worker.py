@@ -336,11 +336,12 @@ class Worker:
                 continue
             if self._stopping.is_set() and not len(self.batcher):
                 return
-            timeout = None if decision.wake_at is None else decision.wake_at - time.monotonic()
+            # Sleep until something arrives, or until the batcher's next due time.
+            timeout = None
+            if decision.wake_at is not None:
+                timeout = max(0.0, decision.wake_at - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._arrived.wait(), max(0.0, timeout or 0.0) if timeout is not None else None
-                )
+                await asyncio.wait_for(self._arrived.wait(), timeout)
 
     async def _run(self, batch: list[WorkItem]) -> None:
         self._in_flight += len(batch)
