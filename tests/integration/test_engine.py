@@ -242,3 +242,22 @@ async def test_wire_contract_from_a_plain_producer(settings: PlazaSettings) -> N
         assert out["name"] == "OUTPUT0" and out["shape"] == [1, 3]
         assert np.frombuffer(out["data"], "<f4").tolist() == [1.0, 2.0, 3.0]
         assert encode_request(make_request("identity", {"INPUT0": np.zeros(1)})) is not None
+
+
+async def test_sync_client_wrapper(settings: PlazaSettings) -> None:
+    from plaza.client import SyncPlazaClient
+
+    def use_it() -> tuple[np.ndarray, np.ndarray, str]:
+        with SyncPlazaClient(settings) as client:
+            x = np.arange(6, dtype=np.float32).reshape(2, 3)
+            direct = client.infer("identity", {"INPUT0": x}).output("OUTPUT0").to_numpy()
+            job = client.submit("identity", {"INPUT0": x + 1})
+            polled = client.result(job, timeout_s=30).output("OUTPUT0").to_numpy()
+            return direct, polled, client.poll(job).state
+
+    async with running_worker(settings, "identity"):
+        direct, polled, state = await asyncio.to_thread(use_it)
+    expected = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(direct, expected)
+    np.testing.assert_array_equal(polled, expected + 1)
+    assert state == "done"
