@@ -29,14 +29,13 @@ from plaza.errors import (
     ModelNotFound,
     PlazaError,
     Unavailable,
-    error_from_wire,
 )
 from plaza.modelconfig import ModelSpec
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
 from plaza.replies import ReplyMux
 from plaza.repository import ModelRepository
-from plaza.results import JobStatus, ResultStore
+from plaza.results import JobStatus, ResultStore, raise_for_error
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
 
@@ -321,10 +320,3 @@ class GatewayService:
             pipe.zcount(self.names.worker_registry_key(name), now, "+inf")
         replies = await pipe.execute()
         return [int(n) for n in replies[1 if ping else 0 :]]
-
-
-def raise_for_error(result: InferResult) -> InferResult:
-    """``result`` itself, or its error raised as the typed PlazaError."""
-    if result.error is not None:
-        raise error_from_wire(result.error.code, result.error.message)
-    return result

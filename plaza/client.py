@@ -24,13 +24,13 @@ import numpy as np
 
 from plaza.connections import redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
-from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError, error_from_wire
+from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
 from plaza.replies import ReplyMux
 from plaza.repository import ModelRepository
-from plaza.results import JobStatus, ResultStore, ack_entry, consume_stream
+from plaza.results import JobStatus, ResultStore, ack_entry, consume_stream, raise_for_error
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 
@@ -73,13 +73,6 @@ def make_request(
         parameters=dict(parameters or {}),
         created_ms=now_ms,
     )
-
-
-def raise_for_error(result: InferResult) -> InferResult:
-    """The result itself, or its error raised as the matching PlazaError subclass."""
-    if result.error is not None:
-        raise error_from_wire(result.error.code, result.error.message)
-    return result
 
 
 class PlazaClient:

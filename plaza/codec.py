@@ -79,15 +79,20 @@ def _unpack_map(data: Buffer, what: str) -> Mapping[str, Any]:
     return body
 
 
-def peek_id(data: Buffer) -> str | None:
-    """The correlation id of an envelope, if one can be read at all (for error replies)."""
+def peek_reply(data: Buffer) -> tuple[str | None, str | None]:
+    """Correlation id and reply stream of an envelope that failed full decoding, where they
+    can be read at all (so its error can still be answered)."""
     try:
         body = msgpack.unpackb(data, raw=False)
     except Exception:
-        return None
-    if isinstance(body, Mapping) and isinstance(body.get("id"), str) and body["id"]:
-        return str(body["id"])
-    return None
+        return None, None
+    if not isinstance(body, Mapping):
+        return None, None
+    rid, stream = body.get("id"), body.get("reply_stream")
+    return (
+        rid if isinstance(rid, str) and rid else None,
+        stream if isinstance(stream, str) and stream else None,
+    )
 
 
 def _opt_int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:

@@ -14,6 +14,7 @@ from redis.exceptions import ResponseError
 
 from plaza.codec import decode_result, decode_results
 from plaza.contract import InferResult
+from plaza.errors import error_from_wire
 from plaza.naming import STREAM_FIELD_RESULTS, Names
 from plaza.settings import RedisSettings
 
@@ -42,10 +43,6 @@ class ResultStore:
             self._names.job_key(correlation_id), model.encode(), ex=self._settings.result_ttl_s
         )
 
-    async def get(self, correlation_id: str) -> InferResult | None:
-        raw: Any = await self._redis.get(self._names.result_key(correlation_id))
-        return None if raw is None else decode_result(raw)
-
     async def poll(self, correlation_id: str) -> JobStatus:
         """done (with the result), pending (submitted, no result yet) or unknown."""
         pipe = self._redis.pipeline(transaction=False)
@@ -55,6 +52,13 @@ class ResultStore:
         if raw is not None:
             return JobStatus("done", decode_result(raw))
         return JobStatus("pending" if known else "unknown")
+
+
+def raise_for_error(result: InferResult) -> InferResult:
+    """The result itself, or its error raised as the matching PlazaError subclass."""
+    if result.error is not None:
+        raise error_from_wire(result.error.code, result.error.message)
+    return result
 
 
 async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:

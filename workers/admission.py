@@ -13,9 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import msgpack
-
-from plaza.codec import decode_request
+from plaza.codec import decode_request, peek_reply
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import CodecError, ModelNotFound, PayloadTooLarge, PlazaError
 from plaza.modelconfig import ModelSpec
@@ -39,21 +37,6 @@ class DeadLetter:
 
 
 Admission = WorkItem | Rejected | DeadLetter
-
-
-def _peek(value: bytes) -> tuple[str | None, str | None]:
-    """Correlation id and reply stream of a record that failed full decoding, if readable."""
-    try:
-        body = msgpack.unpackb(value, raw=False)
-    except Exception:
-        return None, None
-    if not isinstance(body, dict):
-        return None, None
-    rid, stream = body.get("id"), body.get("reply_stream")
-    return (
-        rid if isinstance(rid, str) and rid else None,
-        stream if isinstance(stream, str) and stream else None,
-    )
 
 
 def resolve_version(req: InferRequest, spec: ModelSpec, versions: list[int]) -> int:
@@ -98,7 +81,7 @@ def admit(
 
 
 def _reject_or_dead(value: bytes, err: PlazaError, spec: ModelSpec, worker_id: str) -> Admission:
-    rid, stream = _peek(value)
+    rid, stream = peek_reply(value)
     if rid is None:
         return DeadLetter(err)
     return Rejected(error_result(None, err, rid=rid, model=spec.name, worker=worker_id), stream)

@@ -13,7 +13,6 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import msgpack
 import redis.asyncio as aioredis
 
 from plaza.codec import encode_result
@@ -99,8 +98,3 @@ class ResultWriter:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
-
-
-def packed_count(raw: bytes) -> int:
-    """Number of results in a stream entry's ``r`` field (for tests and tools)."""
-    return len(msgpack.unpackb(raw))

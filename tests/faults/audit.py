@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import redis.asyncio
@@ -18,6 +18,9 @@ from plaza.codec import decode_result, decode_results
 from plaza.contract import InferResult
 from plaza.naming import STREAM_FIELD_RESULTS, Names
 from tests.faults.harness import Deployment, wait_for
+
+if TYPE_CHECKING:
+    from tests.faults.traffic import ResultTail
 
 
 async def committed_lag(deployment: Deployment) -> int:
@@ -52,6 +55,23 @@ async def wait_drained(deployment: Deployment, limit_s: float = 60.0) -> None:
             return False
 
     await wait_for(drained, limit_s, f"group {deployment.group} to commit everything")
+
+
+async def wait_all_answered(
+    tail: ResultTail,
+    expected: int,
+    deployment: Deployment,
+    log: Callable[[], str],
+    limit_s: float = 120.0,
+) -> None:
+    """Until ``expected`` answers reached the result stream and the group committed them."""
+    await wait_for(
+        lambda: tail.answered >= expected,
+        limit_s,
+        "every answer",
+        lambda: f"{tail.answered}/{expected} answered\n{log()}",
+    )
+    await wait_drained(deployment)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza.client import PlazaClient
 from plaza_cli.services import KafkaCluster
-from tests.faults.audit import FaultReport, audit, wait_drained
+from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes
 from tests.faults.traffic import Load, ResultTail
@@ -81,13 +81,7 @@ async def test_one_of_three_brokers_killed_under_load(
             cluster.kill(victim)
             fault_at = time.monotonic()
             await publishing
-            await wait_for(
-                lambda: tail.answered >= REQUESTS,
-                120,
-                "every answer",
-                lambda: f"{tail.answered}/{REQUESTS} answered\n{worker.tail()}",
-            )
-            await wait_drained(deployment)
+            await wait_all_answered(tail, REQUESTS, deployment, worker.tail)
         finally:
             publishing.cancel()
             await tail.stop()

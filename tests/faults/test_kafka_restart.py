@@ -19,7 +19,7 @@ import redis.asyncio
 
 from plaza.client import PlazaClient
 from plaza_cli.services import KafkaCluster
-from tests.faults.audit import FaultReport, audit, wait_drained
+from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes
 from tests.faults.traffic import Load, ResultTail
@@ -65,13 +65,7 @@ async def test_kafka_broker_restarted_under_load(
             await cluster.wait_ready_async(120)
             back_s = time.monotonic() - fault_at
             await publishing
-            await wait_for(
-                lambda: tail.answered >= REQUESTS,
-                120,
-                "every answer",
-                lambda: f"{tail.answered}/{REQUESTS} answered\n{worker.tail()}",
-            )
-            await wait_drained(deployment)
+            await wait_all_answered(tail, REQUESTS, deployment, worker.tail)
         finally:
             publishing.cancel()
             await tail.stop()

@@ -20,7 +20,7 @@ import redis.asyncio
 
 from plaza.client import PlazaClient
 from plaza_cli.services import RedisServer
-from tests.faults.audit import FaultReport, audit, wait_drained
+from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes
 from tests.faults.traffic import Load, ResultTail
@@ -64,13 +64,7 @@ async def test_redis_killed_and_restarted_under_load(
             server.start()
             await server.wait_ready_async()
             await publishing
-            await wait_for(
-                lambda: tail.answered >= REQUESTS,
-                120,
-                "every answer",
-                lambda: f"{tail.answered}/{REQUESTS} answered\n{worker.tail()}",
-            )
-            await wait_drained(deployment)
+            await wait_all_answered(tail, REQUESTS, deployment, worker.tail)
         finally:
             publishing.cancel()
             await tail.stop()

@@ -18,7 +18,7 @@ import redis.asyncio
 from aiokafka.partitioner import DefaultPartitioner
 
 from plaza.client import PlazaClient
-from tests.faults.audit import FaultReport, audit, wait_drained
+from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes, wait_assignment
 from tests.faults.traffic import Load, ResultTail
@@ -79,13 +79,7 @@ async def test_worker_killed_mid_flight(
             victim.kill9()
             fault_at = time.monotonic()
             await publishing
-            await wait_for(
-                lambda: tail.answered >= REQUESTS,
-                90,
-                "every answer",
-                lambda: f"{tail.answered}/{REQUESTS} answered\n{survivor.tail()}",
-            )
-            await wait_drained(deployment)
+            await wait_all_answered(tail, REQUESTS, deployment, survivor.tail, 90)
         finally:
             publishing.cancel()
             await tail.stop()
