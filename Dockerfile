@@ -11,7 +11,6 @@ WORKDIR /app
 # Dependencies first, so code changes do not reinstall them (README.md* may be absent).
 COPY pyproject.toml README.md* ./
 COPY plaza ./plaza
-COPY plaza_cli ./plaza_cli
 COPY workers ./workers
 COPY gateway ./gateway
 COPY loadgen ./loadgen

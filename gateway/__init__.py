@@ -4,8 +4,8 @@
 ``GatewayService`` is the data plane both the HTTP and a gRPC front call.
 """
 
-from gateway.app import create_app
-from gateway.main import run_gateway
-from gateway.service import GatewayService
+from plaza.gateway.app import create_app
+from plaza.gateway.main import run_gateway
+from plaza.gateway.service import GatewayService
 
 __all__ = ["GatewayService", "create_app", "run_gateway"]

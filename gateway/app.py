@@ -1,7 +1,7 @@
 """The HTTP front: KServe v2 / Triton routes on Starlette, over ``GatewayService``.
 
-Each endpoint decodes (``gateway.kserve``), calls the service, encodes; PlazaErrors become
-statuses in one exception handler (``gateway.errors``). There is no per-request validation
+Each endpoint decodes (``plaza.gateway.kserve``), calls the service, encodes; PlazaErrors become
+statuses in one exception handler (``plaza.gateway.errors``). There is no per-request validation
 layer besides the one the worker also runs (``plaza.validation``).
 """
 
@@ -22,11 +22,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import kserve
-from gateway.errors import http_error
-from gateway.service import GatewayService
 from plaza import __version__
 from plaza.errors import InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
+from plaza.gateway import kserve
+from plaza.gateway.errors import http_error
+from plaza.gateway.service import GatewayService
 from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.metrics import serve_metrics
+from plaza.gateway.app import create_app
+from plaza.gateway.metrics import serve_metrics
 from plaza.settings import PlazaSettings
 
 

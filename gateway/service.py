@@ -19,8 +19,6 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 
-from gateway.metrics import GatewayMetrics, metered
-from gateway.stats import read_statistics
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo
 from plaza.errors import (
@@ -30,6 +28,8 @@ from plaza.errors import (
     PlazaError,
     Unavailable,
 )
+from plaza.gateway.metrics import GatewayMetrics, metered
+from plaza.gateway.stats import read_statistics
 from plaza.modelconfig import ModelSpec
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
@@ -170,7 +170,7 @@ class GatewayService:
         return model
 
     def model_metadata(self, name: str, version: str = "") -> LoadedModel:
-        """What the metadata endpoint describes (rendered by ``gateway.kserve``)."""
+        """What the metadata endpoint describes (rendered by ``plaza.gateway.kserve``)."""
         return self.model(name, version)
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
@@ -191,7 +191,7 @@ class GatewayService:
         return counts[0] >= 1
 
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics of every model, one model, or one version (``gateway.stats``)."""
+        """Triton's statistics of every model, one model or one version (``gateway.stats``)."""
         chosen = {name: self.model(name, version)} if name else self.models
         return await read_statistics(self._require(self._redis), self.names, chosen, version)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loadgen.cli import run_loadgen_cli
+from plaza.loadgen.cli import run_loadgen_cli
 
 if __name__ == "__main__":
     sys.exit(run_loadgen_cli())

@@ -4,7 +4,7 @@ What Plaza is compared against: Starlette + uvicorn (the same stack as Plaza's g
 one InferenceSession configured like a worker's, and no batching, no queue: each request's
 tensors are decoded from JSON, run on their own in the event loop, and encoded back.
 
-    python -m loadgen.baseline_server --model mlp --port 8100
+    python -m plaza.loadgen.baseline_server --model mlp --port 8100
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from loadgen.raw_backend import open_session
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
+from plaza.loadgen.raw_backend import open_session
 from plaza.repository import ModelRepository
 
 

@@ -1,9 +1,9 @@
-"""The benchmark suite: ``make bench`` = ``python -m loadgen.bench`` (not part of make test).
+"""The benchmark suite: ``make bench`` = ``python -m plaza.loadgen.bench`` (not part of make test).
 
-    python -m loadgen.bench                      # everything (about 10 minutes here)
-    python -m loadgen.bench --only batching,scale
-    python -m loadgen.bench --quick              # shorter windows, one round
-    python -m loadgen.bench --list
+    python -m plaza.loadgen.bench                      # everything (about 10 minutes here)
+    python -m plaza.loadgen.bench --only batching,scale
+    python -m plaza.loadgen.bench --quick              # shorter windows, one round
+    python -m plaza.loadgen.bench --list
 
 It starts its own Kafka and Redis (free loopback ports, under ``--work-dir``), runs each
 benchmark's workers and gateway as child processes on them, each benchmark in a Plaza of
@@ -25,14 +25,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.benchkit import Context
-from loadgen.benchmarks import BENCHMARKS
-from loadgen.stack import Processes, Services, fresh_dir
-from loadgen.sweep import environment
+from plaza.loadgen.benchkit import Context
+from plaza.loadgen.benchmarks import BENCHMARKS
+from plaza.loadgen.stack import Processes, Services, fresh_dir
+from plaza.loadgen.sweep import environment
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m loadgen.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m plaza.loadgen.bench", description=__doc__.split("\n")[0]
+    )
     p.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
     p.add_argument("--quick", action="store_true", help="shorter windows, one round")
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.inputs import InputSet
-from loadgen.measure import Load, PointResult, WindowConfig, measure
-from loadgen.raw_backend import open_session, time_window
-from loadgen.stack import (
+from plaza.cli.services import free_port
+from plaza.loadgen.inputs import InputSet
+from plaza.loadgen.measure import Load, PointResult, WindowConfig, measure
+from plaza.loadgen.raw_backend import open_session, time_window
+from plaza.loadgen.stack import (
     ConfigEdit,
     Deployment,
     Processes,
@@ -29,9 +30,8 @@ from loadgen.stack import (
     wait_workers,
     warm_up,
 )
-from loadgen.targets import Target
+from plaza.loadgen.targets import Target
 from plaza.repository import ModelRepository
-from plaza_cli.services import free_port
 
 
 @dataclass

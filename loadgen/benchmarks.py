@@ -1,4 +1,4 @@
-"""The benchmarks of ``python -m loadgen.bench``; each returns a JSON-able report.
+"""The benchmarks of ``python -m plaza.loadgen.bench``; each returns a JSON-able report.
 
 Every figure that is compared is measured side by side in the same run (interleaved
 rounds where the two sides can both be up), and reported as a ratio: the machine is shared.
@@ -13,8 +13,10 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from loadgen.arrivals import ArrivalProcess
-from loadgen.benchkit import (
+from plaza.batching import BatchingPolicy
+from plaza.cli.services import free_port
+from plaza.loadgen.arrivals import ArrivalProcess
+from plaza.loadgen.benchkit import (
     Context,
     cpu_seconds,
     measure_logged,
@@ -30,15 +32,13 @@ from loadgen.benchkit import (
     start_gateway,
     start_workers,
 )
-from loadgen.inputs import input_pool, text_pool
-from loadgen.latency import LinearLatency
-from loadgen.measure import Load, PointResult
-from loadgen.simulator import SimConfig, simulate
-from loadgen.stack import chain, http_url, set_parameters, wait_http_ready
-from loadgen.stats import summarize
-from loadgen.targets import HttpTarget, KafkaTarget, Target
-from plaza.batching import BatchingPolicy
-from plaza_cli.services import free_port
+from plaza.loadgen.inputs import input_pool, text_pool
+from plaza.loadgen.latency import LinearLatency
+from plaza.loadgen.measure import Load, PointResult
+from plaza.loadgen.simulator import SimConfig, simulate
+from plaza.loadgen.stack import chain, http_url, set_parameters, wait_http_ready
+from plaza.loadgen.stats import summarize
+from plaza.loadgen.targets import HttpTarget, KafkaTarget, Target
 
 Report = dict[str, Any]
 Benchmark = Callable[[Context], Awaitable[Report]]
@@ -161,7 +161,7 @@ async def private_lane(ctx: Context) -> Report:
         f"{dep.prefix}-baseline",
         [
             "-m",
-            "loadgen.baseline_server",
+            "plaza.loadgen.baseline_server",
             "--model",
             model,
             "--repository",
@@ -198,7 +198,7 @@ async def private_lane(ctx: Context) -> Report:
                 points[k], lane, lambda p: p.latency.p99_ms
             )
     ctx.procs.stop([baseline, gateway, *procs])
-    from loadgen.plots import latency_vs_throughput
+    from plaza.loadgen.plots import latency_vs_throughput
 
     try:
         png = latency_vs_throughput(

@@ -1,5 +1,5 @@
 """Command lines: ``plaza loadgen`` (= ``python -m loadgen``), ``plaza profile``,
-``plaza simulate``. ``plaza bench`` is ``loadgen.bench``.
+``plaza simulate``. ``plaza bench`` is ``plaza.loadgen.bench``.
 
     plaza loadgen -m mlp --target http-binary --concurrency 1:64:x2
     plaza loadgen -m mlp --target kafka,http-json --request-rate 100:400:100 \\
@@ -19,17 +19,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.arrivals import DISTRIBUTIONS, ArrivalProcess
-from loadgen.inputs import input_pool
-from loadgen.latency import LatencyModel, LinearLatency, ProfileLatency
-from loadgen.measure import Load, WindowConfig
-from loadgen.profiler import ensure_version_folder, format_profile, profile_model, write_profile
-from loadgen.progress import WindowProgress
-from loadgen.simulator import SimConfig, SimResult, simulate
-from loadgen.sweep import format_table, parse_range, run_sweep, write_reports
-from loadgen.targets import TARGET_KINDS, Target, make_target
 from plaza.batching import BatchingPolicy
 from plaza.errors import PlazaError
+from plaza.loadgen.arrivals import DISTRIBUTIONS, ArrivalProcess
+from plaza.loadgen.inputs import input_pool
+from plaza.loadgen.latency import LatencyModel, LinearLatency, ProfileLatency
+from plaza.loadgen.measure import Load, WindowConfig
+from plaza.loadgen.profiler import (
+    ensure_version_folder,
+    format_profile,
+    profile_model,
+    write_profile,
+)
+from plaza.loadgen.progress import WindowProgress
+from plaza.loadgen.simulator import SimConfig, SimResult, simulate
+from plaza.loadgen.sweep import format_table, parse_range, run_sweep, write_reports
+from plaza.loadgen.targets import TARGET_KINDS, Target, make_target
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 
@@ -350,7 +355,7 @@ def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
 
 
 def _plot_simulation(cfg: SimConfig, res: SimResult, out: Path) -> None:
-    from loadgen.plots import simulation
+    from plaza.loadgen.plots import simulation
 
     label = _sim_label(cfg)
     slug = label.replace(" ", "-").replace("/", "")

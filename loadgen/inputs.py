@@ -1,6 +1,6 @@
 """Request inputs for load: made once, before the clock starts, then cycled.
 
-Synthetic tensors follow the model's config (``loadgen.raw_backend.make_inputs``); for
+Synthetic tensors follow the model's config (``plaza.loadgen.raw_backend.make_inputs``); for
 ``minilm`` there are real sentences tokenised with ``plaza.text.tokenize`` at a fixed pad
 length, so every request has the same shape and any of them can share a batch.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.raw_backend import make_inputs
+from plaza.loadgen.raw_backend import make_inputs
 from plaza.modelconfig import ModelSpec
 
 InputSet = dict[str, np.ndarray[Any, Any]]

@@ -1,6 +1,6 @@
 """Batch latency models for the simulator: ``a * n + b``, or a measured profile.
 
-A profile is what ``plaza profile`` writes (``loadgen.profiler``): batch latencies at some
+A profile is what ``plaza profile`` writes (``plaza.loadgen.profiler``): batch latencies at some
 batch sizes; sizes in between are interpolated linearly, sizes past the ends extrapolated
 along the nearest segment (never below zero).
 """

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from loadgen.arrivals import ArrivalProcess, Distribution
-from loadgen.stats import (
+from plaza.loadgen.arrivals import ArrivalProcess, Distribution
+from plaza.loadgen.stats import (
     LatencySummary,
     ServerSplit,
     estimate_batch_sizes,
@@ -30,7 +30,7 @@ from loadgen.stats import (
     size_histogram,
     summarize,
 )
-from loadgen.targets import Outcome, StatsSnapshot, Target, batches_between, split_between
+from plaza.loadgen.targets import Outcome, StatsSnapshot, Target, batches_between, split_between
 
 Mode = Literal["concurrency", "rate"]
 MAX_ERROR_EXAMPLES = 5

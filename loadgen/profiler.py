@@ -1,6 +1,6 @@
 """``plaza profile``: a model's batch-latency curve, and dynamic_batching settings from it.
 
-The backend runs directly (``workers.backends.create_backend``, ``load``, ``infer``), as a
+The backend runs directly (``plaza.workers.backends.create_backend``, ``load``, ``infer``), as a
 worker runs it, with no Kafka, Redis or HTTP, over batch sizes 1, 2, 4, ... and
 max_batch_size. Rounds interleave the sizes (a noisy machine drifts less within a round).
 
@@ -28,11 +28,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loadgen.raw_backend import make_inputs
+from plaza.loadgen.raw_backend import make_inputs
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
-from workers.backends import Backend, create_backend
-from workers.device import select_device
+from plaza.workers.backends import Backend, create_backend
+from plaza.workers.device import select_device
 
 KNEE_TOLERANCE = 0.10
 DELAY_STEP_US = 100

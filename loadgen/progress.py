@@ -6,7 +6,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from loadgen.measure import WindowResult
+from plaza.loadgen.measure import WindowResult
 
 
 class WindowProgress:

@@ -1,7 +1,7 @@
 """The model alone: ONNX Runtime in-process, no Kafka, Redis or HTTP, over batch sizes.
 
-    python -m loadgen.raw_backend --model mlp --batch-sizes 1,32
-    python -m loadgen.raw_backend --model minilm --batch-sizes 1,32 --seq-lens 16,128
+    python -m plaza.loadgen.raw_backend --model mlp --batch-sizes 1,32
+    python -m plaza.loadgen.raw_backend --model minilm --batch-sizes 1,32 --seq-lens 16,128
 
 This is the ceiling the engine is measured against, and it tells how much batching is worth
 for a model. The session runs as a Plaza worker runs it: ``intra_op_num_threads`` 2 (the

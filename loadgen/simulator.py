@@ -2,7 +2,7 @@
 
 Discrete-event: the events are arrivals, batch completions and the batcher's ``wake_at``.
 ``plaza.batching.DynamicBatcher`` decides every batch, exactly as in a worker, but its clock
-is the simulation's. A latency model (``loadgen.latency``) says how long a batch takes.
+is the simulation's. A latency model (``plaza.loadgen.latency``) says how long a batch takes.
 
 Plaza's layout is modelled: each *instance* is one worker process with its own batcher,
 owning some of the topic's ``partitions`` (partition ``p`` goes to instance ``p % n``), and
@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from loadgen.arrivals import ArrivalProcess
-from loadgen.latency import LatencyModel
-from loadgen.stats import LatencySummary, mean_batch_size, size_histogram, summarize
 from plaza.batching import BatchingPolicy, DynamicBatcher
+from plaza.loadgen.arrivals import ArrivalProcess
+from plaza.loadgen.latency import LatencyModel
+from plaza.loadgen.stats import LatencySummary, mean_batch_size, size_histogram, summarize
 
 Routing = Literal["partitioned", "shared"]
 _ARRIVE, _DONE, _WAKE, _ISSUE = 0, 1, 2, 3

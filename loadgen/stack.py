@@ -1,9 +1,9 @@
 """A Plaza deployment for benchmarks and tests: services, workers and a gateway, all local.
 
-``Services`` starts Kafka and Redis (``plaza_cli.services``) on free loopback ports, or
+``Services`` starts Kafka and Redis (``plaza.cli.services``) on free loopback ports, or
 wraps ones that already run. A ``Deployment`` is one isolated Plaza on them (its own topic
 and key prefix, its own repository folder); ``Processes`` runs its workers
-(``python -m plaza_cli.main worker``) and gateway as child processes, logs to files, and
+(``python -m plaza.cli.main worker``) and gateway as child processes, logs to files, and
 stops them all (SIGTERM, then SIGKILL). Children die with this process (PR_SET_PDEATHSIG).
 """
 
@@ -27,10 +27,10 @@ from types import TracebackType
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from loadgen.inputs import InputSet
+from plaza.cli.services import KafkaCluster, RedisServer, free_port
+from plaza.loadgen.inputs import InputSet
 from plaza.repository import CONFIG_FILENAME
 from plaza.settings import KafkaSettings, PlazaSettings, RedisSettings, WorkerSettings
-from plaza_cli.services import KafkaCluster, RedisServer, free_port
 
 ConfigEdit = Callable[[mc.ModelConfig], None]
 
@@ -212,14 +212,14 @@ class Processes:
     def worker(self, dep: Deployment, model: str, index: int = 0) -> subprocess.Popen[bytes]:
         return self.spawn(
             f"{dep.prefix}-worker-{model}-{index}",
-            ["-m", "plaza_cli.main", "worker", "--worker.model", model],
+            ["-m", "plaza.cli.main", "worker", "--worker.model", model],
             dep.env(),
         )
 
     def gateway(self, dep: Deployment, port: int) -> subprocess.Popen[bytes]:
         return self.spawn(
             f"{dep.prefix}-gateway",
-            ["-m", "plaza_cli.main", "gateway", "--gateway.http_port", str(port)],
+            ["-m", "plaza.cli.main", "gateway", "--gateway.http_port", str(port)],
             dep.env(),
         )
 
@@ -272,7 +272,7 @@ async def wait_workers(
 
 async def wait_http_ready(url: str, procs: Processes, timeout_s: float = 120.0) -> None:
     """Until ``url``/v2/health/ready answers 200."""
-    from loadgen.http_client import open_transport
+    from plaza.loadgen.http_client import open_transport
 
     transport = open_transport(1, 2.0)
     deadline = time.monotonic() + timeout_s

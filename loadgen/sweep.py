@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.measure import Load, PointResult, WindowConfig, WindowResult, measure
-from loadgen.targets import Target
+from plaza.loadgen.measure import Load, PointResult, WindowConfig, WindowResult, measure
+from plaza.loadgen.targets import Target
 
 Progress = Callable[[str, WindowResult], None]
 
@@ -124,7 +124,7 @@ def write_reports(
     json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
     written = [csv_path, json_path]
     if plot and points:
-        from loadgen.plots import latency_vs_throughput
+        from plaza.loadgen.plots import latency_vs_throughput
 
         curves: dict[str, list[tuple[float, float, float]]] = {}
         for p in points:

@@ -15,7 +15,8 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from loadgen.http_client import (
+from plaza.connections import redis_client
+from plaza.loadgen.http_client import (
     EncodedRequest,
     HttpTransport,
     binary_request,
@@ -23,9 +24,8 @@ from loadgen.http_client import (
     open_transport,
     response_header,
 )
-from loadgen.inputs import InputSet
-from loadgen.stats import ServerSplit
-from plaza.connections import redis_client
+from plaza.loadgen.inputs import InputSet
+from plaza.loadgen.stats import ServerSplit
 from plaza.settings import PlazaSettings
 
 TargetKind = Literal["http-json", "http-binary", "kafka"]

@@ -1,6 +1,6 @@
 """The GPU check (issue 4): the worker's batch runner on the device, beside the raw call.
 
-Runs each model's backend through ``workers.runner.BatchRunner`` (no Kafka, no Redis) over
+Runs each model's backend through ``plaza.workers.runner.BatchRunner`` (no Kafka, no Redis) over
 batch sizes 1..256 and prints items/s next to the same backend's raw ``infer`` on an
 already-stacked batch, so the runner's own overhead (stacking, splitting, result objects)
 shows as a ratio. ONNX Runtime uses its CUDA provider when the installed onnxruntime has
@@ -26,9 +26,9 @@ import onnxruntime as ort
 
 from plaza.client import make_request
 from plaza.repository import ModelRepository
-from workers.backends import create_backend
-from workers.device import select_device
-from workers.runner import BatchRunner, WorkItem
+from plaza.workers.backends import create_backend
+from plaza.workers.device import select_device
+from plaza.workers.runner import BatchRunner, WorkItem
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]

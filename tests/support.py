@@ -17,7 +17,7 @@ from plaza.settings import (
     RedisSettings,
     WorkerSettings,
 )
-from workers.worker import Worker
+from plaza.workers.worker import Worker
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 

@@ -18,7 +18,7 @@ from plaza.contract import InferRequest, InferResult
 from plaza.errors import CodecError, ModelNotFound, PayloadTooLarge, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.validation import validate_request
-from workers.runner import WorkItem, error_result
+from plaza.workers.runner import WorkItem, error_result
 
 
 @dataclass(frozen=True, slots=True)

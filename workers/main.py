@@ -7,7 +7,7 @@ import logging
 import signal
 
 from plaza.settings import PlazaSettings
-from workers.worker import Worker
+from plaza.workers.worker import Worker
 
 
 async def serve(settings: PlazaSettings) -> None:

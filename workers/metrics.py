@@ -52,8 +52,8 @@ from plaza.naming import (
 )
 from plaza.settings import WorkerSettings
 from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
-from workers.gpu_metrics import GpuCollector
-from workers.runner import WorkItem
+from plaza.workers.gpu_metrics import GpuCollector
+from plaza.workers.runner import WorkItem
 
 log = logging.getLogger(__name__)
 

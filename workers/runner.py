@@ -23,7 +23,7 @@ from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import ModelExecutionError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
-from workers.backends.base import Arrays, Backend
+from plaza.workers.backends.base import Arrays, Backend
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]

@@ -41,13 +41,13 @@ from plaza.naming import (
 )
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
-from workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
-from workers.backends import Backend, create_backend
-from workers.device import select_device
-from workers.metrics import WorkerMetrics
-from workers.offsets import OffsetTracker
-from workers.runner import BatchRunner, WorkItem, error_result
-from workers.writer import ResultWriter
+from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
+from plaza.workers.backends import Backend, create_backend
+from plaza.workers.device import select_device
+from plaza.workers.metrics import WorkerMetrics
+from plaza.workers.offsets import OffsetTracker
+from plaza.workers.runner import BatchRunner, WorkItem, error_result
+from plaza.workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]

@@ -1,6 +1,6 @@
 """Plaza processes for fault tests: real OS subprocesses, logs in files, kill -9 for real.
 
-Each is ``python -m plaza_cli.main worker|gateway`` with the deployment's environment
+Each is ``python -m plaza.cli.main worker|gateway`` with the deployment's environment
 (``Deployment.env``); it dies with the test process (``PR_SET_PDEATHSIG``), so an aborted
 run leaves none behind. Readiness is a condition: the worker's heartbeat in the model's
 registry, the partitions it logs as assigned, the gateway's ``/v2/health/live``.
@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import redis.asyncio
 
+from plaza.cli.services import free_port
 from plaza.naming import Names
-from plaza_cli.services import free_port
 from tests.faults.harness import MODEL, REPO_ROOT, Deployment, wait_for
 
 _PR_SET_PDEATHSIG = 1
@@ -40,11 +40,11 @@ def _die_with_test() -> None:
 
 
 class PlazaProcess:
-    """``python -m plaza_cli.main <argv>`` as a child process, output appended to a log."""
+    """``python -m plaza.cli.main <argv>`` as a child process, output appended to a log."""
 
     def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log: Path):
         self.name = name
-        self.argv = [sys.executable, "-m", "plaza_cli.main", *argv]
+        self.argv = [sys.executable, "-m", "plaza.cli.main", *argv]
         self.env = dict(env)
         self.log_file = log
         self.popen: subprocess.Popen[bytes] | None = None

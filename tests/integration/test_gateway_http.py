@@ -22,7 +22,7 @@ import orjson
 import pytest
 import uvicorn
 
-from gateway.main import server_config
+from plaza.gateway.main import server_config
 from plaza.settings import PlazaSettings
 from tests.support import make_settings, running_worker, wait_for
 

@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from loadgen.benchmarks import capacity, compare_with_simulation
-from loadgen.inputs import input_pool
-from loadgen.latency import LinearLatency
-from loadgen.measure import Load, WindowConfig, measure
-from loadgen.stack import (
+from plaza.batching import BatchingPolicy
+from plaza.cli.services import free_port
+from plaza.loadgen.benchmarks import capacity, compare_with_simulation
+from plaza.loadgen.inputs import input_pool
+from plaza.loadgen.latency import LinearLatency
+from plaza.loadgen.measure import Load, WindowConfig, measure
+from plaza.loadgen.stack import (
     Deployment,
     Processes,
     copy_model,
@@ -29,10 +31,8 @@ from loadgen.stack import (
     wait_workers,
     warm_up,
 )
-from loadgen.targets import HttpTarget, KafkaTarget
-from plaza.batching import BatchingPolicy
+from plaza.loadgen.targets import HttpTarget, KafkaTarget
 from plaza.repository import ModelRepository
-from plaza_cli.services import free_port
 from tests.support import REPOSITORY
 
 MODEL = "simulated"

@@ -23,18 +23,18 @@ import numpy as np
 import redis.asyncio
 import uvicorn
 
-from gateway.main import server_config
-from gateway.stats import read_statistics
 from plaza.client import PlazaClient
+from plaza.gateway.main import server_config
+from plaza.gateway.stats import read_statistics
 from plaza.metrics import render
 from plaza.naming import Names
 from plaza.settings import PlazaSettings
+from plaza.workers.device import list_gpus
+from plaza.workers.gpu_metrics import GpuCollector
+from plaza.workers.metrics import WorkerMetrics
+from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
 from tests.support import REPOSITORY, make_settings, running_worker, wait_for
-from workers.device import list_gpus
-from workers.gpu_metrics import GpuCollector
-from workers.metrics import WorkerMetrics
-from workers.runner import WorkItem
 
 N = 12
 MODEL = "identity"

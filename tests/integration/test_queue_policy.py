@@ -130,8 +130,8 @@ async def test_gateway_answers_503_at_once_beyond_max_queue_size(
 ) -> None:
     import httpx
 
-    from gateway.app import create_app
-    from gateway.service import GatewayService
+    from plaza.gateway.app import create_app
+    from plaza.gateway.service import GatewayService
 
     s = variant(
         tmp_path,

@@ -9,7 +9,7 @@ import redis.asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from plaza_cli.services import KafkaCluster, RedisServer
+from plaza.cli.services import KafkaCluster, RedisServer
 
 
 async def test_kafka_produce_then_consume_one_record(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from plaza_cli.services import free_port
+from plaza.cli.services import free_port
 from tests.support import REPOSITORY
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,7 +47,7 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
     argv = [
         sys.executable,
         "-m",
-        "plaza_cli.main",
+        "plaza.cli.main",
         "up",
         "--repository",
         str(repo),

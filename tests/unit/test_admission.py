@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from plaza.modelconfig import parse_model_config
-from workers.admission import DeadLetter, Rejected, admit
-from workers.runner import WorkItem
+from plaza.workers.admission import DeadLetter, Rejected, admit
+from plaza.workers.runner import WorkItem
 
 SPEC = parse_model_config(
     """

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plaza_cli.main import _settings, main
+from plaza.cli.main import _settings, main
 
 
 def test_worker_flags_and_the_model_alias() -> None:

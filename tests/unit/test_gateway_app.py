@@ -14,9 +14,9 @@ import pytest
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
-from gateway.app import create_app, decompress
-from gateway.service import GatewayService
 from plaza.errors import InvalidInput, PayloadTooLarge
+from plaza.gateway.app import create_app, decompress
+from plaza.gateway.service import GatewayService
 from plaza.settings import GatewaySettings, PlazaSettings
 
 _CONFIG = """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import error_body, http_error, http_status
 from plaza import errors as pe
+from plaza.gateway.errors import error_body, http_error, http_status
 
 
 @pytest.mark.parametrize(

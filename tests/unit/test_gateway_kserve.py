@@ -12,9 +12,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.http import InferResult as TritonResult
 
-from gateway import kserve
 from plaza.contract import InferResult
 from plaza.errors import InvalidInput
+from plaza.gateway import kserve
 from plaza.modelconfig import parse_model_config
 from plaza.tensors import Tensor
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.kserve import decode_infer_request, encode_infer_response
-from loadgen.http_client import (
+from plaza.contract import InferResult
+from plaza.gateway.kserve import decode_infer_request, encode_infer_response
+from plaza.loadgen.http_client import (
     HEADER_INFERENCE_LENGTH,
     binary_request,
     json_request,
     response_header,
 )
-from loadgen.inputs import input_pool, sentences, synthetic_pool
-from plaza.contract import InferResult
+from plaza.loadgen.inputs import input_pool, sentences, synthetic_pool
 from plaza.modelconfig import parse_model_config
 from plaza.tensors import Tensor
 
@@ -81,7 +81,7 @@ def test_private_lane_answers_kserve_json(tmp_path: Path) -> None:
     if not (source / "1" / "model.onnx").is_file():
         pytest.skip("identity is not built (make models)")
     shutil.copytree(source, tmp_path / "identity")
-    from loadgen.baseline_server import create_app
+    from plaza.loadgen.baseline_server import create_app
 
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     req = json_request({"INPUT0": x})

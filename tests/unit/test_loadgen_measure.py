@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.measure import Load, WindowConfig, measure
-from loadgen.sweep import run_sweep, write_reports
-from loadgen.targets import Outcome, StatsSnapshot
+from plaza.loadgen.measure import Load, WindowConfig, measure
+from plaza.loadgen.sweep import run_sweep, write_reports
+from plaza.loadgen.targets import Outcome, StatsSnapshot
 
 FAST = WindowConfig(window_s=0.05, warmup_s=0.02, stable_count=2, max_windows=3, drain_s=2)
 
@@ -103,7 +103,7 @@ async def test_sweep_interleaves_targets_and_writes_reports(tmp_path: Path) -> N
 
 
 def test_plaza_simulate_command_writes_reports(tmp_path: Path) -> None:
-    from plaza_cli.main import main
+    from plaza.cli.main import main
 
     out = tmp_path / "sim"
     rc = main(
@@ -132,7 +132,7 @@ def test_plaza_simulate_command_writes_reports(tmp_path: Path) -> None:
 
 
 def test_plaza_simulate_reads_the_simulated_model(tmp_path: Path) -> None:
-    from plaza_cli.main import main
+    from plaza.cli.main import main
 
     repo = tmp_path / "repo"
     (repo / "simulated").mkdir(parents=True)
@@ -158,7 +158,7 @@ def test_plaza_simulate_reads_the_simulated_model(tmp_path: Path) -> None:
 
 
 def test_plaza_loadgen_rejects_an_unknown_target(capsys: pytest.CaptureFixture[str]) -> None:
-    from plaza_cli.main import main
+    from plaza.cli.main import main
 
     assert main(["loadgen", "-m", "mlp", "--target", "carrier-pigeon"]) == 2
     assert "unknown target" in capsys.readouterr().err

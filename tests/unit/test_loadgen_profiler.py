@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.latency import ProfileLatency
-from loadgen.profiler import (
+from plaza.loadgen.latency import ProfileLatency
+from plaza.loadgen.profiler import (
     CurvePoint,
     ensure_version_folder,
     fit_linear,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from loadgen.stats import (
+from plaza.loadgen.stats import (
     estimate_batch_sizes,
     is_stable,
     mean_batch_size,
@@ -15,8 +15,8 @@ from loadgen.stats import (
     size_histogram,
     summarize,
 )
-from loadgen.sweep import parse_range
-from loadgen.targets import batches_between, parse_triton_stats, split_between
+from plaza.loadgen.sweep import parse_range
+from plaza.loadgen.targets import batches_between, parse_triton_stats, split_between
 
 
 def test_summarize_percentiles_in_ms() -> None:

@@ -16,11 +16,11 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
-from gateway.metrics import GatewayMetrics, metered, serve_metrics
-from gateway.service import GatewayService
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, ModelNotFound, QueueFull
+from plaza.gateway.app import create_app
+from plaza.gateway.metrics import GatewayMetrics, metered, serve_metrics
+from plaza.gateway.service import GatewayService
 from plaza.metrics import CONTENT_TYPE, MetricsServer, failure_reason, render
 from plaza.settings import GatewaySettings, PlazaSettings
 from tests.metrics_support import named, samples, value

@@ -15,11 +15,11 @@ from plaza.metrics import render
 from plaza.naming import Names
 from plaza.settings import WorkerSettings
 from plaza.statistics import ModelStatistics, flush_arguments, increments
+from plaza.workers.device import list_gpus
+from plaza.workers.gpu_metrics import GpuCollector
+from plaza.workers.metrics import WorkerMetrics
+from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
-from workers.device import list_gpus
-from workers.gpu_metrics import GpuCollector
-from workers.metrics import WorkerMetrics
-from workers.runner import WorkItem
 
 OFF = WorkerSettings(metrics_port=-1)
 

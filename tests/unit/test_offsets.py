@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.offsets import OffsetTracker
+from plaza.workers.offsets import OffsetTracker
 
 
 def test_commit_stops_at_the_oldest_unfinished_record() -> None:

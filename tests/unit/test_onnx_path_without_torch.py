@@ -13,10 +13,10 @@ import sys
 import numpy as np
 from plaza.client import make_request
 from plaza.repository import ModelRepository
-import workers.worker, workers.main, gateway.app  # the whole worker and gateway
-from workers.backends import create_backend
-from workers.device import CPU
-from workers.runner import BatchRunner, WorkItem
+import plaza.workers.worker, workers.main, gateway.app  # the whole worker and gateway
+from plaza.workers.backends import create_backend
+from plaza.workers.device import CPU
+from plaza.workers.runner import BatchRunner, WorkItem
 
 mv = ModelRepository("model_repository").served_versions("identity")[0]
 backend = create_backend(mv, CPU, threads=1)

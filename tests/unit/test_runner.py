@@ -9,7 +9,7 @@ import numpy as np
 
 from plaza.client import make_request
 from plaza.modelconfig import parse_model_config
-from workers.runner import BatchRunner, WorkItem
+from plaza.workers.runner import BatchRunner, WorkItem
 
 SPEC = parse_model_config(
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from plaza_cli.settings_doc import render
+from plaza.cli.settings_doc import render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "settings.md"
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.arrivals import ArrivalProcess
-from loadgen.latency import LinearLatency, ProfileLatency
-from loadgen.simulator import SimConfig, simulate
 from plaza.batching import BatchingPolicy
 from plaza.errors import ConfigError
+from plaza.loadgen.arrivals import ArrivalProcess
+from plaza.loadgen.latency import LinearLatency, ProfileLatency
+from plaza.loadgen.simulator import SimConfig, simulate
 from plaza.modelconfig import parse_model_config
 
 LATENCY = LinearLatency(a_us=1000, b_us=10_000)  # batch of n: (n + 10) ms

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from workers.backends.base import Backend, create_backend
+from plaza.workers.backends.base import Backend, create_backend
 
 __all__ = ["Backend", "create_backend"]

@@ -10,7 +10,7 @@ import numpy as np
 from plaza.errors import ConfigError
 from plaza.modelconfig import BACKEND_SIMULATED, PLATFORM_ONNX, PLATFORM_TORCH
 from plaza.repository import ModelVersion
-from workers.device import Device
+from plaza.workers.device import Device
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -47,15 +47,15 @@ def thread_count(mv: ModelVersion, configured: int) -> int:
 def create_backend(mv: ModelVersion, device: Device, threads: int = 0) -> Backend:
     """The backend for ``mv``'s platform. torch is imported only for pytorch_libtorch."""
     if mv.spec.platform == PLATFORM_ONNX:
-        from workers.backends.onnx import OnnxBackend
+        from plaza.workers.backends.onnx import OnnxBackend
 
         return OnnxBackend(mv, device, thread_count(mv, threads))
     if mv.spec.platform == PLATFORM_TORCH:
-        from workers.backends.torch import TorchBackend
+        from plaza.workers.backends.torch import TorchBackend
 
         return TorchBackend(mv, device, thread_count(mv, threads))
     if mv.spec.platform == BACKEND_SIMULATED:
-        from workers.backends.simulated import SimulatedBackend
+        from plaza.workers.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(mv)
     raise ConfigError(f"{mv.spec.name}: no backend for platform {mv.spec.platform!r}")

@@ -8,8 +8,8 @@ import onnxruntime as ort
 
 from plaza.errors import ConfigError
 from plaza.repository import ModelVersion
-from workers.backends.base import Arrays
-from workers.device import Device
+from plaza.workers.backends.base import Arrays
+from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import numpy as np
 from plaza.datatypes import to_numpy_dtype
 from plaza.errors import ConfigError
 from plaza.repository import ModelVersion
-from workers.backends.base import Arrays
-from workers.device import CPU
+from plaza.workers.backends.base import Arrays
+from plaza.workers.device import CPU
 
 
 class SimulatedBackend:

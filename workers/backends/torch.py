@@ -16,8 +16,8 @@ import torch
 
 from plaza.errors import ConfigError
 from plaza.repository import ModelVersion
-from workers.backends.base import Arrays
-from workers.device import Device
+from plaza.workers.backends.base import Arrays
+from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from plaza.cli.services import KafkaCluster, RedisServer
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
-from plaza_cli.services import KafkaCluster, RedisServer
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -59,7 +59,7 @@ def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) 
         if dead:
             raise RuntimeError(
                 f"{len(dead)} process(es) exited during start: "
-                f"{[' '.join(map(str, p.args)) for p in dead]}"
+                f"{[str(p.args) for p in dead]}"
             )
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
@@ -115,7 +115,7 @@ def run_up(argv: list[str]) -> int:
             log = (logs / f"{name}.log").open("ab")
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "plaza_cli.main", *cmd],
+                    [sys.executable, "-m", "plaza.cli.main", *cmd],
                     env=env,
                     stdout=log,
                     stderr=subprocess.STDOUT,

@@ -29,7 +29,7 @@ COMMANDS = {
     "loadgen": "perf_analyzer-like load sweeps against the gateway or Kafka (loadgen)",
     "profile": "batch-latency curve of a model's backend and dynamic_batching advice",
     "simulate": "headless scheduling simulator (the batcher on a simulated clock)",
-    "bench": "the side-by-side benchmark suite (python -m loadgen.bench)",
+    "bench": "the side-by-side benchmark suite (python -m plaza.loadgen.bench)",
 }
 
 
@@ -43,7 +43,7 @@ def _settings(argv: list[str]) -> PlazaSettings:
         flag, eq, value = arg.partition("=")
         flag = SHORT_FLAGS.get(flag, flag)
         expanded.append(f"{flag}{eq}{value}" if eq else flag)
-    return PlazaSettings(_cli_parse_args=expanded)  # type: ignore[call-arg]
+    return PlazaSettings(_cli_parse_args=expanded)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,27 +62,27 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     parser.parse_args([command])
     if command == "worker":
-        from workers.main import run_worker
+        from plaza.workers.main import run_worker
 
         run_worker(_settings(rest))
     elif command == "gateway":
-        from gateway.main import run_gateway
+        from plaza.gateway.main import run_gateway
 
         run_gateway(_settings(rest))
     elif command == "services":
-        from plaza_cli.services import run_services_cli
+        from plaza.cli.services import run_services_cli
 
         return run_services_cli(rest)
     elif command == "settings":
-        from plaza_cli.settings_doc import run_settings_doc
+        from plaza.cli.settings_doc import run_settings_doc
 
         return run_settings_doc()
     elif command == "up":
-        from plaza_cli.up import run_up
+        from plaza.cli.up import run_up
 
         return run_up(rest)
     elif command in ("loadgen", "profile", "simulate"):
-        from loadgen import cli
+        from plaza.loadgen import cli
 
         runners = {
             "loadgen": cli.run_loadgen_cli,
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         return runners[command](rest)
     elif command == "bench":
-        from loadgen.bench import main as run_bench
+        from plaza.loadgen.bench import main as run_bench
 
         return run_bench(rest)
     return 0

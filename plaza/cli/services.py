@@ -1,6 +1,6 @@
 """Real Kafka and Redis on this machine, without Docker.
 
-Used by ``make up`` (``python -m plaza_cli.services up``), by ``tests/conftest.py`` and by the
+Used by ``make up`` (``python -m plaza.cli.services up``), by ``tests/conftest.py`` and by the
 fault tests (kill -9 a broker, restart Redis, a three-broker cluster):
 
 - :class:`KafkaCluster`: Apache Kafka 4.x in KRaft mode, ``n`` combined broker+controller
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_POM = Path("deploy/kafka/pom.xml")
 KAFKA_LOG4J2 = Path("deploy/kafka/log4j2.xml")
 KAFKA_LIBS = Path(".cache/kafka/libs")
