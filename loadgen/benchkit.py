@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from plaza.cli.services import free_port
 from plaza.loadgen.inputs import InputSet
 from plaza.loadgen.measure import Load, PointResult, WindowConfig, measure
 from plaza.loadgen.raw_backend import open_session, time_window
@@ -32,6 +31,7 @@ from plaza.loadgen.stack import (
 )
 from plaza.loadgen.targets import Target
 from plaza.repository import ModelRepository
+from plaza.stack.local_services import free_port
 
 
 @dataclass

@@ -14,7 +14,6 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.batching import BatchingPolicy
-from plaza.cli.services import free_port
 from plaza.loadgen.arrivals import ArrivalProcess
 from plaza.loadgen.benchkit import (
     Context,
@@ -39,6 +38,7 @@ from plaza.loadgen.simulator import SimConfig, simulate
 from plaza.loadgen.stack import chain, http_url, set_parameters, wait_http_ready
 from plaza.loadgen.stats import summarize
 from plaza.loadgen.targets import HttpTarget, KafkaTarget, Target
+from plaza.stack.local_services import free_port
 
 Report = dict[str, Any]
 Benchmark = Callable[[Context], Awaitable[Report]]

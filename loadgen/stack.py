@@ -1,6 +1,6 @@
 """A Plaza deployment for benchmarks and tests: services, workers and a gateway, all local.
 
-``Services`` starts Kafka and Redis (``plaza.cli.services``) on free loopback ports, or
+``Services`` starts Kafka and Redis (``plaza.stack.local_services``) on free loopback ports, or
 wraps ones that already run. A ``Deployment`` is one isolated Plaza on them (its own topic
 and key prefix, its own repository folder); ``Processes`` runs its workers
 (``python -m plaza.cli.main worker``) and gateway as child processes, logs to files, and
@@ -27,10 +27,10 @@ from types import TracebackType
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from plaza.cli.services import KafkaCluster, RedisServer, free_port
 from plaza.loadgen.inputs import InputSet
 from plaza.repository import CONFIG_FILENAME
 from plaza.settings import KafkaSettings, PlazaSettings, RedisSettings, WorkerSettings
+from plaza.stack.local_services import KafkaCluster, RedisServer, free_port
 
 ConfigEdit = Callable[[mc.ModelConfig], None]
 

@@ -21,10 +21,6 @@ class PlazaError(Exception):
         self.message = message
         self.details = details
 
-    def to_wire(self) -> dict[str, Any]:
-        """The error as it travels in a result entry."""
-        return {"code": self.code, "message": self.message}
-
 
 class ConfigError(PlazaError):
     """A model repository or config.pbtxt that cannot be used; names the file and field."""

@@ -18,9 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from plaza.cli.services import KafkaCluster, RedisServer
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
+from plaza.stack.local_services import KafkaCluster, RedisServer
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -58,8 +58,7 @@ def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) 
         dead = [p for p in procs if p.poll() is not None]
         if dead:
             raise RuntimeError(
-                f"{len(dead)} process(es) exited during start: "
-                f"{[str(p.args) for p in dead]}"
+                f"{len(dead)} process(es) exited during start: {[str(p.args) for p in dead]}"
             )
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import redis.asyncio
 
-from plaza.cli.services import free_port
 from plaza.naming import Names
+from plaza.stack.local_services import free_port
 from tests.faults.harness import MODEL, REPO_ROOT, Deployment, wait_for
 
 _PR_SET_PDEATHSIG = 1

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import redis.asyncio
 
-from plaza.cli.services import free_port
+from plaza.stack.local_services import free_port
 from tests.faults.audit import FaultReport, correct, read_result_keys, wait_drained
 from tests.faults.harness import Deployment, value, wait_for
 from tests.faults.processes import Processes

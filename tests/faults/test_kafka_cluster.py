@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 
-from plaza.cli.services import KafkaCluster
 from plaza.client import PlazaClient
+from plaza.stack.local_services import KafkaCluster
 from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes

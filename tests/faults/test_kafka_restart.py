@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 import redis.asyncio
 
-from plaza.cli.services import KafkaCluster
 from plaza.client import PlazaClient
+from plaza.stack.local_services import KafkaCluster
 from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes

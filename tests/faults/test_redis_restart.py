@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import redis.asyncio
 
-from plaza.cli.services import RedisServer
 from plaza.client import PlazaClient
+from plaza.stack.local_services import RedisServer
 from tests.faults.audit import FaultReport, audit, wait_all_answered
 from tests.faults.harness import Deployment, wait_for
 from tests.faults.processes import Processes

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from plaza.batching import BatchingPolicy
-from plaza.cli.services import free_port
 from plaza.loadgen.benchmarks import capacity, compare_with_simulation
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.latency import LinearLatency
@@ -33,6 +32,7 @@ from plaza.loadgen.stack import (
 )
 from plaza.loadgen.targets import HttpTarget, KafkaTarget
 from plaza.repository import ModelRepository
+from plaza.stack.local_services import free_port
 from tests.support import REPOSITORY
 
 MODEL = "simulated"
