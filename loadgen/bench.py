@@ -27,8 +27,9 @@ from typing import Any
 
 from plaza.loadgen.benchkit import Context
 from plaza.loadgen.benchmarks import BENCHMARKS
-from plaza.loadgen.stack import Processes, Services, fresh_dir
+from plaza.loadgen.stack import fresh_dir
 from plaza.loadgen.sweep import environment
+from plaza.stack import ProcessGroup, Services
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -97,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     print(f"starting Kafka and Redis under {work} ...", flush=True)
     services = Services(work / "services", fast_start=False)
-    procs = Processes(work / "logs")
+    procs = ProcessGroup(work / "logs")
     ctx = Context(args.repository, work, args.out_dir, services, procs, args.quick)
     try:
         with services:

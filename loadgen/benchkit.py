@@ -17,21 +17,19 @@ import numpy as np
 from plaza.loadgen.inputs import InputSet
 from plaza.loadgen.measure import Load, PointResult, WindowConfig, measure
 from plaza.loadgen.raw_backend import open_session, time_window
-from plaza.loadgen.stack import (
-    ConfigEdit,
-    Deployment,
-    Processes,
-    Services,
-    copy_model,
-    http_url,
-    new_prefix,
-    wait_http_ready,
-    wait_workers,
-    warm_up,
-)
+from plaza.loadgen.stack import ConfigEdit, copy_model, warm_up
 from plaza.loadgen.targets import Target
 from plaza.repository import ModelRepository
-from plaza.stack.local_services import free_port
+from plaza.stack import (
+    Deployment,
+    GatewayProcess,
+    ProcessGroup,
+    Services,
+    WorkerProcess,
+    free_port,
+    new_prefix,
+    wait_workers,
+)
 
 
 @dataclass
@@ -42,7 +40,7 @@ class Context:
     work: Path
     out_dir: Path
     services: Services
-    procs: Processes
+    procs: ProcessGroup
     quick: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -66,9 +64,7 @@ class Context:
         repo = self.work / prefix / "repository"
         for model, edit in models.items():
             copy_model(self.repository, repo, model, edit)
-        return Deployment(
-            self.services.bootstrap, self.services.redis_url, repo, prefix, partitions
-        )
+        return self.services.deployment(repo, prefix, partitions=partitions, log_level="WARNING")
 
 
 def spec_of(dep: Deployment, model: str) -> Any:
@@ -79,17 +75,21 @@ async def start_workers(
     ctx: Context, dep: Deployment, model: str, pool: Sequence[InputSet], count: int = 1
 ) -> list[Any]:
     """``count`` worker processes of ``model``, up, with their partitions, warmed."""
-    procs = [ctx.procs.worker(dep, model, i) for i in range(count)]
+    log_dir = ctx.procs.log_dir
+    procs = [
+        ctx.procs.start(WorkerProcess(dep, model, log_dir, name=f"{dep.prefix}-worker-{model}-{i}"))
+        for i in range(count)
+    ]
     await wait_workers(dep, model, count, ctx.procs)
     await warm_up(dep, model, pool, workers=count)
     return procs
 
 
 async def start_gateway(ctx: Context, dep: Deployment) -> tuple[str, Any]:
-    port = free_port()
-    proc = ctx.procs.gateway(dep, port)
-    await wait_http_ready(http_url(port), ctx.procs)
-    return http_url(port), proc
+    gateway = GatewayProcess(dep, free_port(), ctx.procs.log_dir, name=f"{dep.prefix}-gateway")
+    ctx.procs.start(gateway)
+    await gateway.wait_ready()
+    return gateway.url, gateway
 
 
 async def measure_rounds(

@@ -35,10 +35,10 @@ from plaza.loadgen.inputs import input_pool, text_pool
 from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, PointResult
 from plaza.loadgen.simulator import SimConfig, simulate
-from plaza.loadgen.stack import chain, http_url, set_parameters, wait_http_ready
+from plaza.loadgen.stack import chain, set_parameters
 from plaza.loadgen.stats import summarize
 from plaza.loadgen.targets import HttpTarget, KafkaTarget, Target
-from plaza.stack.local_services import free_port
+from plaza.stack import free_port, http_url, wait_http_ready
 
 Report = dict[str, Any]
 Benchmark = Callable[[Context], Awaitable[Report]]

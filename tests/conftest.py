@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis.asyncio
 
-from plaza.stack.local_services import KafkaCluster, RedisServer, free_port
+from plaza.stack import KafkaCluster, RedisServer, free_port
 
 if TYPE_CHECKING:
     from plaza.naming import Names

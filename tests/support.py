@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from plaza.settings import (
     RedisSettings,
     WorkerSettings,
 )
+from plaza.stack import wait_for as wait_for  # the one bounded wait, for the tests
 from plaza.workers.worker import Worker
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
@@ -74,19 +73,3 @@ async def running_worker(
         yield w
     finally:
         await w.stop()
-
-
-async def wait_for(
-    predicate: Callable[[], Awaitable[bool] | bool], within_s: float = 30.0, what: str = "condition"
-) -> None:
-    """Poll ``predicate`` until true; fail after ``within_s`` seconds (never a fixed sleep)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run_gateway(_settings(rest))
     elif command == "services":
-        from plaza.stack.local_services import run_services_cli
+        from plaza.cli.services import run_services_cli
 
         return run_services_cli(rest)
     elif command == "settings":

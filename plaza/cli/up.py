@@ -3,24 +3,35 @@
 Starts Kafka (KRaft) and Redis on 127.0.0.1, one worker process per model instance
 (instance_group count) for every model in the repository, and the gateway; waits until the
 gateway is ready; prints where to send requests; on Ctrl-C or SIGTERM stops everything it
-started, workers first (they drain and commit), services last.
+started, workers and gateway first (they drain and commit), services last.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib.util
 import os
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
+import threading
 from pathlib import Path
 
+from plaza.cli.services import stop_signals
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
-from plaza.stack.local_services import KafkaCluster, RedisServer
+from plaza.stack import (
+    Deployment,
+    GatewayProcess,
+    ProcessGroup,
+    ServiceError,
+    Services,
+    WorkerProcess,
+    http_ok,
+    wait_for,
+)
+
+STOP_TIMEOUT_S = 40.0
+"""Grace period of the workers and the gateway: a worker drains and commits first."""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -52,108 +63,86 @@ def _worker_plan(repo: ModelRepository, only: set[str]) -> list[tuple[str, int]]
     return plan
 
 
-def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        dead = [p for p in procs if p.poll() is not None]
+def _forwarded_settings(dep: Deployment) -> dict[str, str]:
+    """The caller's own PLAZA_* settings (an API key, batching knobs, ...).
+
+    A deployment's environment drops inherited PLAZA_* on purpose; ``plaza up`` is the one
+    caller that hands the operator's settings on, except those the deployment sets itself.
+    """
+    own = dep.env()
+    return {k: v for k, v in os.environ.items() if k.startswith("PLAZA_") and k not in own}
+
+
+def _start_parts(
+    dep: Deployment, plan: list[tuple[str, int]], group: ProcessGroup, args: argparse.Namespace
+) -> GatewayProcess:
+    """One worker per model instance, then the gateway; returns the gateway."""
+    settings = _forwarded_settings(dep)
+    for model, count in plan:
+        for i in range(count):
+            name = f"worker-{model}-{i}"
+            group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
+    gateway = GatewayProcess(
+        dep, args.http_port, group.log_dir, metrics_port=args.metrics_port, env=settings
+    )
+    return group.start(gateway)
+
+
+async def _ready_or_stopping(
+    gateway: GatewayProcess, group: ProcessGroup, stopping: threading.Event, limit_s: float
+) -> None:
+    """Until the gateway is ready or a stop was asked for; fails if a process exits."""
+    url = f"{gateway.url}/v2/health/ready"
+
+    async def ready() -> bool:
+        group.check()
+        return stopping.is_set() or await asyncio.to_thread(http_ok, url)
+
+    await wait_for(ready, limit_s, f"the gateway at {url}", lambda: group.tails(10), poll_s=0.5)
+
+
+def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
+    """Until a stop signal (0) or until a process or service exits (1)."""
+    while not stopping.wait(0.5):
+        dead = [p.name for p in group.started if not p.alive] + services.down()
         if dead:
-            raise RuntimeError(
-                f"{len(dead)} process(es) exited during start: {[str(p.args) for p in dead]}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"gateway not ready at {url} after {timeout:.0f}s")
-
-
-def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            p.kill()
+            print(f"{', '.join(dead)} exited; stopping everything (see the logs)", flush=True)
+            return 1
+    return 0
 
 
 def run_up(argv: list[str]) -> int:
+    """``plaza up [flags]``: run everything until Ctrl-C or SIGTERM; the exit status."""
     args = _parse(argv)
-    repo = ModelRepository(args.repository)
-    plan = _worker_plan(repo, {m for m in args.models.split(",") if m})
-    logs = args.data_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    kafka = KafkaCluster(args.data_dir / "kafka", port=args.kafka_port, fast_start=False)
-    redis = RedisServer(args.data_dir / "redis", port=args.redis_port)
-    procs: list[subprocess.Popen[bytes]] = []
-    stopping = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        print("starting Kafka and Redis on 127.0.0.1 ...", flush=True)
-        kafka.start()
-        redis.start()
-        kafka.wait_ready()
-        redis.wait_ready()
-        env = {
-            **os.environ,
-            "PLAZA_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "PLAZA_REDIS__URL": redis.url,
-            "PLAZA_REPOSITORY": str(args.repository),
-        }
-
-        def spawn(name: str, *cmd: str) -> None:
-            log = (logs / f"{name}.log").open("ab")
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "plaza.cli.main", *cmd],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
+    plan = _worker_plan(ModelRepository(args.repository), {m for m in args.models.split(",") if m})
+    services = Services(args.data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
+    group = ProcessGroup(args.data_dir / "logs")
+    stopping = threading.Event()
+    with stop_signals(stopping):
+        try:
+            print("starting Kafka and Redis on 127.0.0.1 ...", flush=True)
+            services.start()
+            # Plaza's default prefixes (topics plaza.infer.<model>) and heartbeat.
+            dep = services.deployment(args.repository, heartbeat_interval_s=None)
+            gateway = _start_parts(dep, plan, group, args)
+            print(
+                f"starting {sum(c for _, c in plan)} workers for {[m for m, _ in plan]} "
+                f"and the gateway (logs in {group.log_dir}) ...",
+                flush=True,
             )
-
-        for model, count in plan:
-            for i in range(count):
-                spawn(f"worker-{model}-{i}", "worker", "--worker.model", model)
-        spawn(
-            "gateway",
-            "gateway",
-            "--gateway.http_port",
-            str(args.http_port),
-            "--gateway.metrics_port",
-            str(args.metrics_port),
-        )
-        base = f"http://127.0.0.1:{args.http_port}"
-        print(
-            f"starting {sum(c for _, c in plan)} workers for {[m for m, _ in plan]} "
-            f"and the gateway (logs in {logs}) ...",
-            flush=True,
-        )
-        _wait_ready(f"{base}/v2/health/ready", procs, args.ready_timeout)
-        _print_banner(base, kafka.bootstrap_servers, redis.url, [m for m, _ in plan])
-        while not stopping:
-            if any(p.poll() is not None for p in procs):
-                print("a Plaza process exited; stopping everything (see the logs)", flush=True)
-                return 1
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        print("stopping ...", flush=True)
-        _stop_all(procs)
-        redis.stop()
-        kafka.stop()
-        print("stopped.", flush=True)
-    return 0
+            asyncio.run(_ready_or_stopping(gateway, group, stopping, args.ready_timeout))
+            if stopping.is_set():
+                return 0
+            _print_banner(gateway.url, services.bootstrap, services.redis_url, [m for m, _ in plan])
+            return _watch(group, services, stopping)
+        except ServiceError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            print("stopping ...", flush=True)
+            group.stop_all(STOP_TIMEOUT_S)
+            services.stop()
+            print("stopped.", flush=True)
 
 
 def _print_banner(base: str, kafka: str, redis: str, models: list[str]) -> None:

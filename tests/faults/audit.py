@@ -17,7 +17,8 @@ from aiokafka.structs import TopicPartition
 from plaza.codec import decode_result, decode_results
 from plaza.contract import InferResult
 from plaza.naming import STREAM_FIELD_RESULTS, Names
-from tests.faults.harness import Deployment, wait_for
+from plaza.stack import Deployment, wait_for
+from tests.faults.harness import request_topic, worker_group
 
 if TYPE_CHECKING:
     from tests.faults.traffic import ResultTail
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 async def committed_lag(deployment: Deployment) -> int:
     """Records of the request topic that the worker group has not committed yet."""
-    tps = [TopicPartition(deployment.topic, p) for p in range(deployment.partitions)]
+    topic, group = request_topic(deployment), worker_group(deployment)
+    tps = [TopicPartition(topic, p) for p in range(deployment.partitions)]
     admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap, request_timeout_ms=5000)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=deployment.bootstrap, group_id=None, request_timeout_ms=5000
@@ -33,7 +35,7 @@ async def committed_lag(deployment: Deployment) -> int:
     try:
         await admin.start()
         await consumer.start()
-        committed = await admin.list_consumer_group_offsets(deployment.group, partitions=tps)
+        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
         ends = await consumer.end_offsets(tps)
     finally:
         with contextlib.suppress(Exception):
@@ -54,7 +56,7 @@ async def wait_drained(deployment: Deployment, limit_s: float = 60.0) -> None:
         except Exception:  # a coordinator moving after a broker fault: ask again
             return False
 
-    await wait_for(drained, limit_s, f"group {deployment.group} to commit everything")
+    await wait_for(drained, limit_s, f"group {worker_group(deployment)} to commit everything")
 
 
 async def wait_all_answered(

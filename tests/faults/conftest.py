@@ -1,4 +1,4 @@
-"""Fault-test fixtures: Plaza worker and gateway subprocesses, and the FAULT summary lines.
+"""Fault-test fixtures: a test's deployment, its Plaza subprocesses, the FAULT summary lines.
 
 Services come from tests/conftest.py: the session's Kafka and Redis for faults that do not
 touch them, private ones (``kafka_cluster_factory``, ``redis_server_factory``) for faults
@@ -16,9 +16,10 @@ import pytest
 import redis.asyncio
 from redis.exceptions import RedisError
 
+from plaza.stack import Deployment
 from tests.faults.audit import FaultReport
-from tests.faults.harness import Deployment
-from tests.faults.processes import Processes
+from tests.faults.harness import fault_deployment
+from tests.faults.processes import FaultProcesses
 
 _REPORTS: list[FaultReport] = []
 
@@ -45,15 +46,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
+def processes(tmp_path: Path) -> Iterator[FaultProcesses]:
     """Start ``plaza worker`` / ``plaza gateway`` processes; logs in the test's tmp dir."""
-    procs = Processes(tmp_path / "logs")
+    procs = FaultProcesses(tmp_path / "logs")
     try:
         yield procs
     finally:
-        procs.stop_all()
-        for proc in procs.started:  # shown by pytest when the test failed
-            print(proc.tail(15))
+        procs.stop_all(timeout=15)
+        print(procs.tails(15))  # shown by pytest when the test failed
 
 
 @pytest.fixture
@@ -92,14 +92,15 @@ async def deployments(
         dep = deployments()                                     # session services
         dep = deployments(bootstrap=cluster.bootstrap_servers)  # a private Kafka
 
-    Other keyword arguments go to :class:`Deployment`. Its Redis keys are deleted after.
+    Other keyword arguments go to ``plaza.stack.Deployment``. Its Redis keys are deleted
+    after.
     """
     made: list[Deployment] = []
 
     def make(
         bootstrap: str | None = None, redis_url: str | None = None, **options: Any
     ) -> Deployment:
-        dep = Deployment(
+        dep = fault_deployment(
             bootstrap or request.getfixturevalue("kafka_bootstrap"),
             redis_url or request.getfixturevalue("redis_url"),
             unique_id,

@@ -1,4 +1,4 @@
-"""Bugs the fault suite ran into in the services it stands on (plaza/stack/local_services.py).
+"""Bugs the fault suite ran into in the services it stands on (``plaza.stack``).
 
 A private Kafka cluster (``kafka_cluster_factory``) failed to start about once in 64 runs:
 ``kafka-storage format -t <id>`` reads a cluster id that begins with '-' as an option
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from plaza.stack.local_services import KafkaCluster, free_port, new_cluster_id
+from plaza.stack import KafkaCluster, free_port, new_cluster_id
 
 
 def test_new_cluster_ids_never_start_with_a_dash() -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import redis.asyncio
 
-from plaza.stack.local_services import free_port
+from plaza.stack import Deployment, free_port, wait_for
 from tests.faults.audit import FaultReport, correct, read_result_keys, wait_drained
-from tests.faults.harness import Deployment, value, wait_for
-from tests.faults.processes import Processes
+from tests.faults.harness import value
+from tests.faults.processes import FaultProcesses
 
 JOBS = 300
 CONCURRENCY = 8
@@ -86,7 +86,7 @@ def same(a: np.ndarray[Any, Any] | None, b: np.ndarray[Any, Any] | None) -> bool
 @pytest.mark.timeout(150)
 async def test_gateway_restarted_with_jobs_pending(
     deployments: Callable[..., Deployment],
-    processes: Processes,
+    processes: FaultProcesses,
     redis_for: Callable[[str], redis.asyncio.Redis],
     record_fault: Callable[[FaultReport], None],
 ) -> None:
@@ -95,17 +95,17 @@ async def test_gateway_restarted_with_jobs_pending(
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as http:
         jobs = Jobs(http)
         old = processes.gateway(deployment, port, "gateway-1")
-        await old.wait_live(http)
+        await old.wait_live()
         ids = await asyncio.gather(*(jobs.submit(old.url, i) for i in range(JOBS)))
         expected = {job_id: value(i) for i, job_id in enumerate(ids)}
         assert len(expected) == JOBS
         before = await jobs.poll_all(old.url, ids[:20])
         assert {d["status"] for d in before.values()} == {"pending"}
 
-        old.kill9()
+        old.kill()
         fault_at = time.monotonic()
         new = processes.gateway(deployment, port, "gateway-2")
-        await new.wait_live(http)
+        await new.wait_live()
         new_live_s = time.monotonic() - fault_at
         pending = await jobs.poll_all(new.url, ids)
         assert {d["status"] for d in pending.values()} == {"pending"}, "jobs lost with gateway-1"
@@ -114,7 +114,7 @@ async def test_gateway_restarted_with_jobs_pending(
         first: dict[str, np.ndarray[Any, Any] | None] = {}  # job id -> first answer polled
 
         async def all_done() -> bool:
-            worker.check_alive()
+            worker.check()
             polled = await jobs.poll_all(new.url, [j for j in ids if j not in first])
             first.update({j: http_answer(d) for j, d in polled.items() if d["status"] != "pending"})
             return len(first) == JOBS

@@ -15,9 +15,10 @@ import redis.asyncio
 from plaza.codec import encode_result, encode_results
 from plaza.contract import InferResult
 from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS
+from plaza.stack import Deployment
 from plaza.tensors import Tensor
 from tests.faults.audit import audit
-from tests.faults.harness import Deployment, value
+from tests.faults.harness import value
 
 
 def answer(correlation_id: str, output: np.ndarray, worker: str = "w1") -> InferResult:

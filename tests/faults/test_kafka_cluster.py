@@ -9,21 +9,18 @@ continues, and every request is answered exactly once, correctly.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
-import redis.asyncio
 from aiokafka.admin import AIOKafkaAdminClient
 
-from plaza.client import PlazaClient
-from plaza.stack.local_services import KafkaCluster
-from tests.faults.audit import FaultReport, audit, wait_all_answered
-from tests.faults.harness import Deployment, wait_for
-from tests.faults.processes import Processes
-from tests.faults.traffic import Load, ResultTail
+from plaza.stack import Deployment, KafkaCluster
+from tests.faults.audit import FaultReport
+from tests.faults.harness import request_topic, worker_group
+from tests.faults.processes import FaultProcesses
+from tests.faults.under_load import FaultRun, run_fault_under_load
 
 REQUESTS = 2000
 
@@ -33,7 +30,7 @@ async def coordinator(deployment: Deployment) -> int:
     admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap, request_timeout_ms=5000)
     try:
         await admin.start()
-        return int(await admin.find_coordinator(deployment.group))
+        return int(await admin.find_coordinator(worker_group(deployment)))
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
@@ -44,7 +41,7 @@ async def replicas(deployment: Deployment) -> list[int]:
     admin = AIOKafkaAdminClient(bootstrap_servers=deployment.bootstrap, request_timeout_ms=5000)
     try:
         await admin.start()
-        (topic,) = await admin.describe_topics([deployment.topic])
+        (topic,) = await admin.describe_topics([request_topic(deployment)])
         return [len(p["replicas"]) for p in topic["partitions"]]
     finally:
         with contextlib.suppress(Exception):
@@ -55,51 +52,31 @@ async def replicas(deployment: Deployment) -> list[int]:
 async def test_one_of_three_brokers_killed_under_load(
     kafka_cluster_factory: Callable[..., KafkaCluster],
     deployments: Callable[..., Deployment],
-    processes: Processes,
-    redis_for: Callable[[str], redis.asyncio.Redis],
+    processes: FaultProcesses,
     record_fault: Callable[[FaultReport], None],
 ) -> None:
     cluster = kafka_cluster_factory(nodes=3, min_insync_replicas=2)
     deployment = deployments(
         bootstrap=cluster.bootstrap_servers, replication_factor=3, min_insync_replicas=2
     )
-    r = redis_for(deployment.redis_url)
     worker = processes.worker(deployment, "w")
-    await worker.wait_registered(r, deployment.names)
+    await worker.wait_registered()
     assert await replicas(deployment) == [3] * deployment.partitions
+    killed: list[int] = []
 
-    async with PlazaClient(deployment.settings()) as client:
-        stream = client.results_stream("fault-broker-kill")
-        tail = ResultTail(deployment.redis_url, stream).start()
-        load = Load(client, stream, REQUESTS, rate=600, chunk=50)
-        publishing = asyncio.create_task(load.run())
-        try:
-            await wait_for(
-                lambda: tail.answered >= REQUESTS // 4, 60, "answers before the fault", worker.tail
-            )
-            victim = await coordinator(deployment)
-            cluster.kill(victim)
-            fault_at = time.monotonic()
-            await publishing
-            await wait_all_answered(tail, REQUESTS, deployment, worker.tail)
-        finally:
-            publishing.cancel()
-            await tail.stop()
-        worker.check_alive()
-    assert cluster.running_nodes() == sorted(set(cluster.node_ids) - {victim})
+    async def kill_coordinator(run: FaultRun) -> dict[str, Any]:
+        killed.append(await coordinator(deployment))
+        cluster.kill(killed[0])
+        return {"killed_node": killed[0]}
 
-    report = await audit(
-        "broker_kill_3node",
-        r,
-        deployment.names,
-        load.expected,
-        stream,
-        tail.worst_wait_s(load),
-        killed_node=victim,
-        open_at_kill=tail.open_at(load, fault_at),
-        resent=load.resent,
-        publish_errors=sum(load.errors.values()),
-        worker_log_warnings=worker.log_problems(),
+    report = await run_fault_under_load(
+        deployment,
+        [worker],
+        name="broker_kill_3node",
+        fault=kill_coordinator,
+        requests=REQUESTS,
+        rate=600,
     )
+    assert cluster.running_nodes() == sorted(set(cluster.node_ids) - set(killed))
     record_fault(report)
     report.check()

@@ -10,77 +10,56 @@ exactly once, correctly.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
-import redis.asyncio
 
 from plaza.client import PlazaClient
-from plaza.stack.local_services import RedisServer
-from tests.faults.audit import FaultReport, audit, wait_all_answered
-from tests.faults.harness import Deployment, wait_for
-from tests.faults.processes import Processes
-from tests.faults.traffic import Load, ResultTail
+from plaza.stack import Deployment, RedisServer, wait_for
+from tests.faults.audit import FaultReport
+from tests.faults.processes import FaultProcesses
+from tests.faults.under_load import FaultRun, run_fault_under_load
 
 REQUESTS = 2000
+PUBLISHED_WHILE_DOWN = 800
 
 
 @pytest.mark.timeout(150)
 async def test_redis_killed_and_restarted_under_load(
     redis_server_factory: Callable[..., RedisServer],
     deployments: Callable[..., Deployment],
-    processes: Processes,
-    redis_for: Callable[[str], redis.asyncio.Redis],
+    processes: FaultProcesses,
     record_fault: Callable[[FaultReport], None],
 ) -> None:
     server = redis_server_factory(appendfsync="always")
     deployment = deployments(redis_url=server.url)
-    r = redis_for(server.url)
     worker = processes.worker(deployment, "w")
-    await worker.wait_registered(r, deployment.names)
+    await worker.wait_registered()
 
-    async with PlazaClient(deployment.settings()) as client:
-        stream = client.results_stream("fault-redis-restart")
-        tail = ResultTail(server.url, stream).start()
-        load = Load(client, stream, REQUESTS, rate=800, chunk=50)
-        publishing = asyncio.create_task(load.run())
-        try:
-            await wait_for(
-                lambda: tail.answered >= REQUESTS // 4, 60, "answers before the fault", worker.tail
-            )
-            server.kill()
-            fault_at = time.monotonic()
-            # Keep Redis away while requests go on arriving: the worker must hold them.
-            acked_at_kill = load.acked
-            await wait_for(
-                lambda: load.acked >= min(REQUESTS, acked_at_kill + 800),
-                60,
-                "requests published while Redis is down",
-            )
-            down_s = time.monotonic() - fault_at
-            server.start()
-            await server.wait_ready_async()
-            await publishing
-            await wait_all_answered(tail, REQUESTS, deployment, worker.tail)
-        finally:
-            publishing.cancel()
-            await tail.stop()
-        worker.check_alive()
+    async def kill_redis_for_a_while(run: FaultRun) -> dict[str, Any]:
+        server.kill()
+        # Keep Redis away while requests go on arriving: the worker must hold them.
+        acked_at_kill = run.load.acked
+        await wait_for(
+            lambda: run.load.acked >= min(REQUESTS, acked_at_kill + PUBLISHED_WHILE_DOWN),
+            60,
+            "requests published while Redis is down",
+        )
+        down_s = time.monotonic() - run.fault_at
+        server.start()
+        await server.wait_ready_async()
+        return {"redis_down_s": f"{down_s:.1f}"}
 
-    fresh = redis_for(server.url)  # r's pooled connections died with the old server
-    report = await audit(
-        "redis_restart",
-        fresh,
-        deployment.names,
-        load.expected,
-        stream,
-        tail.worst_wait_s(load),
-        open_at_kill=tail.open_at(load, fault_at),
-        redis_down_s=f"{down_s:.1f}",
-        worker_log_warnings=worker.log_problems(),
+    report = await run_fault_under_load(
+        deployment,
+        [worker],
+        name="redis_restart",
+        fault=kill_redis_for_a_while,
+        requests=REQUESTS,
+        rate=800,
     )
     record_fault(report)
     report.check()

@@ -10,18 +10,16 @@ first write).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
-import redis.asyncio
 from aiokafka.partitioner import DefaultPartitioner
 
-from plaza.client import PlazaClient
-from tests.faults.audit import FaultReport, audit, wait_all_answered
-from tests.faults.harness import Deployment, wait_for
-from tests.faults.processes import Processes, wait_assignment
-from tests.faults.traffic import Load, ResultTail
+from plaza.stack import Deployment, wait_assignment
+from tests.faults.audit import FaultReport
+from tests.faults.processes import FaultProcesses
+from tests.faults.under_load import FaultRun, run_fault_under_load
 
 REQUESTS = 3000
 PARTITIONER = DefaultPartitioner()
@@ -50,57 +48,45 @@ def taken_over(
 @pytest.mark.timeout(150)
 async def test_worker_killed_mid_flight(
     deployments: Callable[..., Deployment],
-    processes: Processes,
-    redis_for: Callable[[str], redis.asyncio.Redis],
+    processes: FaultProcesses,
     record_fault: Callable[[FaultReport], None],
 ) -> None:
     deployment = deployments()
-    r = redis_for(deployment.redis_url)
     victim, survivor = processes.worker(deployment, "a"), processes.worker(deployment, "b")
-    await asyncio.gather(
-        victim.wait_registered(r, deployment.names), survivor.wait_registered(r, deployment.names)
-    )
+    await asyncio.gather(victim.wait_registered(), survivor.wait_registered())
     await wait_assignment([victim, survivor], deployment.partitions)
     victim_partitions = victim.assignment() or set()
 
-    async with PlazaClient(deployment.settings()) as client:
-        stream = client.results_stream("fault-worker-kill")
-        tail = ResultTail(deployment.redis_url, stream).start()
-        load = Load(client, stream, REQUESTS, rate=1e6, chunk=REQUESTS)  # one publish_many
-        publishing = asyncio.create_task(load.run())
-        try:
-            # Kill the victim as soon as it is busy: most of the requests are still open.
-            await wait_for(
-                lambda: tail.by_worker[victim.worker_id] >= 20,
-                60,
-                "the victim's first answers",
-                victim.tail,
-            )
-            victim.kill9()
-            fault_at = time.monotonic()
-            await publishing
-            await wait_all_answered(tail, REQUESTS, deployment, survivor.tail, 90)
-        finally:
-            publishing.cancel()
-            await tail.stop()
-        survivor.check_alive()
+    async def kill_victim(run: FaultRun) -> dict[str, Any]:
+        victim.kill()
+        return {}
 
-    report = await audit(
-        "worker_kill",
-        r,
-        deployment.names,
-        load.expected,
-        stream,
-        tail.worst_wait_s(load),
-        open_at_kill=tail.open_at(load, fault_at),
-        taken_over=taken_over(
-            load.sent_at, tail.first_seen, victim_partitions, deployment.partitions, fault_at
-        ),
-        by_victim=tail.by_worker[victim.worker_id],
-        by_survivor=tail.by_worker[survivor.worker_id],
-        resent=load.resent,
+    def who_answered(run: FaultRun) -> dict[str, Any]:
+        tail = run.tail
+        moved = taken_over(
+            run.load.sent_at,
+            tail.first_seen,
+            victim_partitions,
+            deployment.partitions,
+            run.fault_at,
+        )
+        by_victim, by_survivor = (tail.by_worker[w.worker_id] for w in (victim, survivor))
+        return {"taken_over": moved, "by_victim": by_victim, "by_survivor": by_survivor}
+
+    report = await run_fault_under_load(
+        deployment,
+        [victim, survivor],
+        name="worker_kill",
+        fault=kill_victim,
+        requests=REQUESTS,
+        rate=1e6,  # one publish_many: most requests are still open when the victim dies
+        chunk=REQUESTS,
+        # Kill the victim as soon as it is busy.
+        strike_when=lambda run: run.tail.by_worker[victim.worker_id] >= 20,
+        extra_details=who_answered,
+        answer_limit_s=90,
     )
     record_fault(report)
-    assert report.details["open_at_kill"] >= REQUESTS // 3, "the kill missed the load"
+    assert report.details["open_at_fault"] >= REQUESTS // 3, "the kill missed the load"
     assert report.details["taken_over"] > 0, "the victim left nothing for the survivor"
     report.check()

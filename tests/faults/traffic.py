@@ -17,7 +17,8 @@ from plaza.client import PlazaClient, make_request
 from plaza.codec import decode_results
 from plaza.contract import InferRequest
 from plaza.naming import STREAM_FIELD_RESULTS
-from tests.faults.harness import MODEL, POLL_S, value
+from plaza.stack.waiting import POLL_S
+from tests.faults.harness import MODEL, value
 
 
 class Load:

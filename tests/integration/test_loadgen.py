@@ -20,19 +20,18 @@ from plaza.loadgen.benchmarks import capacity, compare_with_simulation
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, WindowConfig, measure
-from plaza.loadgen.stack import (
-    Deployment,
-    Processes,
-    copy_model,
-    http_url,
-    new_prefix,
-    wait_http_ready,
-    wait_workers,
-    warm_up,
-)
+from plaza.loadgen.stack import copy_model, warm_up
 from plaza.loadgen.targets import HttpTarget, KafkaTarget
 from plaza.repository import ModelRepository
-from plaza.stack.local_services import free_port
+from plaza.stack import (
+    Deployment,
+    GatewayProcess,
+    ProcessGroup,
+    WorkerProcess,
+    free_port,
+    new_prefix,
+    wait_workers,
+)
 from tests.support import REPOSITORY
 
 MODEL = "simulated"
@@ -46,17 +45,16 @@ async def plaza(
     work = tmp_path_factory.mktemp("loadgen")
     copy_model(REPOSITORY, work / "repo", MODEL)
     dep = Deployment(kafka_bootstrap, redis_url, work / "repo", new_prefix("tlg"), partitions=2)
-    procs = Processes(work / "logs")
+    procs = ProcessGroup(work / "logs")
     spec = ModelRepository(dep.repository).spec(MODEL)
     pool = input_pool(spec)
-    port = free_port()
     try:
-        procs.worker(dep, MODEL)
-        procs.gateway(dep, port)
-        await wait_workers(dep, MODEL, 1, procs, timeout_s=90)
+        procs.start(WorkerProcess(dep, MODEL, procs.log_dir))
+        gateway = procs.start(GatewayProcess(dep, free_port(), procs.log_dir))
+        await wait_workers(dep, MODEL, 1, procs, limit_s=90)
         await warm_up(dep, MODEL, pool, timeout_s=60)
-        await wait_http_ready(http_url(port), procs, timeout_s=60)
-        yield {"dep": dep, "url": http_url(port), "pool": pool, "spec": spec, "work": work}
+        await gateway.wait_ready(limit_s=60)
+        yield {"dep": dep, "url": gateway.url, "pool": pool, "spec": spec, "work": work}
     finally:
         procs.stop_all()
 

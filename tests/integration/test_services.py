@@ -9,7 +9,7 @@ import redis.asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from plaza.stack.local_services import KafkaCluster, RedisServer
+from plaza.stack import KafkaCluster, RedisServer
 
 
 async def test_kafka_produce_then_consume_one_record(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from plaza.stack.local_services import free_port
+from plaza.stack import free_port
 from tests.support import REPOSITORY
 
 pytestmark = pytest.mark.timeout(240)

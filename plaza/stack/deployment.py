@@ -1,0 +1,113 @@
+"""One Plaza on a Kafka and a Redis: its addresses, prefixes, topic layout and repository.
+
+A :class:`Deployment` is the single description that both sides read: :meth:`settings`
+for an SDK client in this process, :meth:`env` for a worker or gateway subprocess. The two
+always say the same thing, so a test's client and its workers meet on the same topics.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from plaza.naming import Names
+from plaza.settings import KafkaSettings, PlazaSettings, RedisSettings
+
+ENV_PREFIX = "PLAZA_"
+
+
+def new_prefix(name: str) -> str:
+    """``name`` plus a short random suffix: a prefix no other deployment uses."""
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """Where one Plaza runs and how it is laid out.
+
+    ``prefix`` keeps its topics (``<prefix>.``) and Redis keys (``<prefix>:``) apart from
+    every other deployment on the same services. ``None`` means "Plaza's default" for the
+    optional settings.
+    """
+
+    bootstrap: str
+    """Kafka bootstrap servers, ``host:port[,host:port...]``."""
+    redis_url: str
+    """``redis://[:password@]host:port/db``."""
+    repository: Path
+    """The model repository its workers and gateway read."""
+    prefix: str = "plaza"
+    """Topic prefix ``<prefix>.`` and key prefix ``<prefix>:`` (``plaza``: the defaults)."""
+    partitions: int = 4
+    """Partitions of each request topic it creates."""
+    replication_factor: int = 1
+    """Replicas of each topic it creates."""
+    min_insync_replicas: int | None = None
+    """min.insync.replicas of the topics it creates (None: the broker's)."""
+    stream_maxlen: int | None = None
+    """Approximate MAXLEN of its reply streams (None: Plaza's default)."""
+    heartbeat_interval_s: float | None = 0.5
+    """Worker registry heartbeat (short, so readiness waits end quickly)."""
+    log_level: str | None = None
+    """Log level of its processes (None: Plaza's default, INFO)."""
+
+    @property
+    def names(self) -> Names:
+        """Its topic and key names."""
+        return Names(topic_prefix=self.topic_prefix, key_prefix=self.key_prefix)
+
+    @property
+    def topic_prefix(self) -> str:
+        return f"{self.prefix}."
+
+    @property
+    def key_prefix(self) -> str:
+        return f"{self.prefix}:"
+
+    def settings(self) -> PlazaSettings:
+        """Settings for an SDK client (``PlazaClient``) of this deployment."""
+        kafka = KafkaSettings(
+            bootstrap_servers=self.bootstrap,
+            topic_prefix=self.topic_prefix,
+            partitions=self.partitions,
+            replication_factor=self.replication_factor,
+            min_insync_replicas=self.min_insync_replicas,
+        )
+        maxlen = {} if self.stream_maxlen is None else {"stream_maxlen": self.stream_maxlen}
+        redis = RedisSettings(url=self.redis_url, key_prefix=self.key_prefix, **maxlen)
+        return PlazaSettings(repository=self.repository, kafka=kafka, redis=redis)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a worker or gateway subprocess of this deployment.
+
+        One rule: every ``PLAZA_*`` variable of the calling process is dropped, so the
+        subprocess runs exactly the deployment described here, whatever the caller's shell
+        exports; anything else (PATH, PYTHONPATH, ...) is inherited. ``extra`` adds or
+        overrides variables (``PLAZA_WORKER__WORKER_ID="w1"``) after that.
+        """
+        env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+        env.update(self._plaza_env())
+        env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they are written
+        env.update(extra)
+        return env
+
+    def _plaza_env(self) -> dict[str, str]:
+        env = {
+            "PLAZA_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "PLAZA_KAFKA__TOPIC_PREFIX": self.topic_prefix,
+            "PLAZA_KAFKA__PARTITIONS": str(self.partitions),
+            "PLAZA_KAFKA__REPLICATION_FACTOR": str(self.replication_factor),
+            "PLAZA_REDIS__URL": self.redis_url,
+            "PLAZA_REDIS__KEY_PREFIX": self.key_prefix,
+            "PLAZA_REPOSITORY": str(self.repository),
+        }
+        optional = {
+            "PLAZA_KAFKA__MIN_INSYNC_REPLICAS": self.min_insync_replicas,
+            "PLAZA_REDIS__STREAM_MAXLEN": self.stream_maxlen,
+            "PLAZA_WORKER__HEARTBEAT_INTERVAL_S": self.heartbeat_interval_s,
+            "PLAZA_LOG_LEVEL": self.log_level,
+        }
+        env.update({k: str(v) for k, v in optional.items() if v is not None})
+        return env
