@@ -1,9 +1,10 @@
-"""The gateway's data plane: models, infer, jobs and health, with no HTTP types.
+"""The gateway's service: its model registry, health and statistics, with no HTTP types.
 
-The HTTP front (``gateway/app.py``) and a gRPC front call the same methods. Requests are
-validated here before they are published (early InvalidInput), published once to the
-model's Kafka topic, and answered through the reply multiplexer (sync) or the result key
-(async jobs). Errors are PlazaErrors; only ``gateway/errors.py`` turns them into statuses.
+The HTTP front (``gateway/app.py``) and a gRPC front call the same methods. Producing
+(validate, settle the priority, queue guard, publish, await the reply or mark the job) is
+``plaza.producer.Producer``'s, shared with the SDK; this module only looks up the model and
+hands the request over. Errors are PlazaErrors; only ``gateway/errors.py`` turns them into
+statuses.
 """
 
 from __future__ import annotations
@@ -13,31 +14,22 @@ import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
-from plaza.contract import InferRequest, InferResult, ReplyTo
-from plaza.errors import (
-    DeadlineExceeded,
-    JobNotFound,
-    ModelNotFound,
-    PlazaError,
-    Unavailable,
-)
+from plaza.contract import InferRequest, InferResult
+from plaza.errors import JobNotFound, ModelNotFound, PlazaError, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered
 from plaza.gateway.stats import read_statistics
 from plaza.modelconfig import ModelSpec
-from plaza.publisher import RequestPublisher
-from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
-from plaza.replies import ReplyMux
+from plaza.producer import Producer
 from plaza.repository import ModelRepository
-from plaza.results import JobStatus, ResultStore, raise_for_error
+from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
-from plaza.validation import validate_request
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +83,9 @@ class GatewayService:
         self.failed: dict[str, str] = {}
         """Models in the repository that could not be read, with the reason."""
         self._redis: aioredis.Redis | None = None
-        self._publisher = RequestPublisher(settings.kafka, self.names)
         self._admin: AIOKafkaAdminClient | None = None
-        self._mux: ReplyMux | None = None
-        self._results: ResultStore | None = None
+        self._producer: Producer | None = None
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
-        self._backlog = BacklogProbe(settings.kafka, self.names)
-        self._guard = QueueGuard(self._backlog, self.names)
         self.metrics = GatewayMetrics()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -106,33 +94,24 @@ class GatewayService:
         self.load_repository()
         await ensure_topics(self.settings.kafka, self._request_topics())
         self._redis = redis_client(self.settings.redis)
-        self._results = ResultStore(self._redis, self.settings.redis, self.names)
-        await self._publisher.start()
+        self._producer = Producer(
+            self.settings, self._redis, reply_stream=self.names.reply_stream(self.gateway_id)
+        )
+        await self._producer.start()
+        await self._producer.replies()  # the reply stream exists before the first call
         self._admin = kafka_admin(self.settings.kafka)
         await self._admin.start()
-        await self._backlog.start()
-        self._mux = ReplyMux(
-            self._redis,
-            self.names.reply_stream(self.gateway_id),
-            ttl_s=self.settings.redis.reply_stream_ttl_s,
-            maxlen=self.settings.redis.stream_maxlen,
-        )
-        await self._mux.start()
 
     async def stop(self) -> None:
         """Release everything start() took; safe to call after a failed start."""
-        if self._mux is not None:
-            await self._mux.stop()
-        with contextlib.suppress(Exception):
-            await self._publisher.stop()
+        if self._producer is not None:
+            await self._producer.stop()
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await self._admin.close()
-            with contextlib.suppress(Exception):
-                await self._backlog.stop()
         if self._redis is not None:
             await self._redis.aclose()
-        self._mux = self._admin = self._redis = self._results = None
+        self._producer = self._admin = self._redis = None
 
     def load_repository(self) -> None:
         """Read every model of the repository (model_control_mode none: all are loaded)."""
@@ -149,13 +128,14 @@ class GatewayService:
             self.models[name] = LoadedModel(spec, versions)
 
     def _request_topics(self) -> list[str]:
-        topics: list[str] = []
-        for model in self.models.values():
-            levels = model.spec.batching.priority_levels
-            topics += [self.names.request_topic(model.spec.name, p) for p in range(1, levels + 1)]
-            if levels == 0:
-                topics.append(self.names.request_topic(model.spec.name))
-        return sorted(set(topics))
+        topics = {
+            topic
+            for model in self.models.values()
+            for topic in self.names.request_topics(
+                model.spec.name, model.spec.batching.priority_levels
+            )
+        }
+        return sorted(topics)
 
     # -- models --------------------------------------------------------------------------
     def model(self, name: str, version: str = "") -> LoadedModel:
@@ -203,69 +183,28 @@ class GatewayService:
 
     @metered
     async def infer(self, req: InferRequest, timeout_s: float | None = None) -> InferResult:
-        """Publish ``req`` and wait for its result.
+        """Publish ``req`` and wait for its result (``plaza.producer.Producer.infer``).
 
-        On timeout raises DeadlineExceeded with ``details["job_id"]``: the job stays
-        pollable under that id. A result that carries an error is raised as that error.
+        Unavailable when Kafka does not take it; on timeout DeadlineExceeded with
+        ``details["job_id"]``: the job stays pollable under that id. A result that carries
+        an error is raised as that error.
         """
-        mux = self._require(self._mux)
-        req = replace(self._prepare(req), reply=ReplyTo(stream=mux.stream))
-        await self._admit(req)
+        spec = self.model(req.model, req.version).spec
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
-        fut = mux.expect(req.id)  # before publishing: the reply may beat the ack
-        try:
-            async with asyncio.timeout(wait_s):
-                await self._publisher.publish(req)
-                result = await fut
-        except TimeoutError:
-            await self._mark_submitted(req)
-            raise DeadlineExceeded(
-                f"no result within {wait_s:g} s; poll the job for it", job_id=req.id
-            ) from None
-        finally:
-            mux.forget(req.id)
+        result = await self._require(self._producer).infer(req, spec, wait_s)
         return raise_for_error(result)
 
     async def submit(self, req: InferRequest) -> str:
         """Publish ``req`` as an async job; the result goes only to its result key."""
-        req = replace(self._prepare(req), reply=ReplyTo())
-        await self._admit(req)
-        await self._mark_submitted(req)
-        await self._publisher.publish(req)
-        return req.id
+        spec = self.model(req.model, req.version).spec
+        return await self._require(self._producer).submit(req, spec)
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending or done (with the result); JobNotFound for an id never submitted."""
-        try:
-            status = await self._require(self._results).poll(job_id)
-        except Exception as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
+        status = await self._require(self._producer).poll(job_id)
         if status.state == "unknown":
             raise JobNotFound(f"no job {job_id!r} (never submitted, or expired)", job_id=job_id)
         return status
-
-    def _prepare(self, req: InferRequest) -> InferRequest:
-        """Validate ``req`` against its model; settle its priority level."""
-        spec = self.model(req.model, req.version).spec
-        validate_request(req, spec)
-        level = settle_priority(spec, req.priority)
-        return req if level == req.priority else replace(req, priority=level)
-
-    async def _admit(self, req: InferRequest) -> None:
-        """QueueFull at once when the request's queue is at max_queue_size."""
-        spec = self.model(req.model, req.version).spec
-        try:
-            await self._guard.check(spec, req.priority)
-        except PlazaError:
-            raise
-        except Exception as exc:
-            raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc
-
-    async def _mark_submitted(self, req: InferRequest) -> None:
-        try:
-            await self._require(self._results).mark_submitted(req.id, req.model)
-        except Exception as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
 
     @staticmethod
     def _require(part: T | None) -> T:

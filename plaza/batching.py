@@ -32,6 +32,7 @@ from typing import Generic, TypeVar
 
 from plaza.errors import QueueFull
 from plaza.modelconfig import ModelSpec, QueuePolicy
+from plaza.priority import settle_level
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -72,12 +73,8 @@ class BatchingPolicy:
         return range(1, self.priority_levels + 1) if self.priority_levels else range(0, 1)
 
     def level_of(self, priority: int) -> int:
-        """The level a request's priority maps to (0 or out of range -> the default)."""
-        if not self.priority_levels:
-            return 0
-        if 1 <= priority <= self.priority_levels:
-            return priority
-        return self.default_priority_level or self.priority_levels
+        """The level a request's priority runs at (``plaza.priority``, Triton's rule)."""
+        return settle_level(priority, self.priority_levels, self.default_priority_level)
 
     def queue_policy(self, level: int) -> QueuePolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)

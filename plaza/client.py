@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Future as ConcurrentFuture
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -26,11 +25,9 @@ from plaza.connections import redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
 from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError
 from plaza.modelconfig import ModelSpec
-from plaza.publisher import RequestPublisher
-from plaza.queueing import BacklogProbe, QueueGuard, settle_priority
-from plaza.replies import ReplyMux
+from plaza.producer import Producer
 from plaza.repository import ModelRepository
-from plaza.results import JobStatus, ResultStore, ack_entry, consume_stream, raise_for_error
+from plaza.results import JobStatus, ack_entry, consume_stream, raise_for_error
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 
@@ -76,50 +73,33 @@ def make_request(
 
 
 class PlazaClient:
-    """Publishes requests to Kafka and reads their results from Redis."""
+    """Publishes requests to Kafka and reads their results from Redis.
+
+    Producing goes through ``plaza.producer.Producer``, the same core the gateway uses.
+    The client reads model configs from ``settings.repository`` when it can (priority
+    levels, max_queue_size); without them a request goes to its model's base topic with
+    its priority as given, and the worker settles it.
+    """
 
     def __init__(self, settings: PlazaSettings | None = None, *, name: str = "") -> None:
         self.settings = settings or PlazaSettings()
         self.names = self.settings.names
         self._client_name = name or f"sdk-{uuid.uuid4().hex[:12]}"
-        self._publisher = RequestPublisher(self.settings.kafka, self.names)
         self._redis = redis_client(self.settings.redis)
-        self._store = ResultStore(self._redis, self.settings.redis, self.names)
-        self._mux: ReplyMux | None = None
+        self.producer = Producer(
+            self.settings,
+            self._redis,
+            reply_stream=self.names.reply_stream(self._client_name),
+            validate=False,  # the worker validates; its error comes back as the answer
+        )
         self._repository = ModelRepository(self.settings.repository)
         self._specs: dict[str, ModelSpec | None] = {}
-        self._backlog = BacklogProbe(self.settings.kafka, self.names)
-        self._guard = QueueGuard(self._backlog, self.names)
 
     async def start(self) -> None:
-        await self._publisher.start()
-        await self._backlog.start()
-
-    def _spec(self, model: str) -> ModelSpec | None:
-        """The model's config when ``settings.repository`` has it (for priority levels and
-        max_queue_size); None when the client runs without the repository."""
-        if model not in self._specs:
-            try:
-                self._specs[model] = self._repository.spec(model)
-            except PlazaError:
-                self._specs[model] = None
-        return self._specs[model]
-
-    async def _admit(self, req: InferRequest) -> InferRequest:
-        """Settle the priority level and refuse at once (QueueFull) past max_queue_size."""
-        spec = self._spec(req.model)
-        if spec is None:
-            return req
-        level = settle_priority(spec, req.priority)
-        await self._guard.check(spec, level)
-        return req if level == req.priority else replace(req, priority=level)
+        await self.producer.start()
 
     async def stop(self) -> None:
-        if self._mux is not None:
-            await self._mux.stop()
-            self._mux = None
-        await self._publisher.stop()
-        await self._backlog.stop()
+        await self.producer.stop()
         await self._redis.aclose()
 
     async def __aenter__(self) -> PlazaClient:
@@ -129,17 +109,14 @@ class PlazaClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _reply_mux(self) -> ReplyMux:
-        if self._mux is None:
-            r = self.settings.redis
-            self._mux = ReplyMux(
-                self._redis,
-                self.names.reply_stream(self._client_name),
-                ttl_s=r.reply_stream_ttl_s,
-                maxlen=r.stream_maxlen,
-            )
-            await self._mux.start()
-        return self._mux
+    def _spec(self, model: str) -> ModelSpec | None:
+        """The model's config when ``settings.repository`` has it; None otherwise."""
+        if model not in self._specs:
+            try:
+                self._specs[model] = self._repository.spec(model)
+            except PlazaError:
+                self._specs[model] = None
+        return self._specs[model]
 
     async def infer(
         self,
@@ -150,40 +127,25 @@ class PlazaClient:
         raise_on_error: bool = True,
         **options: Any,
     ) -> InferResult:
-        """Publish one request and wait for its answer on this client's reply stream."""
-        mux = await self._reply_mux()
-        req = await self._admit(make_request(model, inputs, reply_stream=mux.stream, **options))
-        fut = mux.expect(req.id)
-        try:
-            await self._publisher.publish(req)
-            result = await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"no answer within {timeout_s}s; poll job {req.id}", job_id=req.id
-            ) from None
-        finally:
-            mux.forget(req.id)
+        """Publish one request and wait for its answer on this client's reply stream.
+
+        On timeout raises DeadlineExceeded with ``details["job_id"]`` (poll it)."""
+        req = make_request(model, inputs, **options)
+        result = await self.producer.infer(req, self._spec(model), timeout_s)
         return raise_for_error(result) if raise_on_error else result
 
     async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
-        req = await self._admit(make_request(model, inputs, **options))
-        await self._store.mark_submitted(req.id, model)
-        await self._publisher.publish(req)
-        return req.id
+        req = make_request(model, inputs, **options)
+        return await self.producer.submit(req, self._spec(model))
 
     async def publish_many(self, requests: Iterable[InferRequest]) -> list[str]:
         """Send many requests, letting the producer batch them; waits for every ack."""
-        futures, ids = [], []
-        for req in requests:
-            req = await self._admit(req)
-            futures.append(await self._publisher.send(req))
-            ids.append(req.id)
-        await asyncio.gather(*futures)
-        return ids
+        return await self.producer.publish_many((req, self._spec(req.model)) for req in requests)
 
     async def poll(self, job_id: str) -> JobStatus:
-        return await self._store.poll(job_id)
+        """pending, done (with the result) or unknown."""
+        return await self.producer.poll(job_id)
 
     async def result(
         self,
@@ -196,7 +158,7 @@ class PlazaClient:
         """Poll ``job_id`` until it is done (or raise DeadlineExceeded / JobNotFound)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            status = await self._store.poll(job_id)
+            status = await self.producer.poll(job_id)
             if status.result is not None:
                 return raise_for_error(status.result) if raise_on_error else status.result
             if status.state == "unknown":

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from plaza.errors import InvalidInput
 
+_LEVEL_MARK = ".p"
+"""Separates a request topic from its priority level (``plaza.infer.mlp.p2``)."""
+
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 """Model names: a path component and a Kafka topic fragment, never '..' or a slash."""
 
@@ -70,10 +73,31 @@ class Names:
     key_prefix: str = "plaza:"
 
     # -- Kafka ---------------------------------------------------------------------------
-    def request_topic(self, model: str, priority: int = 0) -> str:
-        """The model's request topic; priority levels > 1 get a topic each (``.p2``, ...)."""
+    def request_topic(self, model: str, level: int = 0) -> str:
+        """The topic of ``model``'s priority ``level`` (a settled level, see plaza.priority).
+
+        Level 0 (a model without levels) and level 1 use the base topic; level N > 1 its
+        ``.pN`` topic. ``topic_level`` is the inverse.
+        """
         base = f"{self.topic_prefix}infer.{check_model_name(model)}"
-        return base if priority <= 1 else f"{base}.p{priority}"
+        return base if level <= 1 else f"{base}{_LEVEL_MARK}{level}"
+
+    def request_topics(self, model: str, levels: int) -> list[str]:
+        """Every request topic of a model with ``levels`` priority levels, highest first."""
+        return [self.request_topic(model, lv) for lv in range(1, max(levels, 1) + 1)]
+
+    def topic_level(self, model: str, topic: str) -> int:
+        """The priority level ``model``'s request ``topic`` carries: N for its ``.pN``
+        topic, 0 for its base topic (level 1, or no levels: the envelope's priority then
+        decides). InvalidInput for a topic that is not one of the model's request topics."""
+        base = self.request_topic(model)
+        tail = topic.removeprefix(f"{base}{_LEVEL_MARK}")
+        if topic == base:
+            return 0
+        level = int(tail) if tail.isascii() and tail.isdigit() else 0
+        if level > 1 and self.request_topic(model, level) == topic:
+            return level
+        raise InvalidInput(f"{topic!r} is not a request topic of model {model!r}", model=model)
 
     def dead_letter_topic(self, model: str) -> str:
         return f"{self.topic_prefix}dlq.{check_model_name(model)}"

@@ -1,4 +1,5 @@
-"""Publishing requests to Kafka: the one producer path of the gateway and the SDK."""
+"""Publishing requests to Kafka: records, headers and acknowledgements (``plaza.producer``
+decides what goes to which topic)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from aiokafka import AIOKafkaProducer
 from plaza.codec import encode_request
 from plaza.connections import ensure_topics, kafka_producer
 from plaza.contract import ENVELOPE_VERSION, InferRequest
-from plaza.errors import PayloadTooLarge, Unavailable
+from plaza.errors import PayloadTooLarge, PlazaError, Unavailable
 from plaza.naming import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
@@ -47,39 +48,59 @@ class RequestPublisher:
             await self._producer.stop()
             self._producer = None
 
-    def topic_for(self, req: InferRequest) -> str:
-        return self._names.request_topic(req.model, req.priority)
+    async def publish(
+        self, req: InferRequest, topic: str, *, timeout_s: float | None = None
+    ) -> None:
+        """Send ``req`` to ``topic`` and wait for the broker's acknowledgement (acks=all).
 
-    async def publish(self, req: InferRequest) -> None:
-        """Send and wait for the broker's acknowledgement (acks=all)."""
-        timeout = self._kafka.request_timeout_ms / 1000
+        Unavailable when Kafka does not take or acknowledge it within ``timeout_s`` (at most
+        ``kafka.request_timeout_ms``); the record may still arrive later, so a retry should
+        reuse the correlation id (workers answer an id once).
+        """
+        limit_s = self._kafka.request_timeout_ms / 1000
+        limit_s = limit_s if timeout_s is None else min(limit_s, timeout_s)
         try:
-            fut = await asyncio.wait_for(self.send(req), timeout)
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(limit_s):
+                await (await self.send(req, topic))
         except TimeoutError:
-            raise Unavailable(f"Kafka did not acknowledge the request within {timeout}s") from None
-        except Unavailable:
+            raise Unavailable(
+                f"Kafka did not acknowledge the request within {limit_s:g} s"
+            ) from None
+        except PlazaError:
             raise
         except Exception as exc:
             raise Unavailable(f"Kafka did not acknowledge the request: {exc}") from exc
 
-    async def send(self, req: InferRequest) -> asyncio.Future[Any]:
-        """Queue the record in the producer; returns the future of its acknowledgement.
+    async def acknowledged(self, acks: list[asyncio.Future[Any]]) -> None:
+        """Wait for the acknowledgements of many sends (``kafka.request_timeout_ms``)."""
+        limit_s = self._kafka.request_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(limit_s):
+                await asyncio.gather(*acks)
+        except TimeoutError:
+            raise Unavailable(
+                f"Kafka did not acknowledge the requests within {limit_s:g} s"
+            ) from None
+        except Exception as exc:
+            raise Unavailable(f"Kafka did not acknowledge the requests: {exc}") from exc
+
+    async def send(self, req: InferRequest, topic: str) -> asyncio.Future[Any]:
+        """Queue the record for ``topic`` (from ``Names.request_topic``) in the producer;
+        returns the future of its acknowledgement.
 
         Many sends followed by awaiting their futures batch well (linger_ms).
         """
         if self._producer is None:
             raise Unavailable("publisher is not started")
-        topic = self.topic_for(req)
-        if topic not in self._known_topics:
-            await ensure_topics(self._kafka, [topic])
-            self._known_topics.add(topic)
         value = encode_request(req)
         if len(value) > self._kafka.max_request_bytes:
             raise PayloadTooLarge(
                 f"request is {len(value)} bytes; the limit is {self._kafka.max_request_bytes}"
             )
         try:
+            if topic not in self._known_topics:
+                await ensure_topics(self._kafka, [topic])
+                self._known_topics.add(topic)
             fut: asyncio.Future[Any] = await self._producer.send(
                 topic, value=value, key=req.id.encode(), headers=request_headers(req)
             )

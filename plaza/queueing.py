@@ -1,9 +1,10 @@
-"""Queue admission before publishing: priority levels and ``max_queue_size``.
+"""Queue admission before publishing: ``max_queue_size`` per priority level.
 
 The queue of a model is its Kafka backlog: records its worker group has not committed yet
-(end offset minus committed offset, per partition of the level's topic). The gateway and the
-SDK measure it here, cached for a moment, and refuse a request with QueueFull at once when
-the level's ``max_queue_size`` is reached, instead of letting the backlog grow without bound.
+(end offset minus committed offset, per partition of the level's topic). The producer core
+(``plaza.producer``, for the gateway and the SDK) measures it here, cached for a moment, and
+refuses a request with QueueFull at once when the level's ``max_queue_size`` is reached,
+instead of letting the backlog grow without bound.
 """
 
 from __future__ import annotations
@@ -19,22 +20,12 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from plaza.connections import kafka_admin, kafka_security
-from plaza.errors import InvalidInput, QueueFull
+from plaza.errors import QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
-
-
-def settle_priority(spec: ModelSpec, priority: int) -> int:
-    """The level a request runs at: 0 -> the model's default; no levels -> 0."""
-    levels = spec.batching.priority_levels
-    if levels == 0:
-        return 0
-    if priority < 0 or priority > levels:
-        raise InvalidInput(f"priority {priority} is outside 1..{levels} for model {spec.name!r}")
-    return priority or spec.batching.default_priority_level or levels
 
 
 class BacklogProbe:
@@ -126,6 +117,7 @@ class QueueGuard:
         self._names = names
 
     async def check(self, spec: ModelSpec, level: int) -> None:
+        """QueueFull when ``level``'s queue (a settled level) holds max_queue_size."""
         limit = spec.batching.queue_policy(level).max_queue_size
         if not limit:
             return

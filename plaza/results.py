@@ -37,11 +37,10 @@ class ResultStore:
         self._settings = settings
         self._names = names
 
-    async def mark_submitted(self, correlation_id: str, model: str) -> None:
-        """Remember that a job exists, so polling can tell pending from unknown."""
-        await self._redis.set(
-            self._names.job_key(correlation_id), model.encode(), ex=self._settings.result_ttl_s
-        )
+    async def mark_submitted(self, correlation_id: str, model: str, *, ttl_s: int) -> None:
+        """Remember that a job exists, so polling can tell pending from unknown; ``ttl_s``
+        must outlive the job's time in the queue plus the result TTL (``plaza.producer``)."""
+        await self._redis.set(self._names.job_key(correlation_id), model.encode(), ex=ttl_s)
 
     async def poll(self, correlation_id: str) -> JobStatus:
         """done (with the result), pending (submitted, no result yet) or unknown."""

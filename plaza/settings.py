@@ -60,11 +60,30 @@ class RedisSettings(_Section):
     password: SecretStr | None = Field(None, description="Redis password (secret)")
     ssl_ca_certs: Path | None = Field(None, description="CA bundle for Redis TLS")
     key_prefix: str = Field("plaza:", description="prefix of every Redis key and stream")
-    result_ttl_s: int = Field(3600, ge=1, description="TTL of result and job keys")
+    result_ttl_s: int = Field(
+        3600, ge=1, description="TTL of result keys (job markers: producer.max_queued_s)"
+    )
     stream_maxlen: int = Field(10_000, ge=1, description="approximate MAXLEN of reply streams")
     reply_stream_ttl_s: int = Field(600, ge=1, description="idle expiry of a reply stream")
     stats_ttl_s: int = Field(
         7 * 86400, ge=1, description="idle expiry of a model version's statistics hash"
+    )
+
+
+class ProducerSettings(_Section):
+    """The producer core that the gateway and the SDK publish through."""
+
+    max_inflight_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="input bytes of requests in flight (published, not yet answered); "
+        "a request past it is refused at once (queue_full, 503)",
+    )
+    max_queued_s: int = Field(
+        86400,
+        ge=1,
+        description="longest an async job is expected to wait in Kafka; its job marker "
+        "lives this (or until its deadline) plus redis.result_ttl_s",
     )
 
 
@@ -117,6 +136,7 @@ class PlazaSettings(BaseSettings):
     repository: Path = Field(Path("model_repository"), description="the model repository folder")
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
+    producer: ProducerSettings = ProducerSettings()
     worker: WorkerSettings = WorkerSettings()
     gateway: GatewaySettings = GatewaySettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")

@@ -30,7 +30,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from plaza.batching import BatchingPolicy, DynamicBatcher
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import InferResult
-from plaza.errors import ConfigError, DeadlineExceeded, QueueFull
+from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
     HEADER_ERROR_CODE,
@@ -241,7 +241,8 @@ class Worker:
         if len(self.topics) > 1:
             levels: dict[int, list[TopicPartition]] = {}
             for tp in self.consumer.assignment():
-                levels.setdefault(max(1, _topic_level(tp)), []).append(tp)
+                level = self.names.topic_level(self.model, tp.topic)
+                levels.setdefault(max(1, level), []).append(tp)
             for level in sorted(levels):
                 got: Fetched = await self.consumer.getmany(
                     *levels[level], timeout_ms=0, max_records=limit
@@ -279,10 +280,10 @@ class Worker:
             self.batcher.add(
                 verdict,
                 size=verdict.rows,
-                priority=req.priority or _topic_level(tp),
+                priority=req.priority or self.names.topic_level(self.model, tp.topic),
                 deadline=monotonic_deadline(req, time.monotonic(), time.time()),
             )
-        except QueueFull as exc:
+        except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
             self.stats.rejected += 1
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
             done.records.append((tp, record.offset))
@@ -453,9 +454,3 @@ class Worker:
             await self.metrics.flush_with(pipe)  # executes the pipe, statistics included
         except Exception as exc:  # Redis restarting: the next beat tries again
             log.warning("%s: heartbeat failed: %s", self.id, exc)
-
-
-def _topic_level(tp: TopicPartition) -> int:
-    """Priority level from the topic name suffix (``.p2`` -> 2); 0 for the base topic."""
-    head, _, tail = tp.topic.rpartition(".p")
-    return int(tail) if head and tail.isdigit() else 0

@@ -94,7 +94,7 @@ async def test_max_queue_size_refuses_at_once_with_a_typed_error(
             topic = s.names.request_topic("bounded")
 
             async def drained() -> bool:
-                return await client._backlog.lag("bounded", topic) < 5
+                return await client.producer.backlog.lag("bounded", topic) < 5
 
             await wait_for(drained, what="the worker to drain the queue")
             result = await client.infer("bounded", x(7), timeout_s=60)  # drained: accepted

@@ -1,0 +1,296 @@
+"""The producer core: the one path by which a request enters Plaza.
+
+The gateway's fronts (HTTP now, gRPC next) and the SDK (``plaza.client``) all publish
+through ``Producer``; a front only maps its wire format to it. For each request it runs
+
+    validate -> settle the priority level -> queue guard -> byte budget -> publish
+             -> await the reply (sync) or mark the job (async)
+
+and it owns the parts this needs: the Kafka publisher, the backlog probe behind the queue
+guard, the reply multiplexer (on a stream its caller names), the job markers, and the
+budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HTTP status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from plaza.contract import InferRequest, InferResult, ReplyTo
+from plaza.errors import DeadlineExceeded, PlazaError, QueueFull, Unavailable
+from plaza.modelconfig import ModelSpec
+from plaza.priority import settle_level
+from plaza.publisher import RequestPublisher
+from plaza.queueing import BacklogProbe, QueueGuard
+from plaza.replies import ReplyMux
+from plaza.results import JobStatus, ResultStore
+from plaza.settings import PlazaSettings
+from plaza.validation import validate_request
+
+STOP_TIMEOUT_S = 10.0
+"""stop() gives the Kafka producer this long to flush (a dead broker must not hang it)."""
+
+DEADLINE_GRACE_S = 60.0
+"""A job past its deadline is answered (timeout) when a worker next fetches it; this
+covers that fetch for a marker whose wait the deadline bounds."""
+
+
+def request_bytes(req: InferRequest) -> int:
+    """What a request weighs against the in-flight budget: its input tensor bytes."""
+    return sum(memoryview(t.data).nbytes for t in req.inputs)
+
+
+class InflightBytes:
+    """A budget of request bytes held while their requests are in flight.
+
+    A request that does not fit is refused at once (QueueFull, retriable) instead of
+    waiting: a caller that waits for room would hold its bytes all the same.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit now."""
+        return self.used + nbytes <= self.limit
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        """Reserve ``nbytes`` for the block; QueueFull when they do not fit."""
+        if not self.fits(nbytes):
+            raise QueueFull(
+                f"{self.used} bytes of requests are in flight and this one has {nbytes}; "
+                f"the limit is {self.limit} (producer.max_inflight_bytes): retry later",
+                inflight_bytes=self.used,
+            )
+        self.used += nbytes
+        try:
+            yield
+        finally:
+            self.used -= nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A request ready to publish: its priority settled, its topic chosen."""
+
+    req: InferRequest
+    topic: str
+    level: int
+
+
+class Producer:
+    """Publishes requests for one deployment and answers them (sync) or marks them (jobs).
+
+    ``reply_stream`` is the full name of the caller's private reply stream (a gateway's
+    or an SDK client's); it is created on the first sync call. ``validate`` checks each
+    request against its model before publishing (the gateway's early 400s); without it
+    the worker's admission is the only check and its error comes back as the answer.
+    """
+
+    def __init__(
+        self,
+        settings: PlazaSettings,
+        redis: aioredis.Redis,
+        *,
+        reply_stream: str,
+        validate: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.names = settings.names
+        self._validate = validate
+        self._redis = redis
+        self._publisher = RequestPublisher(settings.kafka, self.names)
+        self.backlog = BacklogProbe(settings.kafka, self.names)
+        self._guard = QueueGuard(self.backlog, self.names)
+        self._store = ResultStore(redis, settings.redis, self.names)
+        self._reply_stream = reply_stream
+        self._mux: ReplyMux | None = None
+        self._mux_lock = asyncio.Lock()
+        self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect the Kafka producer and the backlog probe."""
+        await self._publisher.start()
+        await self.backlog.start()
+
+    async def stop(self) -> None:
+        """Release what start() and the first sync call took; safe after a failed start."""
+        if self._mux is not None:
+            await self._mux.stop()
+            self._mux = None
+        for part in (self._publisher, self.backlog):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.stop(), STOP_TIMEOUT_S)
+
+    async def replies(self) -> ReplyMux:
+        """The reply multiplexer, started on first use (clients that only submit jobs
+        never create a reply stream)."""
+        async with self._mux_lock:
+            if self._mux is None:
+                r = self.settings.redis
+                mux = ReplyMux(
+                    self._redis,
+                    self._reply_stream,
+                    ttl_s=r.reply_stream_ttl_s,
+                    maxlen=r.stream_maxlen,
+                )
+                try:
+                    await mux.start()
+                except Exception as exc:
+                    raise Unavailable(f"Redis did not answer: {exc}") from exc
+                self._mux = mux
+            return self._mux
+
+    # -- producing -----------------------------------------------------------------------
+    async def infer(
+        self, req: InferRequest, spec: ModelSpec | None, timeout_s: float
+    ) -> InferResult:
+        """Publish ``req`` and wait up to ``timeout_s`` for its result (errors included).
+
+        Unavailable when Kafka does not acknowledge it in time (the job is not marked).
+        After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer comes
+        in time: the job is marked and stays pollable under that id.
+        """
+        ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
+        mux = await self.replies()
+        await self._check_queue(spec, ready.level)
+        with self.inflight.hold(request_bytes(ready.req)):
+            fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
+            try:
+                started = time.monotonic()
+                await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
+                left = timeout_s - (time.monotonic() - started)
+                return await self._await_reply(fut, ready, spec, left, timeout_s)
+            finally:
+                mux.forget(ready.req.id)
+
+    async def submit(self, req: InferRequest, spec: ModelSpec | None) -> str:
+        """Publish ``req`` as an async job (its result goes only to its result key) and
+        mark it once Kafka has acknowledged it; returns the job id."""
+        ready = self._prepare(replace(req, reply=ReplyTo()), spec)
+        await self._check_queue(spec, ready.level)
+        with self.inflight.hold(request_bytes(ready.req)):
+            await self._publisher.publish(ready.req, ready.topic)
+        await self._mark(ready, spec)
+        return ready.req.id
+
+    async def publish_many(
+        self, requests: Iterable[tuple[InferRequest, ModelSpec | None]]
+    ) -> list[str]:
+        """Publish many (request, its model's spec) pairs as they are (their reply target
+        included), letting the Kafka producer batch them; waits for every ack. No job
+        markers: pipelines read results from the streams they name.
+
+        When the next request would pass the byte budget, the ones sent so far are
+        acknowledged first, freeing their bytes: a long pipeline waits, it is not refused.
+        """
+        ids: list[str] = []
+        acks: list[asyncio.Future[Any]] = []
+        held = contextlib.ExitStack()
+        try:
+            for req, spec in requests:
+                ready = self._prepare(req, spec)
+                await self._check_queue(spec, ready.level)
+                nbytes = request_bytes(ready.req)
+                if acks and not self.inflight.fits(nbytes):
+                    await self._publisher.acknowledged(acks)
+                    held.close()  # frees their bytes; the stack is empty and reusable
+                    acks = []
+                held.enter_context(self.inflight.hold(nbytes))
+                acks.append(await self._publisher.send(ready.req, ready.topic))
+                ids.append(ready.req.id)
+            await self._publisher.acknowledged(acks)
+        finally:
+            held.close()
+        return ids
+
+    async def poll(self, job_id: str) -> JobStatus:
+        """pending, done (with the result) or unknown; Unavailable when Redis is away."""
+        try:
+            return await self._store.poll(job_id)
+        except Exception as exc:
+            raise Unavailable(f"Redis did not answer: {exc}") from exc
+
+    # -- the steps -----------------------------------------------------------------------
+    def _prepare(self, req: InferRequest, spec: ModelSpec | None) -> _Prepared:
+        """Validate, settle the priority level, choose the topic.
+
+        Without a spec (an SDK client that cannot read the repository) the request goes to
+        the model's base topic with its priority as given: the worker settles it there.
+        """
+        if spec is None:
+            settle_level(req.priority, 0, 0)  # a negative priority is refused even so
+            return _Prepared(req, self.names.request_topic(req.model), 0)
+        if self._validate:
+            validate_request(req, spec)
+        batching = spec.batching
+        level = settle_level(
+            req.priority, batching.priority_levels, batching.default_priority_level
+        )
+        settled = req if level == req.priority else replace(req, priority=level)
+        return _Prepared(settled, self.names.request_topic(req.model, level), level)
+
+    async def _check_queue(self, spec: ModelSpec | None, level: int) -> None:
+        """QueueFull at once when the level's queue is at max_queue_size."""
+        if spec is None:
+            return
+        try:
+            await self._guard.check(spec, level)
+        except PlazaError:
+            raise
+        except Exception as exc:
+            raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc
+
+    async def _await_reply(
+        self,
+        fut: asyncio.Future[InferResult],
+        ready: _Prepared,
+        spec: ModelSpec | None,
+        left_s: float,
+        timeout_s: float,
+    ) -> InferResult:
+        try:
+            async with asyncio.timeout(max(left_s, 0.0)):
+                return await fut
+        except TimeoutError:
+            pass
+        await self._mark(ready, spec)  # published and acknowledged: the job is real
+        raise DeadlineExceeded(
+            f"no result within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
+        )
+
+    async def _mark(self, ready: _Prepared, spec: ModelSpec | None) -> None:
+        ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
+        try:
+            await self._store.mark_submitted(ready.req.id, ready.req.model, ttl_s=ttl_s)
+        except Exception as exc:
+            raise Unavailable(f"Redis did not answer: {exc}") from exc
+
+
+def job_marker_ttl_s(
+    req: InferRequest, spec: ModelSpec | None, level: int, settings: PlazaSettings
+) -> int:
+    """How long a job marker lives: as long as the job may wait in Kafka, plus the result
+    TTL, so that a queued job polls as pending (never unknown) until its result is stored.
+
+    The wait is bounded by the request's deadline when the model answers expired requests
+    with a timeout (timeout_action REJECT, Triton's default, assumed without a spec), and
+    by ``producer.max_queued_s`` otherwise. The queue-policy timeout does not bound it: it
+    starts only when a worker takes the request in.
+    """
+    queued_s = float(settings.producer.max_queued_s)
+    rejects = spec is None or spec.batching.queue_policy(level).reject_on_timeout
+    if rejects and req.deadline_ms is not None:
+        left_s = (req.deadline_ms - time.time() * 1000) / 1000
+        queued_s = min(queued_s, max(left_s, 0.0) + DEADLINE_GRACE_S)
+    return math.ceil(queued_s) + settings.redis.result_ttl_s
