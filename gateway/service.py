@@ -24,7 +24,7 @@ from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import JobNotFound, ModelNotFound, PlazaError, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered
-from plaza.gateway.stats import read_statistics
+from plaza.gateway.statistics import read_statistics
 from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
@@ -171,7 +171,7 @@ class GatewayService:
         return counts[0] >= 1
 
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """Triton's statistics of every model, one model or one version (``gateway.stats``)."""
+        """Triton's statistics of every model, one model or one version (``gateway.statistics``)."""
         chosen = {name: self.model(name, version)} if name else self.models
         return await read_statistics(self._require(self._redis), self.names, chosen, version)
 

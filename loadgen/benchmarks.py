@@ -36,7 +36,7 @@ from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, PointResult
 from plaza.loadgen.simulator import SimConfig, simulate
 from plaza.loadgen.stack import chain, set_parameters
-from plaza.loadgen.stats import summarize
+from plaza.loadgen.summary import summarize
 from plaza.loadgen.targets import HttpTarget, KafkaTarget, Target
 from plaza.stack import free_port, http_url, wait_http_ready
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from plaza.loadgen.arrivals import ArrivalProcess, Distribution
-from plaza.loadgen.stats import (
+from plaza.loadgen.summary import (
     LatencySummary,
     ServerSplit,
     estimate_batch_sizes,

@@ -29,7 +29,7 @@ import numpy as np
 from plaza.batching import BatchingPolicy, DynamicBatcher
 from plaza.loadgen.arrivals import ArrivalProcess
 from plaza.loadgen.latency import LatencyModel
-from plaza.loadgen.stats import LatencySummary, mean_batch_size, size_histogram, summarize
+from plaza.loadgen.summary import LatencySummary, mean_batch_size, size_histogram, summarize
 
 Routing = Literal["partitioned", "shared"]
 _ARRIVE, _DONE, _WAKE, _ISSUE = 0, 1, 2, 3

@@ -25,7 +25,7 @@ from plaza.loadgen.http_client import (
     response_header,
 )
 from plaza.loadgen.inputs import InputSet
-from plaza.loadgen.stats import ServerSplit
+from plaza.loadgen.summary import ServerSplit
 from plaza.settings import PlazaSettings
 
 TargetKind = Literal["http-json", "http-binary", "kafka"]

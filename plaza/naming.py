@@ -102,9 +102,6 @@ class Names:
     def dead_letter_topic(self, model: str) -> str:
         return f"{self.topic_prefix}dlq.{check_model_name(model)}"
 
-    def control_topic(self) -> str:
-        return f"{self.topic_prefix}control"
-
     def consumer_group(self, model: str) -> str:
         """The consumer group every worker of ``model`` joins."""
         return f"{self.topic_prefix}workers.{check_model_name(model)}"

@@ -25,7 +25,7 @@ import uvicorn
 
 from plaza.client import PlazaClient
 from plaza.gateway.main import server_config
-from plaza.gateway.stats import read_statistics
+from plaza.gateway.statistics import read_statistics
 from plaza.metrics import render
 from plaza.naming import Names
 from plaza.settings import PlazaSettings

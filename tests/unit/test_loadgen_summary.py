@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from plaza.loadgen.stats import (
+from plaza.loadgen.summary import (
     estimate_batch_sizes,
     is_stable,
     mean_batch_size,
