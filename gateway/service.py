@@ -206,6 +206,11 @@ class GatewayService:
             raise JobNotFound(f"no job {job_id!r} (never submitted, or expired)", job_id=job_id)
         return status
 
+    @property
+    def producer(self) -> Producer:
+        """The producer core this gateway publishes through (Unavailable before start)."""
+        return self._require(self._producer)
+
     @staticmethod
     def _require(part: T | None) -> T:
         if part is None:

@@ -108,16 +108,18 @@ class WorkerSettings(_Section):
 
 
 class GatewaySettings(_Section):
-    """The HTTP gateway."""
+    """The gateway: its HTTP and gRPC fronts."""
 
     host: str = Field("127.0.0.1", description="address the gateway listens on")
     http_port: int = Field(8000, description="KServe v2 HTTP port")
-    grpc_port: int = Field(8001, description="gRPC port (reserved; no gRPC front yet)")
+    grpc_port: int = Field(8001, description="KServe v2 gRPC port (0: a free one)")
     metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
     gateway_id: str = Field("", description="names the reply stream; default a random id")
     sync_timeout_s: float = Field(30.0, gt=0, description="sync infer waits this long, then 504")
     max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="request body limit (413 beyond)"
+        16 * 1024 * 1024,
+        ge=1024,
+        description="request body limit (HTTP 413 beyond), and gRPC's max receive message size",
     )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
 

@@ -20,6 +20,7 @@ from plaza.cli.services import stop_signals
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
 from plaza.stack import (
+    HOST,
     Deployment,
     GatewayProcess,
     ProcessGroup,
@@ -41,6 +42,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kafka-port", type=int, default=9092)
     p.add_argument("--redis-port", type=int, default=6379)
     p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001, help="the gateway's KServe v2 gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
     p.add_argument("--models", default="", help="comma-separated subset (default: all)")
     p.add_argument("--ready-timeout", type=float, default=180.0)
@@ -83,7 +85,12 @@ def _start_parts(
             name = f"worker-{model}-{i}"
             group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
     gateway = GatewayProcess(
-        dep, args.http_port, group.log_dir, metrics_port=args.metrics_port, env=settings
+        dep,
+        args.http_port,
+        group.log_dir,
+        metrics_port=args.metrics_port,
+        grpc_port=args.grpc_port,
+        env=settings,
     )
     return group.start(gateway)
 
@@ -133,7 +140,9 @@ def run_up(argv: list[str]) -> int:
             asyncio.run(_ready_or_stopping(gateway, group, stopping, args.ready_timeout))
             if stopping.is_set():
                 return 0
-            _print_banner(gateway.url, services.bootstrap, services.redis_url, [m for m, _ in plan])
+            models = [m for m, _ in plan]
+            grpc_address = f"{HOST}:{args.grpc_port}"
+            _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
             return _watch(group, services, stopping)
         except ServiceError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -145,7 +154,7 @@ def run_up(argv: list[str]) -> int:
             print("stopped.", flush=True)
 
 
-def _print_banner(base: str, kafka: str, redis: str, models: list[str]) -> None:
+def _print_banner(base: str, grpc: str, kafka: str, redis: str, models: list[str]) -> None:
     example = (
         f"curl -s {base}/v2/models/add_sub/infer -H 'content-type: application/json' "
         '-d \'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32",'
@@ -156,6 +165,7 @@ def _print_banner(base: str, kafka: str, redis: str, models: list[str]) -> None:
         f"""
 Plaza is up.
   HTTP (KServe v2):  {base}/v2          models: {", ".join(models)}
+  gRPC (KServe v2):  {grpc}   (tritonclient.grpc.InferenceServerClient("{grpc}"))
   health:            {base}/v2/health/ready
   Kafka:             {kafka}   (topics plaza.infer.<model>)
   Redis:             {redis}

@@ -7,81 +7,24 @@ holds only the models the test uses (readiness wants a live worker for each load
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import orjson
-import pytest
 import uvicorn
 
 from plaza.gateway.main import server_config
 from plaza.settings import PlazaSettings
-from tests.support import make_settings, running_worker, wait_for
+from tests.support import running_worker, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = ROOT / "scripts" / "build_models.py"
-MODELS = ("identity", "add_sub")
 HEADER = "Inference-Header-Content-Length"
 
 
 # -- fixtures -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def built_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """identity and add_sub, built once per session by scripts/build_models.py."""
-    target = tmp_path_factory.mktemp("gateway-models")
-    cmd = [
-        sys.executable,
-        str(BUILD_SCRIPT),
-        "--repository",
-        str(target),
-        "--models",
-        ",".join(MODELS),
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-    return target
-
-
-@pytest.fixture
-def make_repository(built_models: Path, tmp_path: Path) -> Callable[..., Path]:
-    """A repository folder holding only the given models."""
-
-    def make(*models: str) -> Path:
-        root = tmp_path / f"repo-{'-'.join(models)}"
-        for model in models:
-            shutil.copytree(built_models / model, root / model)
-        return root
-
-    return make
-
-
-@pytest.fixture
-def settings_for(
-    kafka_bootstrap: str,
-    redis_url: str,
-    unique_id: str,
-    make_repository: Callable[..., Path],
-    redis_client: Any,  # cleans this test's keys afterwards
-) -> Callable[..., PlazaSettings]:
-    def make(*models: str, **gateway: Any) -> PlazaSettings:
-        return make_settings(
-            kafka_bootstrap,
-            redis_url,
-            unique_id,
-            repository=make_repository(*models),
-            gateway=gateway,
-        )
-
-    return make
 
 
 @asynccontextmanager

@@ -12,7 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from plaza.stack import free_port
 from tests.support import REPOSITORY
@@ -40,10 +42,23 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+def _grpc_add_sub(address: str) -> tuple[list[int], list[int]]:
+    """add_sub of ones and twos over the gRPC front, with tritonclient.grpc."""
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        inputs = [grpcclient.InferInput(f"INPUT{i}", [1, 16], "INT32") for i in (0, 1)]
+        for i, item in enumerate(inputs):
+            item.set_data_from_numpy(np.full((1, 16), i + 1, dtype=np.int32))
+        result = client.infer("add_sub", inputs)
+        return result.as_numpy("OUTPUT0")[0].tolist(), result.as_numpy("OUTPUT1")[0].tolist()
+    finally:
+        client.close()
+
+
 def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     repo = tmp_path / "repository"
     shutil.copytree(REPOSITORY / "add_sub", repo / "add_sub")
-    http = free_port()
+    http, grpc_port = free_port(), free_port()
     argv = [
         sys.executable,
         "-m",
@@ -61,6 +76,8 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
         str(http),
         "--metrics-port",
         str(free_port()),
+        "--grpc-port",
+        str(grpc_port),
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -73,6 +90,7 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
         banner = "".join(lines)
         assert "Plaza is up." in banner, banner
         assert f"http://127.0.0.1:{http}/v2" in banner
+        assert f"127.0.0.1:{grpc_port}" in banner
         body = json.dumps(
             {
                 "inputs": [
@@ -90,6 +108,8 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
             answer = json.load(resp)
         assert answer["outputs"][0]["data"] == [3] * 16
         assert answer["outputs"][1]["data"] == [-1] * 16
+        grpc_answer = _grpc_add_sub(f"127.0.0.1:{grpc_port}")
+        assert grpc_answer == ([3] * 16, [-1] * 16)
         started = _children(proc.pid)
         assert len(started) >= 4  # Kafka, Redis, a worker, the gateway
     finally:

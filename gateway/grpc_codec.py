@@ -1,0 +1,190 @@
+"""KServe v2 gRPC messages <-> Plaza tensors: the gRPC front's only wire-format module.
+
+The messages are the ones tritonclient ships (``tritonclient.grpc.service_pb2``). Inputs
+come either as ``raw_input_contents`` (one bytes entry per input, in input order, already in
+Plaza's layout: little-endian, Triton's length-prefixed BYTES, so they are used without a
+copy) or as typed ``contents`` (``fp32_contents``, ``int_contents``, ... converted through
+numpy once). A request that mixes the two is refused, as Triton refuses it. Outputs always
+go back as ``raw_output_contents``, which is what Triton's server does and what
+tritonclient's ``as_numpy`` reads. Anything malformed raises ``InvalidInput``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from plaza.contract import InferRequest, InferResult, Scalar
+from plaza.datatypes import DATATYPES, to_numpy_dtype
+from plaza.errors import InvalidInput
+from plaza.tensors import Tensor, serialize_bytes
+
+_PARAM_TIMEOUT = "timeout"
+_PARAM_PRIORITY = "priority"
+_CONSUMED_PARAMS = frozenset({_PARAM_TIMEOUT, _PARAM_PRIORITY})
+_UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
+
+_CONTENTS_FIELD: dict[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+"""Which typed ``InferTensorContents`` field carries each datatype (FP16/BF16: raw only)."""
+
+
+class DecodedInfer:
+    """A decoded ``ModelInferRequest``, before it becomes an ``InferRequest``."""
+
+    __slots__ = ("client_id", "inputs", "outputs", "parameters", "priority", "timeout_us")
+
+    def __init__(
+        self,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        client_id: str,
+        parameters: dict[str, Scalar],
+    ) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.client_id = client_id
+        self.timeout_us = _non_negative_int(parameters, _PARAM_TIMEOUT)
+        self.priority = _non_negative_int(parameters, _PARAM_PRIORITY) or 0
+        self.parameters = {k: v for k, v in parameters.items() if k not in _CONSUMED_PARAMS}
+
+    def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
+        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
+        now_ms = int(time.time() * 1000)
+        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
+        return InferRequest(
+            id=correlation_id,
+            model=model,
+            version=version,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            deadline_ms=deadline,
+            priority=self.priority,
+            parameters=self.parameters,
+            created_ms=now_ms,
+        )
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> DecodedInfer:
+    """A ``ModelInferRequest`` as Plaza tensors and parameters; InvalidInput if malformed."""
+    raw = msg.raw_input_contents
+    if raw and len(raw) != len(msg.inputs):
+        raise InvalidInput(
+            f"{len(raw)} raw_input_contents for {len(msg.inputs)} inputs: when raw contents "
+            "are used, every input must have one, in input order"
+        )
+    inputs = tuple(
+        _input_tensor(item, raw[i] if raw else None) for i, item in enumerate(msg.inputs)
+    )
+    outputs = tuple(_requested_output(o) for o in msg.outputs)
+    return DecodedInfer(inputs, outputs, msg.id, decode_parameters(msg.parameters, "request"))
+
+
+def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
+    name, datatype = item.name, item.datatype
+    if datatype not in DATATYPES:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}", tensor=name)
+    shape = tuple(int(d) for d in item.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidInput(f"input {name!r}: negative dimension in shape {list(shape)}")
+    _refuse_unsupported(decode_parameters(item.parameters, f"input {name!r}"), f"input {name!r}")
+    has_contents = item.HasField("contents")
+    if raw is not None:
+        if has_contents:
+            raise InvalidInput(
+                f"input {name!r}: contents and raw_input_contents cannot both be given"
+            )
+        return Tensor(name, datatype, shape, raw)
+    if not has_contents:
+        raise InvalidInput(f"input {name!r}: no contents and no raw_input_contents")
+    return Tensor(name, datatype, shape, _typed_contents(name, datatype, item.contents))
+
+
+def _typed_contents(name: str, datatype: str, contents: pb.InferTensorContents) -> bytes:
+    field = _CONTENTS_FIELD.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input {name!r}: {datatype} travels only as raw_input_contents")
+    others = [f.name for f, _ in contents.ListFields() if f.name != field]
+    if others:
+        raise InvalidInput(f"input {name!r} of {datatype}: expected {field}, got {others[0]}")
+    values = getattr(contents, field)
+    if datatype == "BYTES":
+        return serialize_bytes(np.array(list(values), dtype=object))
+    dtype = to_numpy_dtype(datatype)
+    array = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else None)
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype.name)
+        if int(array.min()) < info.min or int(array.max()) > info.max:
+            raise InvalidInput(f"input {name!r}: a value is out of range for {datatype}")
+    return np.asarray(array, dtype=dtype).tobytes()
+
+
+def _requested_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> str:
+    _refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
+    return str(item.name)
+
+
+def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> dict[str, Scalar]:
+    """``map<string, InferParameter>`` as plain values; InvalidInput for an empty one."""
+    out: dict[str, Scalar] = {}
+    for key, param in params.items():
+        kind = param.WhichOneof("parameter_choice")
+        if kind is None:
+            raise InvalidInput(f"{where}: parameter {key!r} has no value")
+        out[key] = getattr(param, kind)
+    return out
+
+
+def _refuse_unsupported(params: Mapping[str, Scalar], where: str) -> None:
+    for key in params:
+        if key.startswith(_UNSUPPORTED_PARAMS):
+            raise InvalidInput(f"{where}: parameter {key!r} is not supported by Plaza")
+
+
+def _non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
+    if key not in params:
+        return None
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(f"parameter {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def encode_infer_response(result: InferResult, response_id: str) -> pb.ModelInferResponse:
+    """A ``ModelInferResponse`` with every output in ``raw_output_contents``."""
+    msg = pb.ModelInferResponse(
+        model_name=result.model, model_version=result.version, id=response_id
+    )
+    for tensor in result.outputs:
+        out = msg.outputs.add()
+        out.name, out.datatype = tensor.name, tensor.datatype
+        out.shape.extend(tensor.shape)
+        msg.raw_output_contents.append(bytes(tensor.data))
+    return msg
+
+
+def parameter(value: Any) -> pb.InferParameter:
+    """A plain value as an ``InferParameter``."""
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    return pb.InferParameter(string_param=str(value))

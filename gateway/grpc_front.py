@@ -1,0 +1,329 @@
+"""The KServe v2 gRPC front: Triton's ``GRPCInferenceService`` over the gateway's service.
+
+It serves the service definitions that ship in tritonclient (``service_pb2_grpc``), on the
+same ``GatewayService`` as the HTTP front, so both fronts share one producer core, one
+model registry and one reply stream. Handlers only map messages (``gateway.grpc_codec``)
+and errors (``grpc_status``); nothing here publishes or waits on its own.
+
+``ModelStreamInfer`` keeps many requests in flight on one stream (at most
+``STREAM_MAX_INFLIGHT``, answers not yet sent included; past it the stream stops reading
+until one is sent) and sends
+each response as it completes, tagged with the request's ``id``, as Triton does. A call the
+client cancels, or a stream it closes, stops waiting at once.
+
+The API key (``gateway.api_key``) is required as ``authorization: Bearer <key>`` metadata on
+every RPC but the health ones (ServerLive, ServerReady, ModelReady), as over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from plaza import __version__
+from plaza.errors import (
+    CodecError,
+    DeadlineExceeded,
+    InvalidInput,
+    JobNotFound,
+    ModelNotFound,
+    PayloadTooLarge,
+    PlazaError,
+    QueueFull,
+    Unauthorized,
+    Unavailable,
+    UnsupportedVersion,
+)
+from plaza.gateway import grpc_codec
+from plaza.gateway.app import EXTENSIONS
+from plaza.gateway.service import GatewayService
+from plaza.settings import PlazaSettings
+
+log = logging.getLogger(__name__)
+
+STREAM_MAX_INFLIGHT = 1024
+"""Requests one ModelStreamInfer stream may have in flight before it stops reading."""
+
+MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's answer to a load or unload when the model control mode does not allow it."""
+
+_STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
+    InvalidInput.code: grpc.StatusCode.INVALID_ARGUMENT,
+    CodecError.code: grpc.StatusCode.INVALID_ARGUMENT,
+    UnsupportedVersion.code: grpc.StatusCode.INVALID_ARGUMENT,
+    Unauthorized.code: grpc.StatusCode.UNAUTHENTICATED,
+    ModelNotFound.code: grpc.StatusCode.NOT_FOUND,
+    JobNotFound.code: grpc.StatusCode.NOT_FOUND,
+    PayloadTooLarge.code: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    QueueFull.code: grpc.StatusCode.UNAVAILABLE,
+    Unavailable.code: grpc.StatusCode.UNAVAILABLE,
+    DeadlineExceeded.code: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
+
+
+def grpc_status(error: PlazaError) -> grpc.StatusCode:
+    """The gRPC status for ``error``'s code (INTERNAL for anything unmapped)."""
+    code = str(error.details.get("code", error.code))
+    return _STATUS_BY_CODE.get(code, _STATUS_BY_CODE.get(error.code, grpc.StatusCode.INTERNAL))
+
+
+def _answers_errors(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    """Turn a PlazaError (or any other failure) into the call's gRPC status and message."""
+
+    async def wrapped(self: Any, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await handler(self, request, context)
+        except PlazaError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            log.exception("gRPC %s failed", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    wrapped.__name__ = handler.__name__
+    wrapped.__doc__ = handler.__doc__
+    return wrapped
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Triton's gRPC inference service on a ``GatewayService``."""
+
+    def __init__(self, service: GatewayService) -> None:
+        self.service = service
+        key = service.settings.gateway.api_key
+        self._expected = None if key is None else f"Bearer {key.get_secret_value()}".encode()
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        if self._expected is None:
+            return
+        metadata = context.invocation_metadata() or ()
+        given = next((v for k, v in metadata if k == "authorization"), "")
+        given_bytes = given.encode() if isinstance(given, str) else bytes(given)
+        if not hmac.compare_digest(given_bytes, self._expected):
+            raise Unauthorized("missing or wrong API key (authorization: Bearer metadata)")
+
+    # -- health (open, like the HTTP health routes) ----------------------------------------
+    @_answers_errors
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    @_answers_errors
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=(await self.service.ready()).ready)
+
+    @_answers_errors
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        ready = await self.service.model_ready(request.name, request.version)
+        return pb.ModelReadyResponse(ready=ready)
+
+    # -- metadata ----------------------------------------------------------------------------
+    @_answers_errors
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        self._authorize(context)
+        return pb.ServerMetadataResponse(
+            name="plaza", version=__version__, extensions=list(EXTENSIONS)
+        )
+
+    @_answers_errors
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        self._authorize(context)
+        model = self.service.model_metadata(request.name, request.version)
+        spec, batches = model.spec, model.spec.max_batch_size > 0
+
+        def tensors(items: Any) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+            return [
+                pb.ModelMetadataResponse.TensorMetadata(
+                    name=t.name, datatype=t.datatype, shape=[-1, *t.dims] if batches else t.dims
+                )
+                for t in items
+            ]
+
+        return pb.ModelMetadataResponse(
+            name=spec.name,
+            versions=[str(v) for v in model.versions],
+            platform=spec.platform,
+            inputs=tensors(spec.inputs),
+            outputs=tensors(spec.outputs),
+        )
+
+    @_answers_errors
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        self._authorize(context)
+        doc = self.service.model_config(request.name, request.version)
+        config = json_format.ParseDict(doc, mc.ModelConfig(), ignore_unknown_fields=True)
+        return pb.ModelConfigResponse(config=config)
+
+    @_answers_errors
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        self._authorize(context)
+        doc = await self.service.statistics(request.name, request.version)
+        return json_format.ParseDict(doc, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- repository ----------------------------------------------------------------------------
+    @_answers_errors
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        self._authorize(context)
+        index = pb.RepositoryIndexResponse()
+        for name, model in sorted(self.service.models.items()):
+            for version in model.versions:
+                index.models.add(name=name, version=str(version), state="READY")
+        if not request.ready:
+            for name, reason in sorted(self.service.failed.items()):
+                index.models.add(name=name, state="UNAVAILABLE", reason=reason)
+        return index
+
+    @_answers_errors
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        self._authorize(context)
+        raise Unavailable(MODEL_CONTROL_DISABLED)
+
+    @_answers_errors
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        self._authorize(context)
+        raise Unavailable(MODEL_CONTROL_DISABLED)
+
+    # -- inference -----------------------------------------------------------------------------
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        self.service.model(request.model_name, request.model_version)  # NOT_FOUND first
+        decoded = grpc_codec.decode_infer_request(request)
+        req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
+        result = await self.service.infer(req, self.service.sync_timeout(decoded.timeout_us))
+        return grpc_codec.encode_infer_response(result, decoded.client_id)
+
+    @_answers_errors
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        self._authorize(context)
+        return await self._infer(request)
+
+    async def ModelStreamInfer(
+        self,
+        request_iterator: AsyncIterator[pb.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Many requests in flight on one stream; responses in completion order, by id."""
+        try:
+            self._authorize(context)
+        except PlazaError as exc:
+            await context.abort(grpc_status(exc), exc.message)
+        stream = _Stream(self._infer, STREAM_MAX_INFLIGHT)
+        async for response in stream.run(request_iterator):
+            yield response
+
+
+class _Stream:
+    """One ModelStreamInfer call: reads requests, runs them concurrently, yields answers."""
+
+    def __init__(
+        self,
+        infer: Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]],
+        max_inflight: int,
+    ) -> None:
+        self._infer = infer
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(
+        self, requests: AsyncIterator[pb.ModelInferRequest]
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        reader = asyncio.create_task(self._read(requests))
+        try:
+            while (answer := await self._answers.get()) is not None:
+                yield answer
+                self._slots.release()  # answered and sent: the queue stays bounded
+            await reader  # re-raises a failure of the reader
+        finally:  # the client went away, or the stream ended: stop every wait
+            reader.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(reader, *self._tasks, return_exceptions=True)
+
+    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+        try:
+            async for request in requests:
+                await self._slots.acquire()  # bounded: one slot per request in flight
+                task = asyncio.create_task(self._one(request))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            while self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self._answers.put_nowait(None)
+
+    async def _one(self, request: pb.ModelInferRequest) -> None:
+        try:
+            response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except PlazaError as exc:
+            response = _stream_error(request, exc.message)
+        except Exception as exc:
+            log.exception("gRPC stream request failed")
+            response = _stream_error(request, f"internal error: {type(exc).__name__}")
+        self._answers.put_nowait(response)
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """A stream's per-request error: the message, and the request's id and model."""
+    echo = pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
+
+
+def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
+    """Channel options: message sizes from ``gateway.max_body_bytes``."""
+    limit = settings.gateway.max_body_bytes
+    return [
+        ("grpc.max_receive_message_length", limit),
+        ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
+    ]
+
+
+def create_server(service: GatewayService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with the inference service bound to ``host:port`` (not started),
+    and the port it bound (``port`` 0: a free one)."""
+    server = grpc.aio.server(options=server_options(service.settings))
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"gRPC could not listen on {host}:{port} (in use?)")
+    return server, bound
