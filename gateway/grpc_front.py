@@ -34,6 +34,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from plaza import __version__
 from plaza.errors import (
     CodecError,
+    ConfigError,
     DeadlineExceeded,
     InvalidInput,
     JobNotFound,
@@ -325,5 +326,5 @@ def create_server(service: GatewayService, host: str, port: int) -> tuple[grpc.a
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
-        raise OSError(f"gRPC could not listen on {host}:{port} (in use?)")
+        raise ConfigError(f"the gRPC front cannot listen on {host}:{port}: port in use?")
     return server, bound

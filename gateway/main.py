@@ -77,6 +77,7 @@ async def serving(
     """
     gw = settings.gateway
     service = GatewayService(settings)
+    service.load_repository()  # a bad repository fails here, before anything listens
     config = server_config(settings, service)
     http = _HttpServer(config)
     task = asyncio.create_task(http.serve(sockets=[http_socket] if http_socket else None))

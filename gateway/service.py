@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import JobNotFound, ModelNotFound, PlazaError, Unavailable
+from plaza.errors import ConfigError, JobNotFound, ModelNotFound, PlazaError, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered
 from plaza.gateway.statistics import read_statistics
 from plaza.modelconfig import ModelSpec
@@ -114,10 +114,22 @@ class GatewayService:
         self._producer = self._admin = self._redis = None
 
     def load_repository(self) -> None:
-        """Read every model of the repository (model_control_mode none: all are loaded)."""
+        """Read the models to serve: ``gateway.models``, or every model of the repository.
+
+        A model that cannot be read is recorded in ``failed`` (the gateway is then not
+        ready); a listed model that is not in the repository is a ConfigError.
+        """
         repo = ModelRepository(self.settings.repository)
+        present = repo.model_names()
+        chosen = self.settings.gateway.model_names() or present
+        missing = sorted(set(chosen) - set(present))
+        if missing:
+            raise ConfigError(
+                f"gateway.models names {missing}, not in the repository {repo.root} "
+                f"(it has {present})"
+            )
         self.models, self.failed = {}, {}
-        for name in repo.model_names():
+        for name in chosen:
             try:
                 spec = repo.spec(name)
                 versions = tuple(v.version for v in repo.served_versions(name, spec))

@@ -38,9 +38,11 @@ class ModelRepository:
         return sorted(p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}"))
 
     def _model_dir(self, name: str) -> Path:
+        # check_model_name allows no slash and no "..", so the folder is a direct child of
+        # the root; it may be a symlink to a folder elsewhere, as in Triton.
         check_model_name(name)
         path = self.root / name
-        if path.resolve().parent != self.root.resolve() or not (path / CONFIG_FILENAME).is_file():
+        if not (path / CONFIG_FILENAME).is_file():
             raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
         return path
 

@@ -122,6 +122,13 @@ class GatewaySettings(_Section):
         description="request body limit (HTTP 413 beyond), and gRPC's max receive message size",
     )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
+    models: str = Field(
+        "", description="comma-separated models to serve; empty: every model of the repository"
+    )
+
+    def model_names(self) -> list[str]:
+        """``models`` as a list (empty: every model of the repository)."""
+        return [m.strip() for m in self.models.split(",") if m.strip()]
 
 
 class PlazaSettings(BaseSettings):

@@ -18,6 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pydantic import ValidationError
+
+from plaza.errors import PlazaError
 from plaza.settings import PlazaSettings
 
 COMMANDS = {
@@ -47,7 +50,25 @@ def _settings(argv: list[str]) -> PlazaSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; a user error is one line on stderr and exit status 1 (2 for bad
+    settings flags), never a traceback."""
     args = sys.argv[1:] if argv is None else argv
+    command = args[0] if args else ""
+    try:
+        return _dispatch(args)
+    except PlazaError as exc:
+        print(f"plaza {command}: error: {exc.message}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        for problem in exc.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            print(f"plaza {command}: error: {where}: {problem['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="plaza", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from plaza.cli.services import stop_signals
+from plaza.errors import ConfigError, PlazaError
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
 from plaza.stack import (
@@ -24,12 +25,12 @@ from plaza.stack import (
     Deployment,
     GatewayProcess,
     ProcessGroup,
-    ServiceError,
     Services,
     WorkerProcess,
     http_ok,
     wait_for,
 )
+from plaza.stack.ports import require_free
 
 STOP_TIMEOUT_S = 40.0
 """Grace period of the workers and the gateway: a worker drains and commits first."""
@@ -50,10 +51,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _worker_plan(repo: ModelRepository, only: set[str]) -> list[tuple[str, int]]:
-    """(model, instance count) for every model to serve."""
+    """(model, instance count) for every model to serve: ``only`` (every model when
+    empty). ConfigError for a name that is not in the repository."""
     plan = []
     torch_ok = importlib.util.find_spec("torch") is not None
-    for name in repo.model_names():
+    present = repo.model_names()
+    unknown = sorted(only - set(present))
+    if unknown:
+        raise ConfigError(
+            f"--models names {unknown}, not in the repository {repo.root} (it has {present})"
+        )
+    for name in present:
         if only and name not in only:
             continue
         spec = repo.spec(name)
@@ -79,7 +87,8 @@ def _start_parts(
     dep: Deployment, plan: list[tuple[str, int]], group: ProcessGroup, args: argparse.Namespace
 ) -> GatewayProcess:
     """One worker per model instance, then the gateway; returns the gateway."""
-    settings = _forwarded_settings(dep)
+    # The gateway serves exactly what gets workers (a subset, or without skipped models).
+    settings = {**_forwarded_settings(dep), "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan)}
     for model, count in plan:
         for i in range(count):
             name = f"worker-{model}-{i}"
@@ -119,9 +128,23 @@ def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -
 
 
 def run_up(argv: list[str]) -> int:
-    """``plaza up [flags]``: run everything until Ctrl-C or SIGTERM; the exit status."""
+    """``plaza up [flags]``: run everything until Ctrl-C or SIGTERM; the exit status.
+
+    A user error (an unknown model, no repository, a port in use, Java missing, a service
+    that does not come up) is one line on stderr and exit status 1, never a traceback.
+    """
     args = _parse(argv)
-    plan = _worker_plan(ModelRepository(args.repository), {m for m in args.models.split(",") if m})
+    try:
+        plan = _worker_plan(
+            ModelRepository(args.repository), set(filter(None, args.models.split(",")))
+        )
+        if not plan:
+            raise ConfigError(f"no model to serve in {args.repository}")
+        gateway_ports = [args.http_port, args.grpc_port, args.metrics_port]
+        require_free([p for p in gateway_ports if p > 0], "the gateway")
+    except PlazaError as exc:
+        print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
+        return 1
     services = Services(args.data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
     group = ProcessGroup(args.data_dir / "logs")
     stopping = threading.Event()
@@ -144,8 +167,8 @@ def run_up(argv: list[str]) -> int:
             grpc_address = f"{HOST}:{args.grpc_port}"
             _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
             return _watch(group, services, stopping)
-        except ServiceError as exc:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        except PlazaError as exc:  # ServiceError, WaitTimeout (with the log to read), ...
+            print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
             return 1
         finally:
             print("stopping ...", flush=True)

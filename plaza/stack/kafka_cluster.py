@@ -201,7 +201,8 @@ class KafkaCluster(ManagedService):
         await wait_for(
             all_see_all,
             timeout,
-            f"Kafka nodes {expected} to answer with all of them live",
+            f"Kafka nodes {expected} to answer with all of them live (read "
+            f"{', '.join(str(self.log_file(n)) for n in lagging)})",
             lambda: "\n".join(self._tail(node) for node in lagging),
             poll_s=0.1,
         )

@@ -114,7 +114,13 @@ class RedisServer(ManagedService):
                 return False
 
         try:
-            await wait_for(pong, timeout, "Redis to answer PING", self._tail, poll_s=0.05)
+            await wait_for(
+                pong,
+                timeout,
+                f"Redis to answer PING (read {self.log_file})",
+                self._tail,
+                poll_s=0.05,
+            )
         finally:
             await client.aclose()
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -55,9 +56,10 @@ def _grpc_add_sub(address: str) -> tuple[list[int], list[int]]:
         client.close()
 
 
-def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+def test_up_serves_the_models_asked_for_and_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     repo = tmp_path / "repository"
     shutil.copytree(REPOSITORY / "add_sub", repo / "add_sub")
+    shutil.copytree(REPOSITORY / "identity", repo / "identity")  # present, not asked for
     http, grpc_port = free_port(), free_port()
     argv = [
         sys.executable,
@@ -78,6 +80,8 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
         str(free_port()),
         "--grpc-port",
         str(grpc_port),
+        "--models",
+        "add_sub",
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -108,6 +112,9 @@ def test_up_serves_requests_and_stops_everything_on_ctrl_c(tmp_path: Path) -> No
             answer = json.load(resp)
         assert answer["outputs"][0]["data"] == [3] * 16
         assert answer["outputs"][1]["data"] == [-1] * 16
+        with pytest.raises(urllib.error.HTTPError) as not_served:
+            urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/identity", timeout=30)
+        assert not_served.value.code == 404
         grpc_answer = _grpc_add_sub(f"127.0.0.1:{grpc_port}")
         assert grpc_answer == ([3] * 16, [-1] * 16)
         started = _children(proc.pid)
