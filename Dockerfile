@@ -20,7 +20,7 @@ RUN pip install '.[models]' \
 # The sample model repository is built from code (fixed seeds, no downloads).
 COPY scripts ./scripts
 COPY model_repository ./model_repository
-RUN python scripts/build_models.py --repository /app/model_repository
+RUN python -m plaza.samples --repository /app/model_repository
 
 RUN useradd --create-home --uid 10001 plaza
 USER plaza

@@ -1,7 +1,7 @@
 # Plaza: common tasks. `make test` is what CI runs (through .ci/run).
 #
 #   make venv      .venv with Plaza installed editable (+ dev, models, torch extras)
-#   make models    build the sample model repository (scripts/build_models.py)
+#   make models    build the sample model repository (python -m plaza.samples)
 #   make services  fetch Kafka's jars (mvn) and install redis-server (apt-get) if missing
 #   make up        Kafka + Redis + workers + gateway on this machine (plaza up)
 #   make test      the whole test suite; starts its own Kafka and Redis
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 models: venv
-	$(PY) scripts/build_models.py
+	$(PY) -m plaza.samples
 
 services: venv
 	$(PY) -m plaza.cli.services deps

@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plaza import __version__
-from plaza.errors import InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
+from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
 from plaza.gateway import kserve
 from plaza.gateway.errors import http_error
 from plaza.gateway.service import GatewayService
@@ -261,9 +261,10 @@ def create_app(settings: PlazaSettings, service: GatewayService | None = None) -
 
     middleware: list[Middleware] = []
     if settings.gateway.api_key is not None:
-        middleware.append(
-            Middleware(BearerAuth, api_key=settings.gateway.api_key.get_secret_value())
-        )
+        key = settings.gateway.api_key.get_secret_value()
+        if not key.strip():  # `Authorization: Bearer ` would pass: refuse rather than guess
+            raise ConfigError("gateway.api_key is empty: set a key, or unset it for no auth")
+        middleware.append(Middleware(BearerAuth, api_key=key))
     app = Starlette(
         routes=Endpoints(svc).routes(),
         middleware=middleware,

@@ -41,6 +41,9 @@ _CONSUMED_PARAMS = frozenset({_PARAM_BINARY_OUTPUT, _PARAM_TIMEOUT, _PARAM_PRIOR
 _UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
+MAX_NESTING = 64
+"""Deepest nesting of an input's JSON ``data`` (numpy's own limit on dimensions)."""
+_END = object()
 _INT_KINDS = "iu"
 _FLOAT_KINDS = "iuf"
 
@@ -114,7 +117,8 @@ def parse_header_length(value: str | None) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit():
+    # ASCII only: str.isdigit() also accepts "²" and other digits that int() refuses.
+    if not (text.isascii() and text.isdigit()):
         raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {value!r}")
     return int(text)
 
@@ -304,17 +308,51 @@ def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray[Any,
         raise InvalidInput(f"input {name!r}: 'data' is not a regular array: {exc}") from exc
     if arr.size == 0:
         return np.empty(0, dtype=dtype)
-    allowed = "b" if dtype.kind == "b" else _INT_KINDS if dtype.kind in _INT_KINDS else _FLOAT_KINDS
+    if dtype.kind in _INT_KINDS:
+        return _int_array(name, datatype, arr, data)
+    _check_kind(name, datatype, arr, "b" if dtype.kind == "b" else _FLOAT_KINDS)
+    if dtype.kind == "b":
+        return np.ascontiguousarray(arr, dtype=dtype)
+    # JSON numbers are finite (orjson refuses 1e400), so an inf after the cast is an
+    # overflow of the narrower type: Triton refuses it rather than computing with inf.
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(arr, dtype=dtype)
+    if not np.isfinite(out).all():
+        raise _out_of_range(name, datatype)
+    return out
+
+
+def _int_array(
+    name: str, datatype: str, arr: np.ndarray[Any, Any], data: list[Any]
+) -> np.ndarray[Any, Any]:
+    dtype = to_numpy_dtype(datatype)
+    if arr.dtype.kind in "fO":
+        # numpy makes float64 (or objects) of a mix of negative ints and ints past int64,
+        # e.g. UINT64 [0, 2**64 - 1]: judge the Python ints themselves, exactly.
+        exact = np.asarray(data, dtype=object).reshape(-1)
+        if not all(type(v) is int for v in exact):
+            _check_kind(name, datatype, arr, _INT_KINDS)
+        values: Any = exact.tolist()
+        low, high = min(values), max(values)
+    else:
+        _check_kind(name, datatype, arr, _INT_KINDS)
+        values, low, high = arr, arr.min(), arr.max()
+    info = np.iinfo(cast("np.dtype[np.integer[Any]]", dtype))
+    if low < info.min or high > info.max:
+        raise _out_of_range(name, datatype)
+    return np.ascontiguousarray(values, dtype=dtype)
+
+
+def _check_kind(name: str, datatype: str, arr: np.ndarray[Any, Any], allowed: str) -> None:
     if arr.dtype.kind not in allowed:
         raise InvalidInput(
             f"input {name!r}: 'data' holds {_kind_name(arr.dtype.kind)} values, not {datatype}",
             tensor=name,
         )
-    if dtype.kind in _INT_KINDS:
-        info = np.iinfo(cast("np.dtype[np.integer[Any]]", dtype))
-        if arr.min() < info.min or arr.max() > info.max:
-            raise InvalidInput(f"input {name!r}: a value is out of range for {datatype}")
-    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _out_of_range(name: str, datatype: str) -> InvalidInput:
+    return InvalidInput(f"input {name!r}: a value is out of range for {datatype}", tensor=name)
 
 
 def _kind_name(kind: str) -> str:
@@ -324,7 +362,7 @@ def _kind_name(kind: str) -> str:
 
 
 def _bytes_array(name: str, data: list[Any]) -> np.ndarray[Any, Any]:
-    flat = _flatten(data)
+    flat = _flatten(name, data)
     if not all(isinstance(s, str) for s in flat):
         raise InvalidInput(f"input {name!r}: BYTES data must be strings", tensor=name)
     arr = np.empty(len(flat), dtype=object)
@@ -332,12 +370,24 @@ def _bytes_array(name: str, data: list[Any]) -> np.ndarray[Any, Any]:
     return arr
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def _flatten(name: str, data: list[Any]) -> list[Any]:
+    """Nested lists -> one flat list, without recursion and at most ``MAX_NESTING`` deep."""
     if not any(isinstance(d, list) for d in data):
         return data
     out: list[Any] = []
-    for item in data:
-        out.extend(_flatten(item) if isinstance(item, list) else [item])
+    stack = [iter(data)]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+        elif not isinstance(item, list):
+            out.append(item)
+        elif len(stack) >= MAX_NESTING:
+            raise InvalidInput(
+                f"input {name!r}: 'data' is nested deeper than {MAX_NESTING} lists", tensor=name
+            )
+        else:
+            stack.append(iter(item))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
-from plaza.settings import PlazaSettings
+from plaza.settings import GatewaySettings, PlazaSettings
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,21 @@ async def serving(
             await task
 
 
+def exposure_warning(gw: GatewaySettings) -> str | None:
+    """A warning when the gateway listens beyond loopback without an API key, else None."""
+    if gw.api_key is not None or gw.host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(gw.host).is_loopback:
+            return None
+    except ValueError:  # a host name: it may resolve to anything
+        pass
+    return (
+        f"the gateway listens on {gw.host} without gateway.api_key: anyone who reaches it can "
+        "run the models (docs/guarantees.md, Security)"
+    )
+
+
 async def _serve_until_stopped(settings: PlazaSettings) -> None:
     async with serving(settings) as running:
         log.info("gateway: HTTP %s, gRPC %s", running.http_url, running.grpc_address)
@@ -110,5 +126,8 @@ async def _serve_until_stopped(settings: PlazaSettings) -> None:
 
 def run_gateway(settings: PlazaSettings) -> None:
     """Serve the gateway, and its metrics on ``metrics_port``, until interrupted."""
+    warning = exposure_warning(settings.gateway)
+    if warning is not None:
+        log.warning(warning)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve_until_stopped(settings))

@@ -117,14 +117,16 @@ def serve_metrics(app: Any, settings: GatewaySettings) -> Iterator[MetricsServer
 
     ``app`` is ``create_app``'s Starlette app (its service owns the registry). A negative
     port turns the metrics off; 0 takes a free port (logged). A port already taken is logged
-    as an error and the gateway serves without metrics: inference matters more.
+    as an error and the gateway serves without metrics: inference matters more. The gateway's
+    ``api_key``, when set, guards the metrics too.
     """
     if settings.metrics_port < 0:
         yield None
         return
     registry = app.state.service.metrics.registry
     try:
-        server = MetricsServer(registry, settings.host, settings.metrics_port)
+        key = settings.api_key.get_secret_value() if settings.api_key else None
+        server = MetricsServer(registry, settings.host, settings.metrics_port, api_key=key)
     except ConfigError as exc:
         log.error("gateway serves no metrics: %s", exc.message)
         yield None

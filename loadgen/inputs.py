@@ -1,6 +1,6 @@
 """Request inputs for load: made once, before the clock starts, then cycled.
 
-Synthetic tensors follow the model's config (``plaza.loadgen.raw_backend.make_inputs``); for
+Synthetic tensors follow the model's config (``make_inputs``); for
 ``minilm`` there are real sentences tokenised with ``plaza.text.tokenize`` at a fixed pad
 length, so every request has the same shape and any of them can share a batch.
 """
@@ -11,11 +11,40 @@ from typing import Any
 
 import numpy as np
 
-from plaza.loadgen.raw_backend import make_inputs
-from plaza.modelconfig import ModelSpec
+from plaza.datatypes import to_numpy_dtype
+from plaza.modelconfig import ModelSpec, TensorSpec
 
 InputSet = dict[str, np.ndarray[Any, Any]]
 POOL_SIZE = 16
+
+
+def _input_values(
+    tensor: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator
+) -> np.ndarray[Any, Any]:
+    """Plausible values: ones for an attention mask, in-vocabulary ids, normal floats."""
+    dtype = to_numpy_dtype(tensor.datatype)
+    if tensor.name == "attention_mask":
+        return np.ones(shape, dtype=dtype)
+    if tensor.name == "input_ids":
+        ids = rng.integers(1000, 30000, shape, dtype=dtype)
+        ids[..., 0], ids[..., -1] = 101, 102  # [CLS] ... [SEP]
+        return ids
+    if dtype.kind in "iu":
+        return rng.integers(0, 100, shape).astype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_inputs(spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Generator) -> InputSet:
+    """A batch of inputs for ``spec``: the batch dim first, each -1 dim set to ``seq_len``."""
+    feeds = {}
+    for tensor in spec.inputs:
+        dims = tuple(seq_len if d == -1 else d for d in tensor.dims)
+        shape = (batch, *dims) if spec.max_batch_size > 0 else dims
+        feeds[tensor.name] = _input_values(tensor, shape, rng)
+    return feeds
+
 
 _SUBJECTS = ("A man", "The woman", "A child", "The old dog", "Two engineers", "A tired cat")
 _VERBS = ("is eating", "paints", "watches", "is repairing", "carries", "describes")

@@ -1,8 +1,10 @@
 """``plaza profile``: a model's batch-latency curve, and dynamic_batching settings from it.
 
 The backend runs directly (``plaza.workers.backends.create_backend``, ``load``, ``infer``), as a
-worker runs it, with no Kafka, Redis or HTTP, over batch sizes 1, 2, 4, ... and
-max_batch_size. Rounds interleave the sizes (a noisy machine drifts less within a round).
+worker runs it, with the worker's default intra-op threads (``WorkerSettings.intra_op_threads``
+= 0: the config's ``intra_op_thread_count``, else every core) and no Kafka, Redis or HTTP,
+over batch sizes 1, 2, 4, ... and max_batch_size. Rounds interleave the sizes (a noisy
+machine drifts less within a round).
 
 The recommendation, for a latency budget ``B`` (see docs/benchmarks.md):
 
@@ -28,9 +30,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from plaza.loadgen.raw_backend import make_inputs
+from plaza.loadgen.inputs import make_inputs
+from plaza.loadgen.raw_backend import WORKER_DEFAULT_THREADS
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
+from plaza.samples.simulated import ensure_servable
 from plaza.workers.backends import Backend, create_backend
 from plaza.workers.device import select_device
 
@@ -79,12 +83,8 @@ def profile_sizes(max_batch_size: int) -> list[int]:
 
 def ensure_version_folder(repository: Path, model: str) -> None:
     """A plaza_simulated model has no file, but Triton's layout still wants ``<model>/1/``
-    (the folder is git-ignored, so a fresh checkout lacks it)."""
-    folder = repository / model
-    if (folder / "config.pbtxt").is_file() and not any(
-        p.is_dir() and p.name.isdigit() for p in folder.iterdir()
-    ):
-        (folder / "1").mkdir()
+    (the folder is git-ignored, so a fresh checkout lacks it): made here when missing."""
+    ensure_servable(repository, model)
 
 
 def measure_curve(
@@ -192,7 +192,7 @@ def profile_model(
     *,
     budget_ms: float | None = None,
     sizes: Sequence[int] | None = None,
-    threads: int = 0,
+    threads: int = WORKER_DEFAULT_THREADS,
     device: Literal["auto", "cpu", "cuda"] = "auto",
     **timing: Any,
 ) -> Profile:

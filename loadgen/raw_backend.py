@@ -1,14 +1,18 @@
-"""The model alone: ONNX Runtime in-process, no Kafka, Redis or HTTP, over batch sizes.
+"""The model alone: the worker's own backend in-process, no Kafka, Redis or HTTP.
 
     python -m plaza.loadgen.raw_backend --model mlp --batch-sizes 1,32
     python -m plaza.loadgen.raw_backend --model minilm --batch-sizes 1,32 --seq-lens 16,128
 
 This is the ceiling the engine is measured against, and it tells how much batching is worth
-for a model. The session runs as a Plaza worker runs it: ``intra_op_num_threads`` 2 (the
-default), ``inter_op_num_threads`` 1, ``ORT_SEQUENTIAL``. Batch sizes are measured side by
-side: each round runs one timed window per batch size, rounds repeat, and the report gives
-the median items/s per batch size and the median over rounds of the paired ratio to the
-smallest batch size (the machine is noisy; pairing cancels slow drifts).
+for a model. The model runs exactly as a Plaza worker runs it: through
+``plaza.workers.backends.create_backend(...)``, ``load()`` and ``infer(batch, outputs)``, with
+the worker's default intra-op thread count (``WorkerSettings.intra_op_threads`` = 0: the
+config's ``intra_op_thread_count`` parameter, else every core; ``--threads`` overrides it).
+The ONNX backend adds ``inter_op_num_threads`` 1 and ``ORT_SEQUENTIAL``, as in the worker.
+Batch sizes are measured side by side: each round runs one timed window per batch size, rounds
+repeat, and the report gives the median items/s per batch size and the median over rounds of
+the paired ratio to the smallest batch size (the machine is noisy; pairing cancels slow
+drifts).
 
 Results are printed and merged into ``results/raw_backend.json`` under a key per model and
 sequence length (``mlp``, ``minilm/seq16``), so several invocations build up one file.
@@ -23,35 +27,46 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from plaza.datatypes import to_numpy_dtype
 from plaza.errors import PlazaError
-from plaza.modelconfig import PLATFORM_ONNX, ModelSpec, TensorSpec
-from plaza.repository import ModelRepository
+from plaza.loadgen.inputs import InputSet, make_inputs
+from plaza.modelconfig import ModelSpec
+from plaza.repository import ModelRepository, ModelVersion
+from plaza.samples.simulated import ensure_servable
+from plaza.settings import WorkerSettings
+from plaza.workers.backends import Backend, create_backend
+from plaza.workers.backends.base import thread_count
+from plaza.workers.device import select_device
 
 DEFAULT_OUTPUT = Path("results/raw_backend.json")
 WARMUP_S = 0.3
 MIN_RUNS_PER_WINDOW = 3
+WORKER_DEFAULT_THREADS: int = WorkerSettings.model_fields["intra_op_threads"].default
+"""The worker's default ``intra_op_threads`` (0: the model's config, else every core)."""
+
+DeviceChoice = Literal["auto", "cpu", "cuda"]
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """How to measure: threads, rounds and the length of each timed window."""
+    """How to measure: threads (the worker's default), rounds and each timed window."""
 
-    intra_op_threads: int = 2
+    intra_op_threads: int = WORKER_DEFAULT_THREADS
     rounds: int = 5
     window_s: float = 1.0
     seed: int = 0
+    device: DeviceChoice = "auto"
 
 
 def open_session(path: Path, intra_op_threads: int) -> Any:
-    """An onnxruntime CPU session configured like a Plaza worker's."""
+    """A bare onnxruntime CPU session with a worker's options, for code that measures
+    something other than Plaza (the baseline server); the ceiling uses the worker backend."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -62,64 +77,54 @@ def open_session(path: Path, intra_op_threads: int) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _input_values(
-    tensor: TensorSpec, shape: tuple[int, ...], rng: np.random.Generator
-) -> np.ndarray:
-    """Plausible values: ones for an attention mask, in-vocabulary ids, normal floats."""
-    dtype = to_numpy_dtype(tensor.datatype)
-    if tensor.name == "attention_mask":
-        return np.ones(shape, dtype=dtype)
-    if tensor.name == "input_ids":
-        ids = rng.integers(1000, 30000, shape, dtype=dtype)
-        ids[..., 0], ids[..., -1] = 101, 102  # [CLS] ... [SEP]
-        return ids
-    if dtype.kind in "iu":
-        return rng.integers(0, 100, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def make_inputs(
-    spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Generator
-) -> dict[str, np.ndarray]:
-    """A batch of inputs for ``spec``: the batch dim first, each -1 dim set to ``seq_len``."""
-    feeds = {}
-    for tensor in spec.inputs:
-        dims = tuple(seq_len if d == -1 else d for d in tensor.dims)
-        shape = (batch, *dims) if spec.max_batch_size > 0 else dims
-        feeds[tensor.name] = _input_values(tensor, shape, rng)
-    return feeds
-
-
-def time_window(session: Any, feeds: dict[str, np.ndarray], window_s: float) -> tuple[int, float]:
-    """Run back to back for ``window_s`` (at least a few runs); (runs, seconds)."""
+def time_calls(call: Callable[[], object], window_s: float) -> tuple[int, float]:
+    """Run ``call`` back to back for ``window_s`` (at least a few runs); (runs, seconds)."""
     runs = 0
     started = time.perf_counter()
     elapsed = 0.0
     while elapsed < window_s or runs < MIN_RUNS_PER_WINDOW:
-        session.run(None, feeds)
+        call()
         runs += 1
         elapsed = time.perf_counter() - started
     return runs, elapsed
 
 
+def time_window(session: Any, feeds: InputSet, window_s: float) -> tuple[int, float]:
+    """``time_calls`` over a bare onnxruntime session's ``run`` (see ``open_session``)."""
+    return time_calls(lambda: session.run(None, feeds), window_s)
+
+
+def _infer_call(backend: Backend, spec: ModelSpec, feeds: InputSet) -> Callable[[], object]:
+    outputs = [o.name for o in spec.outputs]
+    return lambda: backend.infer(feeds, outputs)
+
+
 def benchmark(
-    session: Any, spec: ModelSpec, batch_sizes: Sequence[int], seq_len: int, config: BenchConfig
+    backend: Backend,
+    spec: ModelSpec,
+    batch_sizes: Sequence[int],
+    seq_len: int,
+    config: BenchConfig,
 ) -> dict[str, Any]:
-    """Interleaved timed windows over ``batch_sizes``; medians and paired ratios."""
+    """Interleaved timed windows of ``backend.infer`` over ``batch_sizes``; medians and
+    paired ratios."""
     rng = np.random.default_rng(config.seed)
-    feeds = {b: make_inputs(spec, b, seq_len, rng) for b in batch_sizes}
+    calls = {b: _infer_call(backend, spec, make_inputs(spec, b, seq_len, rng)) for b in batch_sizes}
     for b in batch_sizes:
-        time_window(session, feeds[b], WARMUP_S)
+        time_calls(calls[b], WARMUP_S)
     rates: dict[int, list[float]] = {b: [] for b in batch_sizes}
     latencies: dict[int, list[float]] = {b: [] for b in batch_sizes}
     for _ in range(config.rounds):
         for b in batch_sizes:
-            runs, elapsed = time_window(session, feeds[b], config.window_s)
+            runs, elapsed = time_calls(calls[b], config.window_s)
             rates[b].append(runs * b / elapsed)
             latencies[b].append(elapsed / runs * 1e3)
-    base = min(batch_sizes)
+    return _summary(rates, latencies)
+
+
+def _summary(rates: dict[int, list[float]], latencies: dict[int, list[float]]) -> dict[str, Any]:
+    """Per batch size: median items/s, each window's rate, median latency, paired ratio."""
+    base = min(rates)
     return {
         "baseline_batch_size": base,
         "batch_sizes": {
@@ -131,7 +136,7 @@ def benchmark(
                     r / r0 for r, r0 in zip(rates[b], rates[base], strict=True)
                 ),
             }
-            for b in batch_sizes
+            for b in rates
         },
     }
 
@@ -168,21 +173,34 @@ def write_results(path: Path, runs: dict[str, Any]) -> None:
     path.write_text(json.dumps({"runs": merged}, indent=2, sort_keys=True) + "\n", "utf-8")
 
 
-def _environment(config: BenchConfig) -> dict[str, Any]:
-    import onnxruntime as ort
-
-    return {
-        "onnxruntime": ort.__version__,
+def _environment(mv: ModelVersion, backend: Backend, config: BenchConfig) -> dict[str, Any]:
+    """What the numbers were measured with: versions, the resolved threads, the device."""
+    env: dict[str, Any] = {
         "numpy": np.__version__,
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
-        "intra_op_threads": config.intra_op_threads,
-        "inter_op_threads": 1,
-        "execution_mode": "ORT_SEQUENTIAL",
+        "platform": mv.spec.platform,
+        "device": str(backend.device),
+        "intra_op_threads": thread_count(mv, config.intra_op_threads),
         "rounds": config.rounds,
         "window_s": config.window_s,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if "onnxruntime" in sys.modules:
+        env["onnxruntime"] = sys.modules["onnxruntime"].__version__
+        env.update(inter_op_threads=1, execution_mode="ORT_SEQUENTIAL")
+    return env
+
+
+def _served_version(repository: Path, model: str, batch_sizes: Sequence[int]) -> ModelVersion:
+    """The latest served version; PlazaError when a batch size exceeds max_batch_size."""
+    ensure_servable(repository, model)
+    mv = ModelRepository(repository).served_versions(model)[-1]
+    limit = mv.spec.max_batch_size
+    too_big = [b for b in batch_sizes if limit and b > limit]
+    if too_big:
+        raise PlazaError(f"{model}: batch sizes {too_big} exceed max_batch_size {limit}")
+    return mv
 
 
 def run(
@@ -192,27 +210,21 @@ def run(
     seq_lens: Sequence[int],
     config: BenchConfig,
 ) -> dict[str, Any]:
-    """Benchmark the latest served version of ``model``; {label: result}."""
-    version = ModelRepository(repository).served_versions(model)[-1]
-    spec = version.spec
-    if spec.platform != PLATFORM_ONNX:
-        raise PlazaError(f"{model}: raw_backend runs ONNX models only (platform {spec.platform})")
-    too_big = [b for b in batch_sizes if spec.max_batch_size and b > spec.max_batch_size]
-    if too_big:
-        raise PlazaError(
-            f"{model}: batch sizes {too_big} exceed max_batch_size {spec.max_batch_size}"
-        )
-    session = open_session(version.path, config.intra_op_threads)
-    lengths: list[int | None] = list(seq_lens) if _has_variable_dims(spec) else [None]
-    results = {}
-    for seq_len in lengths:
-        label = _label(model, seq_len)
-        result = benchmark(session, spec, batch_sizes, seq_len or 1, config)
-        result.update(
-            model=model, version=version.version, seq_len=seq_len, environment=_environment(config)
-        )
-        _print_report(label, result)
-        results[label] = result
+    """Benchmark the latest served version of ``model`` on the worker backend; {label: result}."""
+    mv = _served_version(repository, model, batch_sizes)
+    backend = create_backend(mv, select_device(config.device), config.intra_op_threads)
+    backend.load()
+    try:
+        lengths: list[int | None] = list(seq_lens) if _has_variable_dims(mv.spec) else [None]
+        results = {}
+        for seq_len in lengths:
+            result = benchmark(backend, mv.spec, batch_sizes, seq_len or 1, config)
+            env = _environment(mv, backend, config)
+            result.update(model=model, version=mv.version, seq_len=seq_len, environment=env)
+            _print_report(_label(model, seq_len), result)
+            results[_label(model, seq_len)] = result
+    finally:
+        backend.unload()
     return results
 
 
@@ -223,10 +235,9 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry; 0 on success, 2 when the model cannot be benchmarked."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a model in the repository (ONNX)")
+    parser.add_argument("--model", required=True, help="a model in the repository")
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
     parser.add_argument("--batch-sizes", type=_ints, default=[1, 32], help="e.g. 1,8,32")
     parser.add_argument(
@@ -235,12 +246,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[16],
         help="lengths for -1 dims (e.g. minilm's sequence), e.g. 16,128",
     )
-    parser.add_argument("--threads", type=int, default=2, help="intra_op_num_threads")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=WORKER_DEFAULT_THREADS,
+        help="intra-op threads (default: the worker's, 0 = the config's, else every core)",
+    )
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--rounds", type=int, default=5, help="timed windows per batch size")
     parser.add_argument("--window-s", type=float, default=1.0, help="seconds per window")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args(argv)
-    config = BenchConfig(args.threads, args.rounds, args.window_s)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry; 0 on success, 2 when the model cannot be benchmarked."""
+    args = _parser().parse_args(argv)
+    config = BenchConfig(args.threads, args.rounds, args.window_s, device=args.device)
     try:
         results = run(args.repository, args.model, args.batch_sizes, args.seq_lens, config)
     except PlazaError as exc:

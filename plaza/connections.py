@@ -7,7 +7,9 @@ every producer, consumer, admin client and Redis client of Plaza honours them.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -18,7 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from plaza.errors import Unavailable
+from plaza.errors import ConfigError, Unavailable
 from plaza.settings import KafkaSettings, RedisSettings
 
 
@@ -122,5 +124,19 @@ def redis_client(r: RedisSettings) -> aioredis.Redis:
     if r.password:
         opts["password"] = r.password.get_secret_value()
     if r.ssl_ca_certs:
-        opts["ssl_ca_certs"] = str(r.ssl_ca_certs)
+        opts["ssl_ca_certs"] = str(_redis_ca_file(r.url, r.ssl_ca_certs))
     return aioredis.Redis.from_url(r.url, **opts)
+
+
+def _redis_ca_file(url: str, ca_certs: Path) -> Path:
+    """``ssl_ca_certs``, checked now: redis-py would fail only on the first command, and with
+    a TypeError for a plain ``redis://`` URL (its plain connections take no TLS options)."""
+    if urlsplit(url).scheme != "rediss":
+        where = url.rsplit("@", 1)[-1]  # never echo a password given in the URL
+        raise ConfigError(
+            f"redis.ssl_ca_certs is set but redis.url {where!r} is not rediss:// (TLS): "
+            "use a rediss:// URL, or unset ssl_ca_certs"
+        )
+    if not ca_certs.is_file():
+        raise ConfigError(f"redis.ssl_ca_certs {str(ca_certs)!r} is not a readable file")
+    return ca_certs

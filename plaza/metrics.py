@@ -12,6 +12,7 @@ prometheus_client adds. Everything else is the Prometheus text format 0.0.4 as u
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 from collections.abc import Mapping
@@ -86,6 +87,8 @@ def render(registry: Collector) -> bytes:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     registry: Collector
+    authorization: bytes | None
+    """``Bearer <api_key>`` that a scrape must send, or None for an open endpoint."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -94,6 +97,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] != METRICS_PATH:
             self._answer(404, b"not found; metrics are at /metrics\n", "text/plain")
+            return
+        expected = self.server.authorization
+        given = (self.headers.get("Authorization") or "").encode("latin-1")
+        if expected is not None and not hmac.compare_digest(given, expected):
+            self._answer(401, b"missing or wrong API key (Authorization: Bearer)\n", "text/plain")
             return
         try:
             body = render(self.server.registry)
@@ -117,17 +125,26 @@ class _Handler(BaseHTTPRequestHandler):
 class MetricsServer:
     """Serves ``render(registry)`` at ``GET /metrics`` from a daemon thread until closed.
 
-    Port 0 takes a free port; ``port`` says which. Collection runs on the server thread,
-    so collectors read their numbers without the event loop's help (plain ints and dict
-    copies, which the GIL keeps consistent enough for counters).
+    Port 0 takes a free port; ``port`` says which. With ``api_key`` a scrape must send
+    ``Authorization: Bearer <api_key>`` (Prometheus: ``authorization.credentials``).
+    Collection runs on the server thread, so collectors read their numbers without the event
+    loop's help (plain ints and dict copies, which the GIL keeps consistent enough for
+    counters).
     """
 
-    def __init__(self, registry: Collector, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        registry: Collector,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+    ) -> None:
         try:
             self._server = _Server((host, port), _Handler)
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
         self._server.registry = registry
+        self._server.authorization = None if api_key is None else f"Bearer {api_key}".encode()
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(

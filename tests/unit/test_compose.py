@@ -48,3 +48,27 @@ def test_worker_can_scale() -> None:
     worker = json.loads(done.stdout)["services"]["worker"]
     assert "container_name" not in worker
     assert not worker.get("ports")
+
+
+def test_published_ports_are_bound_to_loopback_only() -> None:
+    """Kafka PLAINTEXT, Redis without a password and a gateway without an API key must not be
+    reachable from other machines: every host port is on 127.0.0.1, none on all interfaces."""
+    done = _compose("config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    published = {
+        (name, port["target"]): port.get("host_ip", "")
+        for name, service in services.items()
+        for port in service.get("ports") or []
+    }
+    assert {name for name, _ in published} >= {"kafka", "redis", "gateway"}
+    assert {ip for ip in published.values()} == {"127.0.0.1"}, published
+
+
+def test_only_kafkas_external_listener_is_published() -> None:
+    """Plaza's own listener (9092) and the controller's (9093) stay inside the network."""
+    done = _compose("config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    kafka = json.loads(done.stdout)["services"]["kafka"]
+    assert "PLAINTEXT://kafka:9092" in kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert [port["target"] for port in kafka["ports"]] == [9094]

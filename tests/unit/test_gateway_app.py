@@ -7,15 +7,23 @@ here is answered before a request would be published.
 from __future__ import annotations
 
 import gzip
+import re
+import urllib.error
+import urllib.request
 import zlib
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pydantic import SecretStr
+from starlette.applications import Starlette
+from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from plaza.errors import InvalidInput, PayloadTooLarge
-from plaza.gateway.app import create_app, decompress
+from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge
+from plaza.gateway.app import HEALTH_PREFIX, create_app, decompress
+from plaza.gateway.main import exposure_warning
+from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
 from plaza.settings import GatewaySettings, PlazaSettings
 
@@ -99,13 +107,77 @@ def test_unknown_job_without_redis_is_503(repository: Path) -> None:
     assert response.status_code == 503 and response.json()["code"] == "unavailable"
 
 
-def test_api_key_guards_all_but_health(repository: Path) -> None:
+_PATH_VALUES = {"model": "tiny", "version": "1", "job_id": "abc"}
+
+
+def _every_route(app: Starlette) -> list[tuple[str, str]]:
+    """(method, path) for every route the app serves, path parameters filled in."""
+    calls = []
+    for route in app.routes:
+        assert isinstance(route, Route)
+        path = re.sub(r"\{(\w+)\}", lambda m: _PATH_VALUES[m[1]], route.path)
+        calls += [(method, path) for method in sorted(route.methods or ()) if method != "HEAD"]
+    return calls
+
+
+def test_api_key_guards_every_route_but_health(repository: Path) -> None:
     client = _client(repository, api_key="s3cret")
-    assert client.get("/v2/health/live").status_code == 200
-    response = client.get("/v2")
-    assert response.status_code == 401 and response.json()["code"] == "unauthorized"
-    assert client.get("/v2", headers={"Authorization": "Bearer nope"}).status_code == 401
-    assert client.get("/v2", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    calls = _every_route(cast(Starlette, client.app))
+    guarded = [(m, p) for m, p in calls if not p.startswith(HEALTH_PREFIX)]
+    # The enumeration really covers the data plane, the jobs, statistics and metadata.
+    for expected in ("/infer", "/jobs", "/v2/jobs/abc", "/stats", "/config", "/v2"):
+        assert any(p.endswith(expected) for _, p in guarded), expected
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "s3cret"}):
+        for method, path in guarded:
+            response = client.request(method, path, headers=headers, content=b"{}")
+            assert response.status_code == 401, (method, path, headers)
+            assert response.json()["code"] == "unauthorized"
+    good = {"Authorization": "Bearer s3cret"}
+    for method, path in guarded:
+        response = client.request(method, path, headers=good, content=b"{}")
+        assert response.status_code not in (401, 500), (method, path)
+    for method, path in calls:
+        if path.startswith(HEALTH_PREFIX):  # probes carry no key
+            assert client.request(method, path).status_code != 401, path
+
+
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_api_key_is_refused_at_start(repository: Path, key: str) -> None:
+    """An empty key would let ``Authorization: Bearer `` in (a compose file's unset variable)."""
+    settings = PlazaSettings(repository=repository, gateway=GatewaySettings(api_key=SecretStr(key)))
+    with pytest.raises(ConfigError, match="api_key is empty"):
+        create_app(settings)
+
+
+def _scrape(url: str, headers: dict[str, str]) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers)) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_api_key_guards_the_gateway_metrics(repository: Path) -> None:
+    settings = PlazaSettings(
+        repository=repository,
+        gateway=GatewaySettings(metrics_port=0, api_key=SecretStr("s3cret")),
+    )
+    app = create_app(settings)
+    with serve_metrics(app, settings.gateway) as server:
+        assert server is not None
+        assert _scrape(server.url, {}) == 401
+        assert _scrape(server.url, {"Authorization": "Bearer nope"}) == 401
+        assert _scrape(server.url, {"Authorization": "Bearer s3cret"}) == 200
+
+
+def test_non_ascii_header_length_is_400(repository: Path) -> None:
+    client = _client(repository)
+    for value in (b"\xb2", b"\xb9\xb2"):  # latin-1 for superscript digits, which isdigit() passes
+        headers = {b"Inference-Header-Content-Length": value}
+        response = client.post("/v2/models/tiny/infer", content=b"{}", headers=headers)
+        assert response.status_code == 400
+        assert response.json()["code"] == "invalid_input"
+        assert "must be an integer" in response.json()["error"]
 
 
 def test_decompress() -> None:
@@ -120,3 +192,24 @@ def test_decompress() -> None:
         decompress(gzip.compress(data)[:-12], "gzip", 1000)
     with pytest.raises(InvalidInput, match="unsupported Content-Encoding"):
         decompress(data, "br", 1000)
+
+
+@pytest.mark.parametrize(
+    ("host", "key", "warned"),
+    [
+        ("127.0.0.1", None, False),
+        ("::1", None, False),
+        ("localhost", None, False),
+        ("0.0.0.0", None, True),
+        ("gateway.example", None, True),
+        ("0.0.0.0", "s3cret", False),
+    ],
+)
+def test_listening_beyond_loopback_without_a_key_is_warned(
+    host: str, key: str | None, warned: bool
+) -> None:
+    gw = GatewaySettings(host=host, api_key=SecretStr(key) if key else None)
+    warning = exposure_warning(gw)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert host in warning and "api_key" in warning

@@ -240,6 +240,17 @@ def test_extra_fields_and_metadata() -> None:
 
 # -- malformed bodies -----------------------------------------------------------------------
 
+
+def _nested(datatype: str, leaf: str, depth: int) -> bytes:
+    """A body whose input holds ``leaf`` inside ``depth`` lists (written by hand: orjson.dumps
+    stops at 255 levels, orjson.loads reads up to 1024)."""
+    data = "[" * depth + leaf + "]" * depth
+    text = (
+        f'{{"inputs": [{{"name": "X", "datatype": "{datatype}", "shape": [1], "data": {data}}}]}}'
+    )
+    return text.encode()
+
+
 _GOOD = _input("X", "FP32", [2], data=[1, 2])
 _MALFORMED_JSON: list[tuple[str, Any, str]] = [
     ("not json", b"{nope", "not valid JSON"),
@@ -258,6 +269,46 @@ _MALFORMED_JSON: list[tuple[str, Any, str]] = [
     ("float for int", {"inputs": [_input("X", "INT32", [1], data=[1.5])]}, "float values"),
     ("int for bool", {"inputs": [_input("X", "BOOL", [1], data=[1])]}, "integer values"),
     ("overflow", {"inputs": [_input("X", "UINT8", [1], data=[256])]}, "out of range"),
+    (
+        "uint8 negative",
+        {"inputs": [_input("X", "UINT8", [1], data=[-1])]},
+        "out of range for UINT8",
+    ),
+    (
+        "int8 overflow",
+        {"inputs": [_input("X", "INT8", [2], data=[1, 300])]},
+        "out of range for INT8",
+    ),
+    ("int16 overflow", {"inputs": [_input("X", "INT16", [1], data=[40000])]}, "range for INT16"),
+    ("uint32 overflow", {"inputs": [_input("X", "UINT32", [1], data=[2**32])]}, "range for UINT32"),
+    ("int64 overflow", {"inputs": [_input("X", "INT64", [1], data=[2**63])]}, "range for INT64"),
+    (  # orjson reads integers past 64 bits as floats
+        "int64 far overflow",
+        b'{"inputs": [{"name": "X", "datatype": "INT64", "shape": [1], "data": [1%s]}]}'
+        % (b"0" * 30),
+        "float values, not INT64",
+    ),
+    ("float among ints", {"inputs": [_input("X", "UINT64", [2], data=[-1, 0.5])]}, "float values"),
+    ("uint64 negative", {"inputs": [_input("X", "UINT64", [1], data=[-5])]}, "range for UINT64"),
+    ("fp32 overflow", {"inputs": [_input("X", "FP32", [2], data=[1, 1e300])]}, "range for FP32"),
+    ("fp32 underflow", {"inputs": [_input("X", "FP32", [1], data=[-1e39])]}, "range for FP32"),
+    ("fp16 overflow", {"inputs": [_input("X", "FP16", [1], data=[1e10])]}, "range for FP16"),
+    ("fp16 int overflow", {"inputs": [_input("X", "FP16", [1], data=[70000])]}, "range for FP16"),
+    (
+        "json infinity",
+        b'{"inputs": [{"name": "X", "datatype": "FP64", "shape": [1], "data": [1e400]}]}',
+        "not valid JSON",
+    ),
+    (
+        "bytes nested 1000 deep",
+        _nested("BYTES", '"a"', 1000),
+        "nested deeper than 64",
+    ),
+    (
+        "numbers nested 1000 deep",
+        _nested("FP32", "1", 1000),
+        "not a regular array",
+    ),
     ("null data", {"inputs": [_input("X", "FP32", [1], data=[None])]}, "non-numeric values"),
     ("bytes not str", {"inputs": [_input("X", "BYTES", [1], data=[1])]}, "must be strings"),
     ("bad id", {"id": 5, "inputs": [_GOOD]}, "'id' must be a string"),
@@ -324,7 +375,7 @@ def test_malformed_binary_bodies(
     assert info.value.code == "invalid_input"
 
 
-@pytest.mark.parametrize("value", ["abc", "-3", "1.5", ""])
+@pytest.mark.parametrize("value", ["abc", "-3", "1.5", "", "²", "١٢", "+4", "1_0"])
 def test_bad_header_length_values(value: str) -> None:
     with pytest.raises(InvalidInput, match="must be an integer"):
         kserve.parse_header_length(value)
@@ -333,6 +384,34 @@ def test_bad_header_length_values(value: str) -> None:
 def test_header_length_values() -> None:
     assert kserve.parse_header_length(None) is None
     assert kserve.parse_header_length(" 42 ") == 42
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        ("FP16", [65504.0, -65504.0]),
+        ("FP32", [3.4e38, -3.4e38]),
+        ("FP64", [1e300, -1e300]),
+        ("INT8", [-128, 127]),
+        ("UINT8", [0, 255]),
+        ("INT64", [-(2**63), 2**63 - 1]),
+        ("UINT64", [0, 2**64 - 1]),
+    ],
+)
+def test_values_at_the_edge_of_their_range_decode(datatype: str, data: list[Any]) -> None:
+    doc = {"inputs": [_input("X", datatype, [2], data=data)]}
+    (tensor,) = kserve.decode_infer_request(_json_body(doc)).inputs
+    values = tensor.to_numpy()
+    assert np.isfinite(values).all()
+    assert np.allclose(values.astype(float), np.array(data, dtype=float), rtol=1e-3)
+    if values.dtype.kind in "iu":
+        assert values.tolist() == data
+
+
+def test_bytes_nested_to_the_limit_decode() -> None:
+    body = _nested("BYTES", '"a"', kserve.MAX_NESTING)
+    (tensor,) = kserve.decode_infer_request(body).inputs
+    assert tensor.to_numpy().tolist() == [b"a"]
 
 
 def test_empty_tensors_decode() -> None:

@@ -114,3 +114,14 @@ def test_profile_of_an_onnx_model(tmp_path: Path) -> None:
         tmp_path, "identity", sizes=[1, 4], device="cpu", threads=1, rounds=1, window_s=0.01
     )
     assert [p.batch_size for p in prof.curve] == [1, 4]
+
+
+def test_version_folder_is_made_for_simulated_models_only(tmp_path: Path) -> None:
+    shutil.copytree(
+        ROOT / "model_repository" / "identity",
+        tmp_path / "identity",
+        ignore=lambda _, names: [n for n in names if n.isdigit()],
+    )
+    ensure_version_folder(tmp_path, "identity")
+    ensure_version_folder(tmp_path, "absent")
+    assert not (tmp_path / "identity" / "1").exists() and not (tmp_path / "absent").exists()

