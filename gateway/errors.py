@@ -1,4 +1,5 @@
-"""PlazaError codes -> HTTP statuses and error bodies: the only place that knows both.
+"""PlazaError codes -> HTTP and gRPC statuses, and HTTP error bodies: the only place that
+knows both sides.
 
 Triton-like: the body is always ``{"error": "<message>"}`` (what tritonclient reads), plus
 the stable ``code`` and, for a sync call that timed out, the ``job_id`` to poll.
@@ -7,6 +8,8 @@ the stable ``code`` and, for a sync call that timed out, the ``job_id`` to poll.
 from __future__ import annotations
 
 from typing import Any
+
+import grpc
 
 from plaza.errors import (
     CodecError,
@@ -22,18 +25,20 @@ from plaza.errors import (
     UnsupportedVersion,
 )
 
-_STATUS_BY_CODE: dict[str, int] = {
-    InvalidInput.code: 400,
-    CodecError.code: 400,
-    UnsupportedVersion.code: 400,
-    Unauthorized.code: 401,
-    ModelNotFound.code: 404,
-    JobNotFound.code: 404,
-    PayloadTooLarge.code: 413,
-    QueueFull.code: 503,
-    Unavailable.code: 503,
-    DeadlineExceeded.code: 504,
+_Status = tuple[int, grpc.StatusCode]
+_STATUS_BY_CODE: dict[str, _Status] = {
+    InvalidInput.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    CodecError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    UnsupportedVersion.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    Unauthorized.code: (401, grpc.StatusCode.UNAUTHENTICATED),
+    ModelNotFound.code: (404, grpc.StatusCode.NOT_FOUND),
+    JobNotFound.code: (404, grpc.StatusCode.NOT_FOUND),
+    PayloadTooLarge.code: (413, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    QueueFull.code: (503, grpc.StatusCode.UNAVAILABLE),
+    Unavailable.code: (503, grpc.StatusCode.UNAVAILABLE),
+    DeadlineExceeded.code: (504, grpc.StatusCode.DEADLINE_EXCEEDED),
 }
+_UNMAPPED: _Status = (500, grpc.StatusCode.INTERNAL)
 
 _EXPOSED_DETAILS = ("job_id",)
 """Error details that are part of the HTTP body (the rest stay server-side)."""
@@ -41,7 +46,12 @@ _EXPOSED_DETAILS = ("job_id",)
 
 def http_status(error: PlazaError) -> int:
     """The HTTP status for ``error``'s code; 500 for anything unmapped."""
-    return _STATUS_BY_CODE.get(error.code, 500)
+    return _STATUS_BY_CODE.get(error.code, _UNMAPPED)[0]
+
+
+def grpc_status(error: PlazaError) -> grpc.StatusCode:
+    """The gRPC status for ``error``'s code; INTERNAL for anything unmapped."""
+    return _STATUS_BY_CODE.get(error.code, _UNMAPPED)[1]
 
 
 def error_body(error: PlazaError) -> dict[str, Any]:

@@ -11,22 +11,16 @@ tritonclient's ``as_numpy`` reads. Anything malformed raises ``InvalidInput``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from plaza.contract import InferRequest, InferResult, Scalar
+from plaza.contract import InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
+from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.tensors import Tensor, serialize_bytes
-
-_PARAM_TIMEOUT = "timeout"
-_PARAM_PRIORITY = "priority"
-_CONSUMED_PARAMS = frozenset({_PARAM_TIMEOUT, _PARAM_PRIORITY})
-_UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
 
 _CONTENTS_FIELD: dict[str, str] = {
     "BOOL": "bool_contents",
@@ -45,44 +39,9 @@ _CONTENTS_FIELD: dict[str, str] = {
 """Which typed ``InferTensorContents`` field carries each datatype (FP16/BF16: raw only)."""
 
 
-class DecodedInfer:
-    """A decoded ``ModelInferRequest``, before it becomes an ``InferRequest``."""
-
-    __slots__ = ("client_id", "inputs", "outputs", "parameters", "priority", "timeout_us")
-
-    def __init__(
-        self,
-        inputs: tuple[Tensor, ...],
-        outputs: tuple[str, ...],
-        client_id: str,
-        parameters: dict[str, Scalar],
-    ) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
-        self.client_id = client_id
-        self.timeout_us = _non_negative_int(parameters, _PARAM_TIMEOUT)
-        self.priority = _non_negative_int(parameters, _PARAM_PRIORITY) or 0
-        self.parameters = {k: v for k, v in parameters.items() if k not in _CONSUMED_PARAMS}
-
-    def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
-        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
-        now_ms = int(time.time() * 1000)
-        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
-        return InferRequest(
-            id=correlation_id,
-            model=model,
-            version=version,
-            inputs=self.inputs,
-            outputs=self.outputs,
-            deadline_ms=deadline,
-            priority=self.priority,
-            parameters=self.parameters,
-            created_ms=now_ms,
-        )
-
-
-def decode_infer_request(msg: pb.ModelInferRequest) -> DecodedInfer:
-    """A ``ModelInferRequest`` as Plaza tensors and parameters; InvalidInput if malformed."""
+def decode_infer_request(msg: pb.ModelInferRequest) -> FrontRequest:
+    """A ``ModelInferRequest`` as Plaza tensors and parameters; InvalidInput if malformed.
+    (The response echoes the message's own ``id``.)"""
     raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise InvalidInput(
@@ -93,7 +52,9 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> DecodedInfer:
         _input_tensor(item, raw[i] if raw else None) for i, item in enumerate(msg.inputs)
     )
     outputs = tuple(_requested_output(o) for o in msg.outputs)
-    return DecodedInfer(inputs, outputs, msg.id, decode_parameters(msg.parameters, "request"))
+    params = decode_parameters(msg.parameters, "request")
+    refuse_unsupported(params, "request")
+    return FrontRequest.from_parameters(inputs, outputs, params)
 
 
 def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
@@ -103,7 +64,7 @@ def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None
     shape = tuple(int(d) for d in item.shape)
     if any(d < 0 for d in shape):
         raise InvalidInput(f"input {name!r}: negative dimension in shape {list(shape)}")
-    _refuse_unsupported(decode_parameters(item.parameters, f"input {name!r}"), f"input {name!r}")
+    refuse_unsupported(decode_parameters(item.parameters, f"input {name!r}"), f"input {name!r}")
     has_contents = item.HasField("contents")
     if raw is not None:
         if has_contents:
@@ -136,7 +97,7 @@ def _typed_contents(name: str, datatype: str, contents: pb.InferTensorContents) 
 
 
 def _requested_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> str:
-    _refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
+    refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
     return str(item.name)
 
 
@@ -151,21 +112,6 @@ def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> di
     return out
 
 
-def _refuse_unsupported(params: Mapping[str, Scalar], where: str) -> None:
-    for key in params:
-        if key.startswith(_UNSUPPORTED_PARAMS):
-            raise InvalidInput(f"{where}: parameter {key!r} is not supported by Plaza")
-
-
-def _non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
-    if key not in params:
-        return None
-    value = params[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidInput(f"parameter {key!r} must be a non-negative integer, got {value!r}")
-    return value
-
-
 def encode_infer_response(result: InferResult, response_id: str) -> pb.ModelInferResponse:
     """A ``ModelInferResponse`` with every output in ``raw_output_contents``."""
     msg = pb.ModelInferResponse(
@@ -177,14 +123,3 @@ def encode_infer_response(result: InferResult, response_id: str) -> pb.ModelInfe
         out.shape.extend(tensor.shape)
         msg.raw_output_contents.append(bytes(tensor.data))
     return msg
-
-
-def parameter(value: Any) -> pb.InferParameter:
-    """A plain value as an ``InferParameter``."""
-    if isinstance(value, bool):
-        return pb.InferParameter(bool_param=value)
-    if isinstance(value, int):
-        return pb.InferParameter(int64_param=value)
-    if isinstance(value, float):
-        return pb.InferParameter(double_param=value)
-    return pb.InferParameter(string_param=str(value))

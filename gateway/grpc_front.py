@@ -3,7 +3,7 @@
 It serves the service definitions that ship in tritonclient (``service_pb2_grpc``), on the
 same ``GatewayService`` as the HTTP front, so both fronts share one producer core, one
 model registry and one reply stream. Handlers only map messages (``gateway.grpc_codec``)
-and errors (``grpc_status``); nothing here publishes or waits on its own.
+and errors (``gateway.errors.grpc_status``); nothing here publishes or waits on its own.
 
 ``ModelStreamInfer`` keeps many requests in flight on one stream (at most
 ``STREAM_MAX_INFLIGHT``, answers not yet sent included; past it the stream stops reading
@@ -32,22 +32,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
-from plaza.errors import (
-    CodecError,
-    ConfigError,
-    DeadlineExceeded,
-    InvalidInput,
-    JobNotFound,
-    ModelNotFound,
-    PayloadTooLarge,
-    PlazaError,
-    QueueFull,
-    Unauthorized,
-    Unavailable,
-    UnsupportedVersion,
-)
+from plaza.errors import ConfigError, PlazaError, Unauthorized, Unavailable
 from plaza.gateway import grpc_codec
 from plaza.gateway.app import EXTENSIONS
+from plaza.gateway.errors import grpc_status
 from plaza.gateway.service import GatewayService
 from plaza.settings import PlazaSettings
 
@@ -59,28 +47,9 @@ STREAM_MAX_INFLIGHT = 1024
 MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 """Triton's answer to a load or unload when the model control mode does not allow it."""
 
-_STATUS_BY_CODE: dict[str, grpc.StatusCode] = {
-    InvalidInput.code: grpc.StatusCode.INVALID_ARGUMENT,
-    CodecError.code: grpc.StatusCode.INVALID_ARGUMENT,
-    UnsupportedVersion.code: grpc.StatusCode.INVALID_ARGUMENT,
-    Unauthorized.code: grpc.StatusCode.UNAUTHENTICATED,
-    ModelNotFound.code: grpc.StatusCode.NOT_FOUND,
-    JobNotFound.code: grpc.StatusCode.NOT_FOUND,
-    PayloadTooLarge.code: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    QueueFull.code: grpc.StatusCode.UNAVAILABLE,
-    Unavailable.code: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded.code: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
-
-
-def grpc_status(error: PlazaError) -> grpc.StatusCode:
-    """The gRPC status for ``error``'s code (INTERNAL for anything unmapped)."""
-    code = str(error.details.get("code", error.code))
-    return _STATUS_BY_CODE.get(code, _STATUS_BY_CODE.get(error.code, grpc.StatusCode.INTERNAL))
 
 
 def _answers_errors(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
@@ -225,8 +194,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self.service.model(request.model_name, request.model_version)  # NOT_FOUND first
         decoded = grpc_codec.decode_infer_request(request)
         req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
-        result = await self.service.infer(req, self.service.sync_timeout(decoded.timeout_us))
-        return grpc_codec.encode_infer_response(result, decoded.client_id)
+        wait_s = self.service.sync_timeout(decoded.timeout_us)
+        result = await self.service.infer(req, wait_s)
+        return grpc_codec.encode_infer_response(result, request.id)
 
     @_answers_errors
     async def ModelInfer(

@@ -14,17 +14,17 @@ request's ``binary_data_output``) and JSON data otherwise.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import orjson
 
-from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
+from plaza.contract import InferRequest, InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
+from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tensors import Buffer, Tensor, serialize_bytes
 
@@ -35,10 +35,8 @@ CONTENT_TYPE_BINARY = "application/octet-stream"
 
 # Request parameters the gateway consumes itself; the rest travel to the worker.
 _PARAM_BINARY_OUTPUT = "binary_data_output"
-_PARAM_TIMEOUT = "timeout"
-_PARAM_PRIORITY = "priority"
-_CONSUMED_PARAMS = frozenset({_PARAM_BINARY_OUTPUT, _PARAM_TIMEOUT, _PARAM_PRIORITY})
-_UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
+_CONSUMED_PARAMS = frozenset({_PARAM_BINARY_OUTPUT})
+"""Request parameters only the HTTP front consumes (timeout, priority: gateway.requests)."""
 
 _NUMPY_OPTS = orjson.OPT_SERIALIZE_NUMPY
 MAX_NESTING = 64
@@ -59,18 +57,22 @@ class RequestedOutput:
 
 @dataclass(frozen=True, slots=True)
 class InferBody:
-    """A decoded infer request body, before it becomes an ``InferRequest``."""
+    """A decoded infer request body: the request, and how the response should look."""
 
-    inputs: tuple[Tensor, ...]
+    request: FrontRequest
     outputs: tuple[RequestedOutput, ...] = ()
     client_id: str | None = None
     """The request's ``id``: the client's label, echoed in the response."""
     binary_output: bool = False
     """``parameters.binary_data_output``: the default for outputs that do not say."""
-    timeout_us: int | None = None
-    """``parameters.timeout`` (microseconds, Triton's): shortens the wait, sets a deadline."""
-    priority: int = 0
-    parameters: dict[str, Scalar] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.request.inputs
+
+    @property
+    def timeout_us(self) -> int | None:
+        return self.request.timeout_us
 
     def wants_binary(self, name: str) -> bool:
         for out in self.outputs:
@@ -79,21 +81,8 @@ class InferBody:
         return self.binary_output
 
     def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
-        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
-        now_ms = int(time.time() * 1000)
-        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
-        return InferRequest(
-            id=correlation_id,
-            model=model,
-            version=version,
-            inputs=self.inputs,
-            outputs=tuple(o.name for o in self.outputs),
-            reply=ReplyTo(),
-            deadline_ms=deadline,
-            priority=self.priority,
-            parameters=self.parameters,
-            created_ms=now_ms,
-        )
+        """The Plaza request (``FrontRequest.to_request``)."""
+        return self.request.to_request(model, version, correlation_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +127,13 @@ def decode_infer_request(body: Buffer, header_length: int | None = None) -> Infe
     doc = _load_json(header)
     inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None)
     params = _parameters(doc.get("parameters"), "request")
+    outputs = _decode_outputs(doc.get("outputs"))
+    names = tuple(o.name for o in outputs)
     return InferBody(
-        inputs=inputs,
-        outputs=_decode_outputs(doc.get("outputs")),
+        request=FrontRequest.from_parameters(inputs, names, params, _CONSUMED_PARAMS),
+        outputs=outputs,
         client_id=_client_id(doc.get("id")),
         binary_output=_flag(params, _PARAM_BINARY_OUTPUT),
-        timeout_us=_non_negative_int(params, _PARAM_TIMEOUT),
-        priority=_non_negative_int(params, _PARAM_PRIORITY) or 0,
-        parameters={k: v for k, v in params.items() if k not in _CONSUMED_PARAMS},
     )
 
 
@@ -175,9 +163,7 @@ def _parameters(value: Any, where: str) -> dict[str, Scalar]:
     for key, item in value.items():
         if not isinstance(item, str | int | float | bool):
             raise InvalidInput(f"{where} parameter {key!r} must be a string, number or bool")
-    for key in _UNSUPPORTED_PARAMS:
-        if key in value:
-            raise InvalidInput(f"{where} parameter {key!r} is not supported by Plaza")
+    refuse_unsupported(value, where)
     return value
 
 
@@ -185,15 +171,6 @@ def _flag(params: Mapping[str, Scalar], key: str) -> bool:
     value = params.get(key, False)
     if not isinstance(value, bool):
         raise InvalidInput(f"parameter {key!r} must be true or false")
-    return value
-
-
-def _non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"parameter {key!r} must be a non-negative integer")
     return value
 
 

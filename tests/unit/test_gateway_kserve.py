@@ -94,8 +94,8 @@ def test_request_fields_and_parameters() -> None:
     }
     body = kserve.decode_infer_request(_json_body(doc))
     assert body.client_id == "client-label"
-    assert body.timeout_us == 250_000 and body.priority == 2
-    assert body.parameters == {"k": "v"}
+    assert body.timeout_us == 250_000 and body.request.priority == 2
+    assert body.request.parameters == {"k": "v"}
     assert body.wants_binary("A") and not body.wants_binary("B")
     req = body.to_request("m", "1", "corr-1")
     assert req.id == "corr-1" and req.model == "m" and req.version == "1"

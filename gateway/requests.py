@@ -1,0 +1,89 @@
+"""What both fronts (HTTP, gRPC) do with a decoded request: Triton's request parameters and
+the Plaza request they become.
+
+Triton's ``timeout`` (microseconds) and ``priority`` are consumed here: the timeout shortens
+the sync wait and sets the request's deadline, the priority picks its level. The other
+parameters travel to the worker as they are; the shared-memory and classification
+extensions are refused, since no worker can honour them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from plaza.contract import InferRequest, Scalar
+from plaza.errors import InvalidInput
+from plaza.tensors import Tensor
+
+PARAM_TIMEOUT = "timeout"
+PARAM_PRIORITY = "priority"
+UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
+"""Parameter name prefixes of Triton extensions Plaza does not serve."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrontRequest:
+    """A request as a front decoded it, before it becomes an ``InferRequest``."""
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[str, ...] = ()
+    """Requested output names; empty: every output."""
+    timeout_us: int | None = None
+    """``parameters.timeout`` (microseconds, Triton's): shortens the wait, sets a deadline."""
+    priority: int = 0
+    parameters: dict[str, Scalar] = field(default_factory=dict)
+    """The parameters the worker receives (``timeout`` and ``priority`` taken out)."""
+
+    @classmethod
+    def from_parameters(
+        cls,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        params: Mapping[str, Scalar],
+        consumed: frozenset[str] = frozenset(),
+    ) -> FrontRequest:
+        """Take Triton's ``timeout`` and ``priority`` (and the front's own ``consumed``
+        keys) out of ``params``; InvalidInput when they are not non-negative integers."""
+        taken = consumed | {PARAM_TIMEOUT, PARAM_PRIORITY}
+        return cls(
+            inputs=inputs,
+            outputs=outputs,
+            timeout_us=non_negative_int(params, PARAM_TIMEOUT),
+            priority=non_negative_int(params, PARAM_PRIORITY) or 0,
+            parameters={k: v for k, v in params.items() if k not in taken},
+        )
+
+    def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
+        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
+        now_ms = int(time.time() * 1000)
+        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
+        return InferRequest(
+            id=correlation_id,
+            model=model,
+            version=version,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            deadline_ms=deadline,
+            priority=self.priority,
+            parameters=self.parameters,
+            created_ms=now_ms,
+        )
+
+
+def non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
+    """``params[key]`` as a non-negative int (None when absent); InvalidInput otherwise."""
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def refuse_unsupported(params: Mapping[str, Scalar], where: str) -> None:
+    """InvalidInput for a parameter of an extension Plaza does not serve."""
+    for key in params:
+        if key.startswith(UNSUPPORTED_PARAMS):
+            raise InvalidInput(f"{where} parameter {key!r} is not supported by Plaza")
