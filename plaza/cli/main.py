@@ -112,7 +112,7 @@ def _dispatch(args: list[str]) -> int:
         }
         return runners[command](rest)
     elif command == "bench":
-        from plaza.loadgen.bench import main as run_bench
+        from plaza.loadgen.bench.runner import main as run_bench
 
         return run_bench(rest)
     return 0

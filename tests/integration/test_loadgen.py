@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from plaza.batching import BatchingPolicy
-from plaza.loadgen.benchmarks import capacity, compare_with_simulation
+from plaza.loadgen.bench.cases import capacity, compare_with_simulation
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, WindowConfig, measure

@@ -18,15 +18,14 @@ import argparse
 import asyncio
 import json
 import shutil
-import sys
 import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from plaza.loadgen.benchkit import Context
-from plaza.loadgen.benchmarks import BENCHMARKS
+from plaza.loadgen.bench.cases import BENCHMARKS
+from plaza.loadgen.bench.context import Context
 from plaza.loadgen.stack import fresh_dir
 from plaza.loadgen.sweep import environment
 from plaza.stack import ProcessGroup, Services
@@ -112,7 +111,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if any("error" in v for v in summary.values() if isinstance(v, dict)) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.batching import BatchingPolicy
 from plaza.loadgen.arrivals import ArrivalProcess
-from plaza.loadgen.benchkit import (
+from plaza.loadgen.bench.context import (
     Context,
     cpu_seconds,
     measure_logged,
