@@ -160,8 +160,7 @@ class DynamicBatcher(Generic[T]):
         removed: list[T] = []
         for entry in self._entries():
             if predicate(entry.item):
-                self._kill(entry)
-                removed.append(entry.item)
+                removed.append(self._kill(entry))
         self._compact()
         return removed
 
@@ -193,13 +192,12 @@ class DynamicBatcher(Generic[T]):
             _, _, entry = heapq.heappop(self._deadlines)
             if not entry.alive or entry.deadline is None:
                 continue
+            item = self._kill(entry)
             if entry.reject_on_timeout:
-                self._kill(entry)
-                expired.append(entry.item)
+                expired.append(item)
             else:  # DELAY: keep it, behind everything else, with no deadline now
-                self._kill(entry)
                 moved = _Pending(
-                    entry.item,
+                    item,
                     entry.size,
                     entry.level,
                     entry.arrival,
@@ -232,16 +230,24 @@ class DynamicBatcher(Generic[T]):
         for entry in self._entries():
             if batch and (rows + entry.size > limit or len(batch) == max_requests):
                 break
-            batch.append(entry.item)
             rows += entry.size
-            self._kill(entry)
+            batch.append(self._kill(entry))
         self._compact()
         return batch
 
-    def _kill(self, entry: _Pending[T]) -> None:
+    def _kill(self, entry: _Pending[T]) -> T:
+        """Take ``entry`` out of the pending set and hand back its item.
+
+        The entry's husk may stay a while in a queue or on the deadline heap (they are
+        pruned lazily), so it lets go of the item now: a served request's payload must not
+        live on until its deadline, which a client may set hours away.
+        """
+        item = entry.item
+        del entry.item
         entry.alive = False
         self._count -= 1
         self._size -= entry.size
+        return item
 
     def _compact(self) -> None:
         for q in (*self._queues.values(), self._delayed):
@@ -251,3 +257,13 @@ class DynamicBatcher(Generic[T]):
                 alive = [e for e in q if e.alive]
                 q.clear()
                 q.extend(alive)
+        self._prune_deadlines()
+
+    def _prune_deadlines(self) -> None:
+        # Taken entries keep their heap slot until their deadline comes up. Rebuild once the
+        # heap is more than twice the pending count: at least half of it is husks then, so
+        # the rebuild costs O(1) per request amortised and the heap stays within 2x + 64.
+        heap = self._deadlines
+        if len(heap) > 2 * self._count + 64:
+            self._deadlines = [e for e in heap if e[2].alive]
+            heapq.heapify(self._deadlines)

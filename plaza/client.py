@@ -177,6 +177,7 @@ class PlazaClient:
     ) -> AsyncIterator[tuple[bytes, list[InferResult]]]:
         """Read a result stream as one consumer of a consumer group (XREADGROUP); ``ack``
         each entry once processed."""
+        options.setdefault("keep_alive_s", self.settings.redis.reply_stream_ttl_s)
         return consume_stream(self._redis, stream, group, consumer, **options)
 
     async def ack(self, stream: str, group: str, entry_id: bytes) -> None:

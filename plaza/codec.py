@@ -6,7 +6,7 @@ and is decoded zero-copy: ``Tensor.data`` is a memoryview into the received mess
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgpack
@@ -162,11 +162,21 @@ def encode_result(res: InferResult) -> bytes:
     return msgpack.packb(_result_to_map(res), **_packer_options)  # type: ignore[no-any-return]
 
 
-def encode_results(results: list[InferResult]) -> bytes:
-    """Several results as one msgpack array of result maps (one stream entry per batch)."""
-    return msgpack.packb(  # type: ignore[no-any-return]
-        [_result_to_map(r) for r in results], **_packer_options
-    )
+def join_results(encoded: Sequence[bytes]) -> bytes:
+    """A result batch from results already encoded with ``encode_result``.
+
+    The results wire format of a reply stream entry: the result maps back to back, a msgpack
+    stream with no array header (the entry's ``n`` field counts them). Joining is all there
+    is to it, so the writer encodes each result once in Python (that one payload also goes
+    under the result key) and its Lua script joins the first-write winners with
+    ``table.concat``; it knows nothing else of msgpack.
+    """
+    return b"".join(encoded)
+
+
+def encode_results(results: Sequence[InferResult]) -> bytes:
+    """Several results as one result batch (what one reply stream entry's ``r`` holds)."""
+    return join_results([encode_result(r) for r in results])
 
 
 def _result_from_map(body: Any) -> InferResult:
@@ -202,11 +212,20 @@ def decode_result(data: Buffer) -> InferResult:
 
 
 def decode_results(data: Buffer) -> list[InferResult]:
-    """Parse a stream entry's packed results (a msgpack array of result maps)."""
+    """Parse a result batch (a stream entry's ``r``: result maps back to back)."""
+    size = memoryview(data).nbytes
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(size, 1))
+    results: list[InferResult] = []
+    end = 0  # where the last whole map ended: a partial one is not an error to the Unpacker
     try:
-        body = msgpack.unpackb(data, raw=False)
-    except Exception as exc:
-        raise CodecError(f"result batch is not valid msgpack: {exc}") from exc
-    if not isinstance(body, list):
-        raise CodecError("result batch must be a msgpack array")
-    return [_result_from_map(b) for b in body]
+        unpacker.feed(data)
+        for body in unpacker:
+            results.append(_result_from_map(body))
+            end = unpacker.tell()
+    except CodecError:
+        raise
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CodecError(f"result batch is not valid msgpack: {exc!r}") from exc
+    if end != size:
+        raise CodecError(f"result batch is truncated: {size - end} bytes after the last result")
+    return results

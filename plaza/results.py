@@ -5,6 +5,8 @@ Workers write (``workers/writer.py``); the gateway and the SDK read through this
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -78,6 +80,7 @@ async def consume_stream(
     count: int = 64,
     block_ms: int = 1000,
     idle_exit: bool = False,
+    keep_alive_s: int | None = None,
 ) -> AsyncIterator[tuple[bytes, list[InferResult]]]:
     """Yield (entry id, results) from ``stream`` as one consumer of ``group``.
 
@@ -85,11 +88,18 @@ async def consume_stream(
     consumer that crashes mid-entry gets it again: its own pending entries are delivered
     first when it comes back (another consumer can also take them with XAUTOCLAIM).
     ``idle_exit`` stops after a block_ms wait that brought nothing (for batch pipelines
-    that drain and finish).
+    that drain and finish). ``keep_alive_s``: the stream's idle expiry, renewed while this
+    consumer reads (workers renew it on every write), so a stream outlives neither its
+    writers nor its readers by more than that.
     """
     await ensure_group(redis, stream, group)
     start = "0"  # first our own pending entries, then new ones
+    renewed = -math.inf
     while True:
+        now = time.monotonic()
+        if keep_alive_s is not None and now - renewed > keep_alive_s / 3:
+            await redis.expire(stream, keep_alive_s)
+            renewed = now
         reply: Any = await redis.xreadgroup(
             group, consumer, {stream: start}, count=count, block=block_ms
         )

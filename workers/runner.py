@@ -2,8 +2,9 @@
 
 Used by the worker (fed by the batcher) and by the GPU check script (fed directly). Requests
 whose non-batch shapes differ cannot share one tensor; they run as separate sub-batches, as
-in Triton. A backend that raises fails only the sub-batch it was running, each request of it
-getting a ``model_error`` result; the worker keeps serving.
+in Triton. A backend call that raises is retried on halves of its sub-batch until the
+request(s) that fail on their own are found; only those get a ``model_error`` result, their
+batch-mates are answered normally, and the worker keeps serving.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from aiokafka.structs import TopicPartition
 
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import ModelExecutionError
@@ -30,6 +32,10 @@ ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
 """Told of every backend execution: its requests and their results (worker metrics)."""
 
 
+NO_PARTITION = TopicPartition("", -1)
+"""The partition of a WorkItem that did not come from Kafka."""
+
+
 @dataclass(slots=True)
 class WorkItem:
     """A validated request waiting in the batcher."""
@@ -39,8 +45,8 @@ class WorkItem:
     version: int
     received: float = field(default_factory=time.monotonic)
     """Monotonic time the worker took the request in (queue time starts here)."""
-    partition: Any = None
-    """The Kafka TopicPartition it came from (None outside the worker)."""
+    partition: TopicPartition = NO_PARTITION
+    """The Kafka partition it came from (``NO_PARTITION`` outside the worker)."""
     offset: int = -1
 
 
@@ -97,20 +103,37 @@ class BatchRunner:
         return [r for r in results if r is not None]
 
     def run_group(self, items: Sequence[WorkItem]) -> list[InferResult]:
-        """Run requests that share shapes and a version as one backend call (blocking)."""
+        """Run requests that share shapes and a version as one backend call (blocking).
+
+        When the call fails, the group is split in halves and each half runs again, down
+        to single requests: one culprit costs about 2*log2(n) extra calls, and only the
+        requests that fail on their own get a ``model_error`` (which is final: first write
+        wins), never their innocent batch-mates.
+        """
+        try:
+            return self._execute(items)
+        except Exception as exc:
+            if len(items) == 1:
+                log.exception("%s: request %s failed", self.spec.name, items[0].request.id)
+                err = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
+                return [self._error(items[0], err)]
+            log.warning(
+                "%s: batch of %d failed (%s); retrying it in halves to isolate the culprit",
+                self.spec.name,
+                len(items),
+                exc,
+            )
+        half = len(items) // 2
+        return self.run_group(items[:half]) + self.run_group(items[half:])
+
+    def _execute(self, items: Sequence[WorkItem]) -> list[InferResult]:
         t0 = time.monotonic()
         wanted = sorted({o for it in items for o in (it.request.outputs or self._all_outputs)})
-        try:
-            inputs = stack_inputs(items, self.spec.max_batch_size > 0)
-            t1 = time.monotonic()
-            outputs = self.backends[items[0].version].infer(inputs, wanted)
-            t2 = time.monotonic()
-            results = self._split(items, outputs, t0, t1, t2)
-        except Exception as exc:
-            log.exception("%s: batch of %d failed", self.spec.name, len(items))
-            err = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
-            return [self._error(it, err) for it in items]
-        return results
+        inputs = stack_inputs(items, self.spec.max_batch_size > 0)
+        t1 = time.monotonic()
+        outputs = self.backends[items[0].version].infer(inputs, wanted)
+        t2 = time.monotonic()
+        return self._split(items, outputs, t0, t1, t2)
 
     def _split(
         self, items: Sequence[WorkItem], outputs: Arrays, t0: float, t1: float, t2: float

@@ -4,7 +4,14 @@ One Lua script call per batch. For each result it does ``SET result-key payload 
 only when that SET wins (the first answer for this correlation id) is the result also added
 to its reply stream. A replayed request (after a crash or a rebalance) therefore never shows
 a second, different answer: first write wins. The results that a batch sends to one stream
-travel as one stream entry (``n`` = count, ``r`` = msgpack array of result maps).
+travel as one stream entry (``n`` = count, ``r`` = the result batch of ``plaza.codec``).
+
+Each result is encoded once, here in Python, with the codec; the script only stores those
+bytes and joins the winners of a stream (``plaza.codec.join_results`` is the same join), so
+the results wire format has one definition. Each XADD runs under ``pcall``: a reply stream
+that cannot take an entry (a key of another type at that name) loses only its own results,
+never a batch-mate's. Every XADD also (re)sets the stream's idle expiry, so a stream whose
+reader went away, and that late results recreate, still expires.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from plaza.settings import RedisSettings
 log = logging.getLogger(__name__)
 
 # KEYS: n result keys, then the distinct streams.
-# ARGV: ttl, maxlen, n, then per result: payload, stream index (0 = none; 1-based into streams).
+# ARGV: result ttl, maxlen, stream ttl, n, then per result: payload, stream index (0 = none;
+# 1-based into the streams). Returns {first writes, results lost to failed XADDs, error}.
 _WRITE_SCRIPT = """
-local ttl, maxlen, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local ttl, maxlen, stream_ttl, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local per_stream = {}
 local written = 0
 for i = 1, n do
-  local payload, s = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
+  local payload, s = ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i])
   if redis.call('SET', KEYS[i], payload, 'NX', 'EX', ttl) then
     written = written + 1
     if s > 0 then
@@ -38,17 +46,20 @@ for i = 1, n do
     end
   end
 end
+local lost, last_error = 0, ''
 for s, payloads in pairs(per_stream) do
-  local count = #payloads
-  local header
-  if count < 16 then header = string.char(0x90 + count)
-  else header = string.char(0xdc, math.floor(count / 256), count % 256) end
-  redis.call('XADD', KEYS[n + s], 'MAXLEN', '~', maxlen, '*',
-             'n', count, 'r', header .. table.concat(payloads))
+  local stream = KEYS[n + s]
+  local added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+                            'n', #payloads, 'r', table.concat(payloads))
+  if type(added) == 'table' and added.err then
+    lost, last_error = lost + #payloads, stream .. ': ' .. added.err
+  else
+    redis.call('EXPIRE', stream, stream_ttl)
+  end
 end
-return written
+return {written, lost, last_error}
 """
-_MAX_PER_CALL = 65535  # msgpack array16 header used above
+_MAX_PER_CALL = 8192  # results per script call: Redis serves nothing else while one runs
 
 
 class ResultWriter:
@@ -73,6 +84,7 @@ class ResultWriter:
         args: list[bytes | int | str] = [
             self._settings.result_ttl_s,
             self._settings.stream_maxlen,
+            self._settings.reply_stream_ttl_s,
             len(results),
         ]
         for result, stream in results:
@@ -80,7 +92,11 @@ class ResultWriter:
             args.append(encode_result(result))
             args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
         keys.extend(streams)
-        return int(await self._script(keys=keys, args=args))
+        written, lost, error = await self._script(keys=keys, args=args)
+        if lost:
+            # Their result keys hold the answers (pollable); only the stream copy is gone.
+            log.warning("%d results not added to their reply stream: %r", lost, error)
+        return int(written)
 
     async def write_until_done(
         self, results: Sequence[tuple[InferResult, str | None]], stop: asyncio.Event | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from plaza.batching import BatchingPolicy, DynamicBatcher
@@ -179,3 +181,39 @@ def test_remove_if_drops_revoked_requests() -> None:
 def test_empty_batcher_sleeps_until_something_arrives() -> None:
     d = make(FakeClock()).decide(backlog=0)
     assert d.batch == [] and d.expired == [] and d.wake_at is None
+
+
+class Payload:
+    """A stand-in for a request's payload, so the test can see whether it is still alive."""
+
+
+def retained_entries(b: DynamicBatcher[Payload]) -> int:
+    """Entries the batcher still holds anywhere: queues, delayed queue, deadline heap."""
+    queued = sum(len(q) for q in (*b._queues.values(), b._delayed))
+    return queued + len(b._deadlines)
+
+
+def test_served_requests_are_released_at_once_despite_long_deadlines() -> None:
+    clock = FakeClock()
+    b: DynamicBatcher[Payload] = DynamicBatcher(
+        BatchingPolicy(max_batch_size=8, max_queue_delay_us=1000), clock=clock
+    )
+    alive: weakref.WeakSet[Payload] = weakref.WeakSet()
+    worst = 0
+    for round_ in range(100_000 // 8):
+        for _ in range(8 + round_ % 3):  # a few stay pending each round, then drain
+            payload = Payload()
+            alive.add(payload)
+            b.add(payload, deadline=clock.t + 3600.0)
+            del payload
+        served = b.decide().batch
+        assert served and len(served) <= 8
+        del served
+        clock.advance(10)
+        worst = max(worst, retained_entries(b) - 3 * len(b))
+        assert len(alive) == len(b), f"round {round_}: {len(alive)} payloads, {len(b)} pending"
+        if len(b) > 64:  # keep the pending count moderate so the bound stays meaningful
+            clock.advance(1000)
+            while len(b):
+                b.decide()
+    assert worst <= 2 * 64, f"batcher kept {worst} entries beyond its pending requests"

@@ -16,6 +16,7 @@ from plaza.codec import (
     encode_request,
     encode_result,
     encode_results,
+    join_results,
 )
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.errors import CodecError, InvalidInput, UnsupportedVersion
@@ -111,6 +112,23 @@ def test_result_round_trip_single_and_packed() -> None:
     both = decode_results(encode_results([ok, bad]))
     assert [r.id for r in both] == ["a", "b"]
     assert both[1].status == "error" and both[1].error == ErrorInfo("invalid_input", "nope")
+
+
+def test_a_result_batch_is_result_maps_back_to_back() -> None:
+    results = [InferResult(f"r{i}", "m", "1", error=ErrorInfo("timeout", "late")) for i in range(3)]
+    batch = encode_results(results)
+    assert batch == join_results([encode_result(r) for r in results])  # what the writer sends
+    plain = msgpack.Unpacker(raw=False)  # any msgpack stream reader can take it apart
+    plain.feed(batch)
+    assert [m["id"] for m in plain] == ["r0", "r1", "r2"]
+    assert [r.id for r in decode_results(memoryview(batch))] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("damage", [lambda b: b[:-2], lambda b: b"\xc1" + b, lambda b: b + b"\x92"])
+def test_a_damaged_result_batch_is_a_codec_error(damage) -> None:
+    batch = encode_results([InferResult("a", "m", "1", error=ErrorInfo("timeout", "late"))])
+    with pytest.raises(CodecError):
+        decode_results(damage(batch))
 
 
 def _envelope(**fields) -> bytes:

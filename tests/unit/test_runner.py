@@ -67,21 +67,44 @@ def test_requests_with_different_shapes_run_as_separate_sub_batches() -> None:
     assert [r.output("y").to_numpy().shape for r in results] == [(1, 3), (1, 5), (1, 3)]
 
 
-def test_a_failing_sub_batch_fails_only_its_requests_and_the_runner_keeps_going() -> None:
+def test_a_failing_request_fails_alone_and_its_batch_mates_are_answered() -> None:
     backend = Doubler(fail_when=9.0)
     runner = BatchRunner(SPEC, {1: backend})  # type: ignore[dict-item]
     results = run(runner, [item(9, width=4), item(1, width=3), item(2, width=4)])
-    assert [r.status for r in results] == ["error", "ok", "error"]
+    assert [r.status for r in results] == ["error", "ok", "ok"]
     assert results[0].error is not None and results[0].error.code == "model_error"
     assert "poisoned batch" in results[0].error.message
+    assert results[2].output("y").to_numpy().tolist() == [[4, 4, 4, 4]]
     again = run(runner, [item(4), item(5)])
     assert [r.status for r in again] == ["ok", "ok"]
+
+
+def test_bisection_finds_one_culprit_among_many_in_few_calls() -> None:
+    backend = Doubler(fail_when=9.0)
+    runner = BatchRunner(SPEC, {1: backend})  # type: ignore[dict-item]
+    values = [float(v) for v in range(16)]  # 9.0 is the poisoned one
+    results = run(runner, [item(v) for v in values])
+    assert [r.status for r in results] == ["error" if v == 9 else "ok" for v in values]
+    assert [r.output("y").to_numpy()[0, 0] for r in results if r.error is None] == [
+        2 * v for v in values if v != 9
+    ]
+    # 1 failed call of 16, then halves down to the culprit: 2 per level, 4 levels
+    assert len(backend.calls) == 1 + 2 * 4
+
+
+def test_every_request_failing_still_answers_each_with_an_error() -> None:
+    class Broken(Doubler):
+        def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+            raise RuntimeError("model is broken")
+
+    results = run(BatchRunner(SPEC, {1: Broken()}), [item(v) for v in range(5)])  # type: ignore[dict-item]
+    assert [r.error.code if r.error else "ok" for r in results] == ["model_error"] * 5
 
 
 def test_wrong_output_rows_is_a_model_error_not_a_crash() -> None:
     class Truncating(Doubler):
         def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
-            return {"y": inputs["x"][:1]}
+            return {"y": inputs["x"][:0]}  # wrong for any batch, even of one request
 
     runner = BatchRunner(SPEC, {1: Truncating()})  # type: ignore[dict-item]
     results = run(runner, [item(1), item(2)])
