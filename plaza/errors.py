@@ -77,6 +77,13 @@ class ModelExecutionError(PlazaError):
     code = "model_error"
 
 
+class PoisonRecord(PlazaError):
+    """A record delivered ``worker.max_deliveries`` times without an answer: every worker
+    that took it died (a crash, an abort, out of memory) before answering it."""
+
+    code = "poison_record"
+
+
 class Unavailable(PlazaError):
     """A service Plaza needs (Kafka, Redis, a worker) does not answer."""
 

@@ -134,3 +134,17 @@ class Names:
     def model_stats_key(self, model: str, version: str) -> str:
         """Hash of one model version's cumulative statistics, summed over its workers."""
         return f"{self.key_prefix}stats:{check_model_name(model)}:{version}"
+
+    def reply_stream_prefixes(self) -> tuple[str, ...]:
+        """Where a request may ask for its answer to go: a reply stream (``reply_stream``)
+        or a named result stream (``results_stream``) of this deployment, nowhere else."""
+        return (self.reply_stream(""), self.results_stream(""))
+
+    def is_reply_stream(self, name: str) -> bool:
+        """Whether ``name`` is a stream a worker may write a request's answer to."""
+        return any(name.startswith(p) and len(name) > len(p) for p in self.reply_stream_prefixes())
+
+    def delivery_key(self, topic: str, partition: int, offset: int) -> str:
+        """Counts how often one Kafka record was delivered to a worker without an answer
+        (a record that crashes every worker that takes it is dead-lettered past a limit)."""
+        return f"{self.key_prefix}deliveries:{topic}:{partition}:{offset}"

@@ -93,7 +93,25 @@ class WorkerSettings(_Section):
     model: str = Field("", description="the model this worker serves (required)")
     worker_id: str = Field("", description="worker id; default host-pid-random")
     max_pending: int = Field(1024, ge=1, description="records held in memory before pausing fetch")
+    max_pending_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="bytes of records held in memory before pausing fetch (one record over "
+        "it is still taken when nothing else is held)",
+    )
     fetch_max_records: int = Field(512, ge=1, description="records taken per fetch")
+    max_deliveries: int = Field(
+        3,
+        ge=1,
+        description="deliveries of one record without an answer (worker crashes) before it "
+        "is dead-lettered with a poison_record error",
+    )
+    delivery_ttl_s: int = Field(
+        600,
+        ge=1,
+        description="how long an unanswered record's delivery count is kept (at most "
+        "redis.result_ttl_s)",
+    )
     intra_op_threads: int = Field(0, ge=0, description="0: the model's config, else all cores")
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="registry heartbeat and stats flush interval"

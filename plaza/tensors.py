@@ -77,8 +77,28 @@ def serialize_bytes(array: np.ndarray[Any, Any]) -> bytes:
     return b"".join(parts)
 
 
+BYTES_LENGTH_PREFIX = 4
+"""Every BYTES element starts with a uint32 length, so it takes at least 4 bytes."""
+
+
+def check_bytes_count(data: Buffer, count: int) -> None:
+    """InvalidInput unless ``data`` can hold ``count`` BYTES elements.
+
+    Checked before anything is allocated from the declared shape: a shape of [1, 2**40]
+    with empty data must be a clear error, not a MemoryError (or a ValueError for counts
+    past what numpy can index).
+    """
+    nbytes = memoryview(data).nbytes
+    if count > nbytes // BYTES_LENGTH_PREFIX:
+        raise InvalidInput(
+            f"BYTES tensor declares {count} elements but its {nbytes} bytes of data hold "
+            f"at most {nbytes // BYTES_LENGTH_PREFIX}"
+        )
+
+
 def deserialize_bytes(data: Buffer, count: int) -> np.ndarray[Any, Any]:
     """Inverse of serialize_bytes; InvalidInput when lengths and data disagree."""
+    check_bytes_count(data, count)
     view = memoryview(data)
     out = np.empty(count, dtype=object)
     pos = 0

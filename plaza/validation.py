@@ -46,7 +46,10 @@ def _check_shape(tensor: Tensor, spec: TensorSpec, max_batch_size: int) -> int:
 def _check_data(tensor: Tensor) -> None:
     expected = tensor.expected_nbytes()
     if expected is None:
-        deserialize_bytes(tensor.data, tensor.element_count)  # raises InvalidInput
+        try:  # sizes are checked before anything is allocated from the shape
+            deserialize_bytes(tensor.data, tensor.element_count)
+        except InvalidInput as exc:
+            raise InvalidInput(f"input {tensor.name!r}: {exc.message}", tensor=tensor.name) from exc
     elif len(tensor.data) != expected:
         raise InvalidInput(
             f"input {tensor.name!r}: {len(tensor.data)} bytes of data, shape "

@@ -1,9 +1,13 @@
 """The worker: one model, one consumer-group member, four cooperating tasks.
 
-- intake: fetches records (bounded by ``max_pending``), admits them into the batcher, answers
-  invalid ones at once and dead-letters unreadable ones;
-- scheduler: asks the batcher for the next batch (depth = pending + consumer lag) and runs it
-  on the executor thread, so fetching and writing go on while the model computes;
+- intake: fetches records (bounded by ``max_pending`` records and ``max_pending_bytes``),
+  counts their deliveries, admits them into the batcher, answers invalid ones at once and
+  dead-letters unreadable ones and poison records (delivered ``max_deliveries`` times
+  without an answer: each worker that took them died);
+- scheduler: runs suspects (records delivered before, maybe the reason a worker died) alone,
+  one per batch, so only the culprit of a crash keeps failing; otherwise asks the batcher for
+  the next batch (depth = pending + consumer lag) and runs it on the executor thread, so
+  fetching and writing go on while the model computes;
 - writer: writes each batch's results to Redis in one round trip, then commits the offsets
   that became safe (only after the results are durable);
 - heartbeat: keeps this worker in the model's registry, which the gateway's readiness reads.
@@ -19,9 +23,10 @@ import os
 import socket
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
@@ -30,7 +35,14 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from plaza.batching import BatchingPolicy, DynamicBatcher
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import InferResult
-from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, QueueFull
+from plaza.errors import (
+    ConfigError,
+    DeadlineExceeded,
+    InvalidInput,
+    PlazaError,
+    PoisonRecord,
+    QueueFull,
+)
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
     HEADER_ERROR_CODE,
@@ -43,6 +55,7 @@ from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
 from plaza.workers.backends import Backend, create_backend
+from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.device import select_device
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
@@ -52,6 +65,32 @@ from plaza.workers.writer import ResultWriter
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+RecordKey = tuple[TopicPartition, int]
+Record: TypeAlias = ConsumerRecord[Any, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaClients:
+    """The worker's Kafka clients, made in ``Worker.start`` (they need the running loop)."""
+
+    producer: AIOKafkaProducer
+    consumer: AIOKafkaConsumer
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """A record delivered before without an answer: it runs alone, and is judged."""
+
+    item: WorkItem
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A record taken in and not yet finished: what it costs and how often it came."""
+
+    nbytes: int
+    deliveries: int
 
 
 @dataclass(slots=True)
@@ -87,6 +126,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._worker._on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._worker.offsets.assign(assigned)
         log.info(
             "%s: assigned %s", self._worker.id, sorted(f"{t.topic}:{t.partition}" for t in assigned)
         )
@@ -110,46 +150,73 @@ class Worker:
         )
         self.offsets = OffsetTracker()
         self._fetched: dict[TopicPartition, int] = {}
+        self._held: dict[RecordKey, Held] = {}
+        self.pending_bytes = 0
+        """Bytes of the records held (taken in, not yet answered and written)."""
+        self.peak_pending_bytes = 0
+        self._record_bytes = 0.0
+        """Running mean record size: how many records the byte budget has room for."""
+        self._suspects: deque[Suspect] = deque()
+        self._moved: set[TopicPartition] = set()
+        """Partitions revoked since the last fetch returned: the rest of that fetch is not
+        ours (a new assignment fetches again from the committed offset)."""
         self._in_flight = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._backends: dict[int, Backend] = {}
-
-    # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Load the model, create topics, join the group; returns once serving."""
-        ws = self.settings.worker
+        # The task's signals: stop asked, records arrived, room to fetch, nothing running.
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Event()
         self._space = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._results: asyncio.Queue[Completed] = asyncio.Queue(maxsize=4)
-        repo = ModelRepository(self.settings.repository)
-        self.spec: ModelSpec = repo.spec(self.model)
-        self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
+        # The model (its backends load in ``start``) and how its requests are batched.
+        self._repo = ModelRepository(settings.repository)
+        self.spec: ModelSpec = self._repo.spec(self.model)
+        self.versions = [mv.version for mv in self._repo.served_versions(self.model, self.spec)]
+        self._backends: dict[int, Backend] = {}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{self.model}")
-        await self._load_backends(repo)
         self.policy = BatchingPolicy.from_spec(self.spec)
         self.batcher: DynamicBatcher[WorkItem] = DynamicBatcher(self.policy)
         self.runner = BatchRunner(
             self.spec, self._backends, self._executor, self.id, observer=self.metrics.executed
         )
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
+        # Redis clients connect on first use; Kafka's need the running loop (``start``).
+        self.redis = redis_client(settings.redis)
+        self.writer = ResultWriter(self.redis, settings.redis, self.names)
+        ttl_s = min(settings.worker.delivery_ttl_s, settings.redis.result_ttl_s)
+        self.deliveries = DeliveryCounter(self.redis, self.names, ttl_s)
+        self._kafka: KafkaClients | None = None
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The dead-letter producer (once started)."""
+        return self._started().producer
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        """The consumer-group member (once started)."""
+        return self._started().consumer
+
+    def _started(self) -> KafkaClients:
+        if self._kafka is None:
+            raise RuntimeError(f"worker {self.id} is not started")
+        return self._kafka
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the model, create topics, join the group; returns once serving."""
+        ws = self.settings.worker
+        await self._load_backends(self._repo)
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
         )
-        self.redis = redis_client(self.settings.redis)
-        self.writer = ResultWriter(self.redis, self.settings.redis, self.names)
-        self.producer: AIOKafkaProducer = kafka_producer(self.settings.kafka)
-        await self.producer.start()
-        self.consumer: AIOKafkaConsumer = kafka_consumer(
-            self.settings.kafka,
-            self.names.consumer_group(self.model),
-            max_partition_fetch_bytes=max(1 << 20, self.settings.kafka.max_request_bytes * 2),
-        )
+        producer = kafka_producer(self.settings.kafka)
+        await producer.start()
+        self._kafka = KafkaClients(producer, self._make_consumer())
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self.consumer.start()
-        self.metrics.start(self.versions, pending=lambda: len(self.batcher) + self._in_flight)
+        self.metrics.start(self.versions, pending=self._pending)
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [
@@ -159,13 +226,31 @@ class Worker:
             spawn(self._heartbeat_loop(), name="heartbeat"),
         ]
         log.info(
-            "worker %s serving %s versions %s from %s (max_pending %d)",
+            "worker %s serving %s versions %s from %s (max_pending %d, %d bytes)",
             self.id,
             self.model,
             self.versions,
             self.topics,
             ws.max_pending,
+            ws.max_pending_bytes,
         )
+
+    def _make_consumer(self) -> AIOKafkaConsumer:
+        # The fetcher's read-ahead (per partition, and per fetch) is memory outside the byte
+        # budget: keep it a fraction of it. A record bigger than a limit still comes (Kafka
+        # returns the first batch whatever its size).
+        budget = self.settings.worker.max_pending_bytes
+        per_partition = max(1 << 20, min(self.settings.kafka.max_request_bytes * 2, budget // 8))
+        return kafka_consumer(
+            self.settings.kafka,
+            self.names.consumer_group(self.model),
+            max_partition_fetch_bytes=per_partition,
+            fetch_max_bytes=max(per_partition, min(50 << 20, budget // 4)),
+        )
+
+    def _pending(self) -> int:
+        """Requests held: waiting in the batcher, waiting as suspects, or running."""
+        return len(self.batcher) + len(self._suspects) + self._in_flight
 
     async def _load_backends(self, repo: ModelRepository) -> None:
         device = select_device(self.settings.worker.device)
@@ -218,21 +303,47 @@ class Worker:
 
     # -- intake ----------------------------------------------------------------------------
     async def _intake_loop(self) -> None:
-        ws = self.settings.worker
         while True:
-            room = ws.max_pending - len(self.batcher) - self._in_flight
+            room = self._room()
             if room <= 0:
                 self._space.clear()
                 await self._space.wait()
                 continue
             fetched = await self._fetch(room)
-            done = Completed()
-            for tp, records in fetched.items():
-                for record in records:
-                    await self._take(tp, record, done)
-            if done.records:
-                await self._results.put(done)
-            self._arrived.set()
+            # What getmany returned belongs to the assignment of this moment (a rebalance
+            # during the fetch reset the positions); only a revocation from now on, while
+            # the fetch is taken in, leaves the rest of it to the partition's next fetch.
+            self._moved.clear()
+            await self._take_all(fetched)
+
+    def _room(self) -> int:
+        """Records to fetch now: what both ``max_pending`` and ``max_pending_bytes`` allow.
+
+        The byte room is estimated from the mean record size (one record, to learn it, on
+        the first fetch), so a fetch overshoots the budget by one record plus the spread of
+        sizes at most; one record is always allowed when nothing is held, so a record
+        bigger than the budget cannot stall the partition.
+        """
+        ws = self.settings.worker
+        by_count = ws.max_pending - self._pending()
+        free = ws.max_pending_bytes - self.pending_bytes
+        if free <= 0:
+            return 0 if self._held else 1
+        if not self._record_bytes:
+            return min(by_count, 1)
+        return min(by_count, max(1, int(free // self._record_bytes)))
+
+    async def _take_all(self, fetched: Fetched) -> None:
+        records = [(tp, r) for tp, rs in fetched.items() for r in rs]
+        counts = await self.deliveries.count(
+            [(tp.topic, tp.partition, r.offset) for tp, r in records]
+        )
+        done = Completed()
+        for (tp, record), deliveries in zip(records, counts, strict=True):
+            await self._take(tp, record, deliveries, done)
+        if done.records:
+            await self._results.put(done)
+        self._arrived.set()
 
     async def _fetch(self, room: int) -> Fetched:
         """Records to take in, highest priority level first: the fetcher buffers every
@@ -253,49 +364,78 @@ class Worker:
         return waited
 
     async def _take(
-        self, tp: TopicPartition, record: ConsumerRecord[Any, Any], done: Completed
+        self, tp: TopicPartition, record: Record, deliveries: int, done: Completed
     ) -> None:
+        if tp in self._moved or not self.offsets.started(tp, record.offset):
+            return  # revoked while this fetch was being taken in: the next owner replays it
         self.stats.fetched += 1
         self._fetched[tp] = record.offset + 1
-        self.offsets.started(tp, record.offset)
+        self._hold((tp, record.offset), len(record.value or b""), deliveries)
         verdict = admit(
             record.value,
             self.spec,
             self.versions,
             max_bytes=self.settings.kafka.max_request_bytes,
+            names=self.names,
             worker_id=self.id,
+            partition=tp,
+            offset=record.offset,
         )
         if isinstance(verdict, DeadLetter):
-            await self._dead_letter(tp, record, verdict)
-            self.offsets.done(tp, record.offset)
-            return
-        if isinstance(verdict, Rejected):
+            await self._dead_letter(tp, record, verdict.error)
+            self._finish([(tp, record.offset)])
+        elif isinstance(verdict, Rejected):
             self.stats.rejected += 1
             done.answers.append((verdict.result, verdict.reply_stream))
             done.records.append((tp, record.offset))
+        else:
+            await self._queue(verdict, deliveries, record, done)
+
+    async def _queue(
+        self, item: WorkItem, deliveries: int, record: Record, done: Completed
+    ) -> None:
+        """Into the batcher, or, if delivered before, to the suspects that run alone."""
+        req, tp = item.request, item.partition
+        if deliveries > 1:
+            self._suspects.append(Suspect(item, record))
             return
-        verdict.partition, verdict.offset = tp, record.offset
-        req = verdict.request
         try:
             self.batcher.add(
-                verdict,
-                size=verdict.rows,
+                item,
+                size=item.rows,
                 priority=req.priority or self.names.topic_level(self.model, tp.topic),
                 deadline=monotonic_deadline(req, time.monotonic(), time.time()),
             )
         except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
             self.stats.rejected += 1
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
-            done.records.append((tp, record.offset))
+            done.records.append((tp, item.offset))
 
-    async def _dead_letter(
-        self, tp: TopicPartition, record: ConsumerRecord[Any, Any], verdict: DeadLetter
-    ) -> None:
+    def _hold(self, key: RecordKey, nbytes: int, deliveries: int) -> None:
+        if key in self._held:  # the same record again (a replay within one assignment)
+            return
+        self._held[key] = Held(nbytes, deliveries)
+        self.pending_bytes += nbytes
+        self.peak_pending_bytes = max(self.peak_pending_bytes, self.pending_bytes)
+        if not self._record_bytes:
+            self._record_bytes = float(max(nbytes, 1))
+        self._record_bytes += (nbytes - self._record_bytes) / 16  # a running mean
+
+    def _finish(self, keys: list[RecordKey]) -> None:
+        """These records are done (answer durable, or dead-lettered): release them."""
+        for tp, offset in keys:
+            self.offsets.done(tp, offset)
+            held = self._held.pop((tp, offset), None)
+            if held is not None:
+                self.pending_bytes -= held.nbytes
+        self.deliveries.finished([(tp.topic, tp.partition, off) for tp, off in keys])
+
+    async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
         self.stats.dead_lettered += 1
         headers = [
             *(record.headers or ()),
-            (HEADER_ERROR_CODE, verdict.error.code.encode()),
-            (HEADER_ERROR_MESSAGE, verdict.error.message.encode()[:1024]),
+            (HEADER_ERROR_CODE, error.code.encode()),
+            (HEADER_ERROR_MESSAGE, error.message.encode()[:1024]),
             (HEADER_SOURCE_TOPIC, tp.topic.encode()),
             (HEADER_SOURCE_PARTITION, str(tp.partition).encode()),
             (HEADER_SOURCE_OFFSET, str(record.offset).encode()),
@@ -306,7 +446,7 @@ class Worker:
             tp.topic,
             tp.partition,
             record.offset,
-            verdict.error.message,
+            error.message,
         )
         await self.producer.send_and_wait(
             self.names.dead_letter_topic(self.model),
@@ -329,6 +469,9 @@ class Worker:
     async def _schedule_loop(self) -> None:
         while True:
             self._arrived.clear()
+            if self._suspects:
+                await self._try_suspect(self._suspects.popleft())
+                continue
             decision = self.batcher.decide(backlog=self._lag())
             if decision.expired:
                 await self._results.put(self._timeouts(decision.expired))
@@ -362,6 +505,29 @@ class Worker:
             )
         )
 
+    async def _try_suspect(self, suspect: Suspect) -> None:
+        """Run a suspect alone once all before it is durable, so that a crash now is
+        charged to it alone; dead-letter it (a poison record) once it has used up its
+        ``max_deliveries``: the first delivery in a batch, then one trial per delivery."""
+        await self._idle.wait()
+        item, tp = suspect.item, suspect.item.partition
+        trials = await self.deliveries.trial((tp.topic, tp.partition, item.offset))
+        if trials < self.settings.worker.max_deliveries:
+            await self._run([item])
+            return
+        req = item.request
+        err = PoisonRecord(
+            f"request {req.id!r} was delivered {trials + 1} times and every worker that ran it "
+            f"stopped before answering; it was moved to the dead-letter topic"
+        )
+        await self._dead_letter(tp, suspect.record, err)
+        self.stats.rejected += 1
+        answer = (
+            error_result(req, err, version=str(item.version), worker=self.id),
+            req.reply.stream,
+        )
+        await self._results.put(Completed([answer], [(tp, item.offset)]))
+
     def _timeouts(self, items: list[WorkItem]) -> Completed:
         self.stats.expired += len(items)
         answers: list[Answer] = []
@@ -384,8 +550,7 @@ class Worker:
                 self.metrics.answered(done.answers)
                 self.stats.written += written
                 self.stats.duplicates_suppressed += len(done.answers) - written
-                for tp, offset in done.records:
-                    self.offsets.done(tp, offset)
+                self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:
                     self._idle.set()
@@ -395,7 +560,9 @@ class Worker:
                 self._results.task_done()
 
     async def _commit(self) -> None:
-        offsets = self.offsets.to_commit()
+        # Only partitions still assigned: one stale partition fails the whole commit.
+        assigned = self.consumer.assignment()
+        offsets = {tp: off for tp, off in self.offsets.to_commit().items() if tp in assigned}
         if not offsets:
             return
         try:
@@ -409,7 +576,10 @@ class Worker:
         """Finish and commit what is in flight; pending records go to the next owner."""
         if not revoked or not self._tasks:
             return
+        self._moved |= revoked
         dropped = self.batcher.remove_if(lambda it: it.partition in revoked)
+        dropped += [s.item for s in self._suspects if s.item.partition in revoked]
+        self._suspects = deque(s for s in self._suspects if s.item.partition not in revoked)
         self._space.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), 30)
@@ -418,6 +588,7 @@ class Worker:
         self.offsets.forget(revoked)
         for tp in revoked:
             self._fetched.pop(tp, None)
+        await self._hand_back(revoked)
         log.info(
             "%s: revoked %d partitions, %d pending requests left for the next owner",
             self.id,
@@ -425,11 +596,24 @@ class Worker:
             len(dropped),
         )
 
+    async def _hand_back(self, revoked: set[TopicPartition]) -> None:
+        """Release the records left for the next owner; a first delivery's counter goes
+        (it did not crash anyone), a suspect's stays so its count goes on."""
+        innocent: list[tuple[str, int, int]] = []
+        for key in [k for k in self._held if k[0] in revoked]:
+            held = self._held.pop(key)
+            self.pending_bytes -= held.nbytes
+            if held.deliveries <= 1:
+                innocent.append((key[0].topic, key[0].partition, key[1]))
+        self.deliveries.finished(innocent)
+        await self.deliveries.flush()
+
     # -- registry --------------------------------------------------------------------------
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.worker.heartbeat_interval_s)
             await self._beat()
+            await self.deliveries.flush()  # answered records' counters, when intake is idle
 
     async def _beat(self) -> None:
         ttl = 3 * self.settings.worker.heartbeat_interval_s
@@ -441,7 +625,9 @@ class Worker:
                 "versions": self.versions,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
-                "pending": len(self.batcher),
+                "pending": self._pending(),
+                "pending_bytes": self.pending_bytes,
+                "peak_pending_bytes": self.peak_pending_bytes,
                 "metrics_port": self.metrics.port,
             }
         )

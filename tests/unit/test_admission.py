@@ -2,6 +2,9 @@
 
 ``admit`` is the worker's first look at a record. Each case below states what must happen:
 an error answer with a stable code (the id is readable), or the dead-letter topic (it is not).
+``admit`` never raises: a record that crashed the intake would crash every worker that takes
+its partition next (a record that crashes the backend instead is the worker's business: see
+tests/faults/test_poison_record.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 
 from plaza.modelconfig import parse_model_config
+from plaza.naming import Names
 from plaza.workers.admission import DeadLetter, Rejected, admit
 from plaza.workers.runner import WorkItem
 
@@ -20,7 +24,8 @@ SPEC = parse_model_config(
     """
     name: "m" platform: "onnxruntime_onnx" max_batch_size: 8
     input [ { name: "a" data_type: TYPE_FP32 dims: [ 4 ] },
-            { name: "s" data_type: TYPE_STRING dims: [ 1 ] optional: true } ]
+            { name: "s" data_type: TYPE_STRING dims: [ 1 ] optional: true },
+            { name: "t" data_type: TYPE_STRING dims: [ -1 ] optional: true } ]
     output [ { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]
     """,
     source="m/config.pbtxt",
@@ -28,6 +33,8 @@ SPEC = parse_model_config(
 )
 VERSIONS = [1, 2]
 LIMIT = 4096
+NAMES = Names()
+STREAM = NAMES.reply_stream("gw-1")
 
 
 def tensor(name: str = "a", datatype: str = "FP32", shape: Any = (1, 4), data: Any = None):
@@ -43,14 +50,19 @@ def record(**fields: Any) -> bytes:
         "model": "m",
         "version": "",
         "inputs": [tensor()],
-        "reply_stream": "out",
+        "reply_stream": STREAM,
     }
     body.update(fields)
     return msgpack.packb({k: v for k, v in body.items() if v is not ...})
 
 
-def judge(value: bytes | None) -> Any:
-    return admit(value, SPEC, VERSIONS, max_bytes=LIMIT, worker_id="w")
+def judge(value: bytes | None, names: Names = NAMES) -> Any:
+    return admit(value, SPEC, VERSIONS, max_bytes=LIMIT, names=names, worker_id="w")
+
+
+def with_bytes(shape: Any, data: bytes, name: str = "t") -> bytes:
+    """A valid request plus one BYTES input."""
+    return record(inputs=[tensor(), tensor(name, "BYTES", shape, data)])
 
 
 REJECTED = [  # (case, record, error code, words in the message)
@@ -119,6 +131,53 @@ REJECTED = [  # (case, record, error code, words in the message)
         "payload_too_large",
         "limit 4096",
     ),
+    # Shapes that declare far more elements than the data holds: checked before allocating.
+    ("huge BYTES shape", with_bytes((1, 2**40), b""), "invalid_input", "1099511627776 elements"),
+    ("BYTES shape past int64", with_bytes((1, 2**64 - 1), b""), "invalid_input", "elements"),
+    ("huge BYTES rows x dims", with_bytes((8, 2**62), b"\0" * 8), "invalid_input", "at most 2"),
+    ("BYTES count past data", with_bytes((1, 3), b"\0" * 8), "invalid_input", "at most 2"),
+    ("BYTES trailing bytes", with_bytes((1, 1), b"\1\0\0\0ab"), "invalid_input", "trailing"),
+    ("BYTES length past data", with_bytes((1, 1), b"\xff" * 4), "invalid_input", "runs past"),
+    ("BYTES named input", with_bytes((1, 5), b""), "invalid_input", "input 't'"),
+    (
+        "huge FP32 batch",
+        record(inputs=[tensor(shape=(2**62, 4), data=b"")]),
+        "invalid_input",
+        "batch",
+    ),
+    (
+        "FP32 shape past int64",
+        record(inputs=[tensor(shape=(1, 2**64 - 1), data=b"")]),
+        "invalid_input",
+        "dims",
+    ),
+    ("zero-size dim", record(inputs=[tensor(shape=(1, 0), data=b"")]), "invalid_input", "dims"),
+    ("scalar shape", record(inputs=[tensor(shape=(), data=b"\0" * 4)]), "invalid_input", "[batch]"),
+    ("extra dim", record(inputs=[tensor(shape=(1, 4, 1))]), "invalid_input", "[batch]"),
+    ("unicode digit version", record(version="\u00b2"), "model_not_found", "served version"),
+    # Envelope fields of the wrong type.
+    ("tensor not a map", record(inputs=[7]), "bad_envelope", "must be a map"),
+    ("empty tensor name", record(inputs=[tensor(name="")]), "bad_envelope", "name must be"),
+    ("shape not a list", record(inputs=[{**tensor(), "shape": "1,4"}]), "bad_envelope", "shape"),
+    ("bool in shape", record(inputs=[tensor(shape=(True, 4))]), "bad_envelope", "shape"),
+    ("float in shape", record(inputs=[{**tensor(), "shape": [1.0, 4]}]), "bad_envelope", "shape"),
+    ("outputs not a list", record(outputs="y"), "bad_envelope", "'outputs'"),
+    ("output name not a string", record(outputs=[1]), "bad_envelope", "'outputs'"),
+    ("version not a string", record(version=2), "bad_envelope", "'version'"),
+    ("priority not an int", record(priority="high"), "bad_envelope", "'priority'"),
+    ("priority a bool", record(priority=True), "bad_envelope", "'priority'"),
+    ("parameters not a map", record(parameters=[1]), "bad_envelope", "'parameters'"),
+    ("created_ms not an int", record(created_ms=1.5), "bad_envelope", "'created_ms'"),
+    ("model not a string", record(model=5), "bad_envelope", "model name"),
+]
+
+HOSTILE_STREAMS = [  # (case, record, words): answered on the result key only
+    ("stream at any key", record(reply_stream="victim"), "not allowed"),
+    ("result key as stream", record(reply_stream=NAMES.result_key("x")), "not allowed"),
+    ("bare stream prefix", record(reply_stream=NAMES.reply_stream("")), "not allowed"),
+    ("other deployment", record(reply_stream=Names(key_prefix="b:").reply_stream("g")), "allowed"),
+    ("hostile and invalid", record(reply_stream="victim", version="7"), "not allowed"),
+    ("hostile and undecodable", record(reply_stream="victim", v=2), "version 2"),
 ]
 
 
@@ -128,7 +187,7 @@ def test_invalid_request_is_answered_with_a_stable_code(
 ) -> None:
     verdict = judge(value)
     assert isinstance(verdict, Rejected), case
-    assert verdict.result.id == "r1" and verdict.reply_stream == "out"
+    assert verdict.result.id == "r1" and verdict.reply_stream == STREAM
     assert verdict.result.error is not None
     assert verdict.result.error.code == code
     assert words in verdict.result.error.message
@@ -141,6 +200,12 @@ DEAD = [
     ("no correlation id", record(id=...), "bad_envelope"),
     ("empty correlation id", record(id=""), "bad_envelope"),
     ("oversize without id", b"\xc1" * (LIMIT + 1), "payload_too_large"),
+    ("empty value", b"", "bad_envelope"),
+    ("truncated msgpack", record()[:-3], "bad_envelope"),
+    ("msgpack nil", msgpack.packb(None), "bad_envelope"),
+    ("non-string map keys", msgpack.packb({1: 2}), "bad_envelope"),
+    ("correlation id not a string", record(id=5), "bad_envelope"),
+    ("correlation id a list", record(id=["r1"]), "bad_envelope"),
 ]
 
 
@@ -153,8 +218,41 @@ def test_unanswerable_record_goes_to_the_dead_letter_topic(
     assert verdict.error.code == code
 
 
-def test_corpus_has_at_least_twenty_kinds() -> None:
-    assert len(REJECTED) + len(DEAD) >= 20
+@pytest.mark.parametrize(
+    ("case", "value", "words"), HOSTILE_STREAMS, ids=[c[0] for c in HOSTILE_STREAMS]
+)
+def test_reply_stream_outside_the_prefixes_is_refused(case: str, value: bytes, words: str) -> None:
+    verdict = judge(value)
+    assert isinstance(verdict, Rejected), case
+    assert verdict.reply_stream is None  # a worker never writes a stream it was not given
+    assert verdict.result.id == "r1" and verdict.result.error is not None
+    assert words in verdict.result.error.message
+
+
+def test_results_stream_and_reply_stream_are_allowed() -> None:
+    for stream in (NAMES.results_stream("pipeline"), NAMES.reply_stream("sdk-1")):
+        verdict = judge(record(reply_stream=stream))
+        assert isinstance(verdict, WorkItem) and verdict.request.reply.stream == stream
+
+
+class _BrokenNames(Names):
+    """Names whose stream check blows up: an exception admission did not foresee."""
+
+    def is_reply_stream(self, name: str) -> bool:
+        raise MemoryError("simulated")
+
+
+def test_an_unforeseen_exception_becomes_an_error_answer() -> None:
+    verdict = judge(record(), _BrokenNames())
+    assert isinstance(verdict, Rejected)
+    assert verdict.result.error is not None and verdict.result.error.code == "invalid_input"
+    assert "MemoryError" in verdict.result.error.message
+    dead = judge(record(id=...), _BrokenNames())
+    assert isinstance(dead, DeadLetter)
+
+
+def test_corpus_has_at_least_fifty_kinds() -> None:
+    assert len(REJECTED) + len(HOSTILE_STREAMS) + len(DEAD) >= 50
 
 
 def test_valid_request_is_admitted_with_its_rows_and_version() -> None:

@@ -1,14 +1,20 @@
-"""Committable offsets when records finish out of order."""
+"""Committable offsets when records finish out of order, for owned partitions only."""
 
 from __future__ import annotations
 
 from plaza.workers.offsets import OffsetTracker
 
 
-def test_commit_stops_at_the_oldest_unfinished_record() -> None:
+def tracker(*partitions: str) -> OffsetTracker:
     t = OffsetTracker()
+    t.assign(partitions)
+    return t
+
+
+def test_commit_stops_at_the_oldest_unfinished_record() -> None:
+    t = tracker("p0")
     for off in range(10, 15):
-        t.started("p0", off)
+        assert t.started("p0", off)
     t.done("p0", 12)
     t.done("p0", 13)
     assert t.to_commit() == {}  # 10 is still outstanding
@@ -22,8 +28,15 @@ def test_commit_stops_at_the_oldest_unfinished_record() -> None:
     assert t.to_commit() == {} and t.outstanding() == 0
 
 
+def test_an_assigned_partition_without_records_commits_nothing() -> None:
+    t = tracker("p0", "p1")
+    t.started("p1", 3)
+    t.done("p1", 3)
+    assert t.to_commit() == {"p1": 4}
+
+
 def test_partitions_are_independent_and_forgettable() -> None:
-    t = OffsetTracker()
+    t = tracker("a", "b")
     t.started("a", 0)
     t.started("b", 5)
     t.done("b", 5)
@@ -31,3 +44,29 @@ def test_partitions_are_independent_and_forgettable() -> None:
     t.forget(["a"])
     t.done("a", 0)  # late completion for a revoked partition is ignored
     assert "a" not in t.to_commit() and t.outstanding("a") == 0
+
+
+def test_a_record_taken_after_its_partition_was_revoked_never_reaches_a_commit() -> None:
+    """The rest of a fetch, taken in after a revocation (a dead-letter send was in flight):
+    recreating the partition would put it into every later commit, and Kafka refuses a
+    commit naming a partition the consumer does not own, all of it."""
+    t = tracker("a", "b")
+    t.started("a", 0)
+    t.started("b", 0)
+    t.forget(["a", "b"])  # the rebalance revoked both ...
+    t.assign(["b"])  # ... and gave back only b
+    assert not t.started("a", 1)  # refused: a belongs to its next owner
+    assert t.started("b", 7)
+    t.done("a", 1)
+    t.done("b", 7)
+    assert t.to_commit() == {"b": 8}
+    assert not t.owns("a") and t.outstanding() == 0
+
+
+def test_assign_keeps_the_progress_of_partitions_already_owned() -> None:
+    t = tracker("a")
+    t.started("a", 4)
+    t.assign(["a", "b"])  # an incremental assignment adds b; a keeps its outstanding 4
+    assert t.outstanding("a") == 1
+    t.done("a", 4)
+    assert t.to_commit() == {"a": 5}
