@@ -48,12 +48,14 @@ METRIC_GPU_MEMORY_USED = "nv_gpu_memory_used_bytes"
 METRIC_GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
 METRIC_BATCH_SIZE = "plaza_inference_batch_size"
 METRIC_CONSUMER_LAG = "plaza_kafka_consumer_lag"
+METRIC_WORKER_RECORDS = "plaza_worker_records"
 LABEL_MODEL = "model"
 LABEL_VERSION = "version"
 LABEL_REASON = "reason"
 LABEL_GPU_UUID = "gpu_uuid"
 LABEL_TOPIC = "topic"
 LABEL_PARTITION = "partition"
+LABEL_OUTCOME = "outcome"
 
 
 def check_model_name(name: str) -> str:
@@ -130,6 +132,11 @@ class Names:
     def worker_info_key(self, worker_id: str) -> str:
         """A worker's self-description (model, versions, host, pid), with a short TTL."""
         return f"{self.key_prefix}worker-info:{worker_id}"
+
+    def model_table_key(self) -> str:
+        """Hash of the models the deployment should serve: the model control table
+        (``plaza.model_control``; one field per model, so it is bounded by the repository)."""
+        return f"{self.key_prefix}models"
 
     def model_stats_key(self, model: str, version: str) -> str:
         """Hash of one model version's cumulative statistics, summed over its workers."""

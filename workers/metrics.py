@@ -5,7 +5,8 @@ The worker feeds one ``WorkerMetrics`` at three points and nothing else:
   (inference and execution counts, batch sizes, per batch size compute times);
 - ``answered(answers)``: after the writer made a batch of answers durable (request success
   and failure, queue and compute times per request);
-- ``lags``: set by the scheduler whenever it computes consumer lag.
+- ``lags``: set by the scheduler whenever it computes consumer lag;
+- ``count(outcome)``: what happened to the records it fetched (``RECORD_OUTCOMES``).
 
 The hot path touches plain ints only. Prometheus reads them at scrape time through a
 collector on the worker's own registry (served by ``plaza.metrics.MetricsServer`` on
@@ -32,6 +33,7 @@ from plaza.errors import ConfigError
 from plaza.metrics import MetricsServer, failure_reason
 from plaza.naming import (
     LABEL_MODEL,
+    LABEL_OUTCOME,
     LABEL_PARTITION,
     LABEL_REASON,
     LABEL_TOPIC,
@@ -48,6 +50,7 @@ from plaza.naming import (
     METRIC_REQUEST_DURATION_US,
     METRIC_REQUEST_FAILURE,
     METRIC_REQUEST_SUCCESS,
+    METRIC_WORKER_RECORDS,
     Names,
 )
 from plaza.settings import WorkerSettings
@@ -62,6 +65,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _NS_PER_US = 1000
 
 Answer = tuple[InferResult, str | None]
+
+RECORD_OUTCOMES = ("fetched", "rejected", "expired", "dead_lettered", "written", "duplicate")
+"""What happens to a fetched record: rejected (an error answer at intake or by the queue
+policy), expired (its deadline passed), dead_lettered, written (its answer stored),
+duplicate (its answer was already stored: a replay, suppressed)."""
 
 
 class WorkerMetrics:
@@ -86,6 +94,8 @@ class WorkerMetrics:
         self._default = ""
         self.lags: dict[Any, int] = {}
         """Consumer lag by TopicPartition, replaced by the scheduler on every decision."""
+        self.records: dict[str, int] = dict.fromkeys(RECORD_OUTCOMES, 0)
+        """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
         self._pending: Callable[[], int] = lambda: 0
         self.gpu = gpu if gpu is not None else GpuCollector()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -124,7 +134,23 @@ class WorkerMetrics:
                 stats = self.stats[self._default] = ModelStatistics()
         return stats
 
+    def executions(self) -> int:
+        """Backend executions so far, over every version."""
+        return sum(s.execution_count for s in self.stats.values())
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Executions by batch size (rows), over every version."""
+        sizes: dict[int, int] = {}
+        for stats in self.stats.values():
+            for size, batch in stats.batches.items():
+                sizes[size] = sizes.get(size, 0) + batch.compute_infer.count
+        return sizes
+
     # -- feeding --------------------------------------------------------------------------
+    def count(self, outcome: str, n: int = 1) -> None:
+        """``n`` more records had ``outcome`` (one of ``RECORD_OUTCOMES``)."""
+        self.records[outcome] += n
+
     def executed(self, items: Sequence[WorkItem], results: Sequence[InferResult]) -> None:
         """One backend execution (the runner's observer). Failed executions count nothing."""
         ok = [r for r in results if r.error is None]
@@ -251,6 +277,14 @@ class _Collector:
         for tp, value in dict(m.lags).items():
             lag.add_metric([m.model, str(tp.topic), str(tp.partition)], value)
         yield lag
+        records = CounterMetricFamily(
+            METRIC_WORKER_RECORDS,
+            "Records this worker fetched, and what became of them",
+            labels=[LABEL_MODEL, LABEL_OUTCOME],
+        )
+        for outcome, count in dict(m.records).items():
+            records.add_metric([m.model, outcome], count)
+        yield records
 
     @staticmethod
     def _counters(model: str, versions: list[tuple[str, ModelStatistics]]) -> Iterator[Metric]:

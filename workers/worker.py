@@ -103,21 +103,6 @@ class Completed:
     """How many of them the scheduler counted as in flight."""
 
 
-@dataclass(slots=True)
-class WorkerStats:
-    """Counters a metrics exporter or a test can read."""
-
-    fetched: int = 0
-    batches: int = 0
-    inferences: int = 0
-    rejected: int = 0
-    expired: int = 0
-    dead_lettered: int = 0
-    written: int = 0
-    duplicates_suppressed: int = 0
-    batch_sizes: dict[int, int] = field(default_factory=dict)
-
-
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
@@ -144,7 +129,6 @@ class Worker:
         self.id = settings.worker.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
-        self.stats = WorkerStats()
         self.metrics = WorkerMetrics(
             self.model, self.names, settings.worker, stats_ttl_s=settings.redis.stats_ttl_s
         )
@@ -368,7 +352,7 @@ class Worker:
     ) -> None:
         if tp in self._moved or not self.offsets.started(tp, record.offset):
             return  # revoked while this fetch was being taken in: the next owner replays it
-        self.stats.fetched += 1
+        self.metrics.count("fetched")
         self._fetched[tp] = record.offset + 1
         self._hold((tp, record.offset), len(record.value or b""), deliveries)
         verdict = admit(
@@ -385,7 +369,7 @@ class Worker:
             await self._dead_letter(tp, record, verdict.error)
             self._finish([(tp, record.offset)])
         elif isinstance(verdict, Rejected):
-            self.stats.rejected += 1
+            self.metrics.count("rejected")
             done.answers.append((verdict.result, verdict.reply_stream))
             done.records.append((tp, record.offset))
         else:
@@ -407,7 +391,7 @@ class Worker:
                 deadline=monotonic_deadline(req, time.monotonic(), time.time()),
             )
         except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
-            self.stats.rejected += 1
+            self.metrics.count("rejected")
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
             done.records.append((tp, item.offset))
 
@@ -431,7 +415,7 @@ class Worker:
         self.deliveries.finished([(tp.topic, tp.partition, off) for tp, off in keys])
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
-        self.stats.dead_lettered += 1
+        self.metrics.count("dead_lettered")
         headers = [
             *(record.headers or ()),
             (HEADER_ERROR_CODE, error.code.encode()),
@@ -491,10 +475,6 @@ class Worker:
         self._in_flight += len(batch)
         self._idle.clear()
         results = await self.runner.run(batch)
-        rows = sum(it.rows for it in batch)
-        self.stats.batches += 1
-        self.stats.inferences += len(batch)
-        self.stats.batch_sizes[rows] = self.stats.batch_sizes.get(rows, 0) + 1
         await self._results.put(
             Completed(
                 answers=[
@@ -521,7 +501,7 @@ class Worker:
             f"stopped before answering; it was moved to the dead-letter topic"
         )
         await self._dead_letter(tp, suspect.record, err)
-        self.stats.rejected += 1
+        self.metrics.count("rejected")
         answer = (
             error_result(req, err, version=str(item.version), worker=self.id),
             req.reply.stream,
@@ -529,7 +509,7 @@ class Worker:
         await self._results.put(Completed([answer], [(tp, item.offset)]))
 
     def _timeouts(self, items: list[WorkItem]) -> Completed:
-        self.stats.expired += len(items)
+        self.metrics.count("expired", len(items))
         answers: list[Answer] = []
         for it in items:
             err = DeadlineExceeded("the request's deadline passed before it could run")
@@ -548,8 +528,8 @@ class Worker:
             try:
                 written = await self.writer.write_until_done(done.answers)
                 self.metrics.answered(done.answers)
-                self.stats.written += written
-                self.stats.duplicates_suppressed += len(done.answers) - written
+                self.metrics.count("written", written)
+                self.metrics.count("duplicate", len(done.answers) - written)
                 self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:

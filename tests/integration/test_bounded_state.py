@@ -71,7 +71,7 @@ async def test_worker_memory_does_not_grow_with_requests_served(settings: PlazaS
         for round_ in range(5):
             await serve(client, stream, 1000, 1000 * (round_ + 1))
         grown = rss_bytes() - before
-        assert worker.stats.inferences == 6000
+        assert worker.metrics.records["written"] == 6000
         # 5000 more requests of 256 bytes each would be >1.2 MB if anything were kept per
         # request, plus Python objects around it; allow noise, not growth per request.
         assert grown < 24 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB"

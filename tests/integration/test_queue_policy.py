@@ -57,7 +57,7 @@ async def test_expired_requests_are_answered_with_timeout_never_dropped(
                     break
         assert {codes[r.id] for r in late} == {"timeout"}
         assert {codes[r.id] for r in fresh} == {"ok"}
-        assert worker.stats.expired == 20
+        assert worker.metrics.records["expired"] == 20
         with pytest.raises(DeadlineExceeded):
             await client.result(late[0].id)  # the stored answer is the typed timeout error
 
@@ -71,7 +71,7 @@ async def test_delay_policy_keeps_expired_requests_and_runs_them(
         async with running_worker(s, "delaying") as worker:
             results = await asyncio.gather(*(client.result(j, timeout_s=60) for j in jobs))
         assert [float(r.output("OUTPUT0").to_numpy()[0, 0]) for r in results] == list(range(10))
-        assert worker.stats.expired == 0
+        assert worker.metrics.records["expired"] == 0
 
 
 async def test_max_queue_size_refuses_at_once_with_a_typed_error(

@@ -158,6 +158,27 @@ def test_the_collector_exposes_tritons_names_per_version() -> None:
     assert not any(name.startswith("nv_gpu") for name, _ in got)
 
 
+def test_record_outcomes_and_totals_are_exposed() -> None:
+    m = metrics()
+    m.count("fetched", 5)
+    m.count("written", 4)
+    m.count("dead_lettered")
+    m.executed([item(3)], [ok()])
+    m.executed([item(3)], [ok(version="2")])
+    m.executed([item(1)], [ok()])
+    got = samples(render(m.registry).decode())
+    records = {o: value(got, "plaza_worker_records", model="m", outcome=o) for o in m.records}
+    assert records == {
+        "fetched": 5,
+        "rejected": 0,
+        "expired": 0,
+        "dead_lettered": 1,
+        "written": 4,
+        "duplicate": 0,
+    }
+    assert m.executions() == 3 and m.batch_sizes() == {3: 2, 1: 1}
+
+
 def test_one_served_version_labels_pending_with_it() -> None:
     got = samples(render(metrics(versions=(3,)).registry).decode())
     assert value(got, "nv_inference_pending_request_count", model="m", version="3") == 7
