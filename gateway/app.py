@@ -8,12 +8,14 @@ layer besides the one the worker also runs (``plaza.validation``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hmac
 import uuid
 import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -26,6 +28,7 @@ from plaza import __version__
 from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
 from plaza.gateway import kserve
 from plaza.gateway.errors import http_error
+from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.settings import PlazaSettings
 
@@ -36,6 +39,7 @@ EXTENSIONS = (
     "model_configuration",
     "parameters",
     "statistics",
+    "model_repository",
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -208,6 +212,38 @@ class Endpoints:
         )
         return tensor_response(encoded)
 
+    # -- model repository (Triton's model control) -------------------------------------
+    async def _json_object(self, request: Request) -> dict[str, Any]:
+        raw = await read_body(request, self._max_body)
+        if not raw.strip():
+            return {}
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise InvalidInput("request body must be a JSON object")
+        return doc
+
+    async def repository_index(self, request: Request) -> Response:
+        doc = await self._json_object(request)
+        rows = await self.service.repository_index(bool(doc.get("ready", False)))
+        return JSONBody(
+            [{k: v for k, v in dataclasses.asdict(r).items() if v or k == "name"} for r in rows]
+        )
+
+    async def load_model(self, request: Request) -> Response:
+        params = (await self._json_object(request)).get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput("'parameters' must be a JSON object")
+        await self.service.load_model(str(request.path_params["model"]), load_config(params))
+        return Response(status_code=200)
+
+    async def unload_model(self, request: Request) -> Response:
+        await self._json_object(request)  # unload_dependents: no ensembles to unload yet
+        await self.service.unload_model(str(request.path_params["model"]))
+        return Response(status_code=200)
+
     def routes(self) -> list[BaseRoute]:
         """Every route; the hot ones first (Starlette tries routes in order)."""
         bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -219,6 +255,9 @@ class Endpoints:
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready, methods=["GET"]),
             Route("/v2/models/stats", self.model_stats, methods=["GET"]),  # before {model}
+            Route("/v2/repository/index", self.repository_index, methods=["POST"]),
+            Route("/v2/repository/models/{model}/load", self.load_model, methods=["POST"]),
+            Route("/v2/repository/models/{model}/unload", self.unload_model, methods=["POST"]),
         ]
         for base in bases:
             routes += [

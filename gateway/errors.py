@@ -13,6 +13,7 @@ import grpc
 
 from plaza.errors import (
     CodecError,
+    ConfigError,
     DeadlineExceeded,
     InvalidInput,
     JobNotFound,
@@ -28,6 +29,7 @@ from plaza.errors import (
 _Status = tuple[int, grpc.StatusCode]
 _STATUS_BY_CODE: dict[str, _Status] = {
     InvalidInput.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    ConfigError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),  # a load's bad config
     CodecError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedVersion.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     Unauthorized.code: (401, grpc.StatusCode.UNAUTHENTICATED),

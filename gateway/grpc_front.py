@@ -32,10 +32,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
-from plaza.errors import ConfigError, PlazaError, Unauthorized, Unavailable
+from plaza.errors import ConfigError, PlazaError, Unauthorized
 from plaza.gateway import grpc_codec
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
+from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.settings import PlazaSettings
 
@@ -43,9 +44,6 @@ log = logging.getLogger(__name__)
 
 STREAM_MAX_INFLIGHT = 1024
 """Requests one ModelStreamInfer stream may have in flight before it stops reading."""
-
-MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
-"""Triton's answer to a load or unload when the model control mode does not allow it."""
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -167,12 +165,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     ) -> pb.RepositoryIndexResponse:
         self._authorize(context)
         index = pb.RepositoryIndexResponse()
-        for name, model in sorted(self.service.models.items()):
-            for version in model.versions:
-                index.models.add(name=name, version=str(version), state="READY")
-        if not request.ready:
-            for name, reason in sorted(self.service.failed.items()):
-                index.models.add(name=name, state="UNAVAILABLE", reason=reason)
+        for row in await self.service.repository_index(request.ready):
+            index.models.add(name=row.name, version=row.version, state=row.state, reason=row.reason)
         return index
 
     @_answers_errors
@@ -180,14 +174,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
         self._authorize(context)
-        raise Unavailable(MODEL_CONTROL_DISABLED)
+        params = {
+            k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+            for k, v in request.parameters.items()
+        }
+        await self.service.load_model(request.model_name, load_config(params))
+        return pb.RepositoryModelLoadResponse()
 
     @_answers_errors
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
         self._authorize(context)
-        raise Unavailable(MODEL_CONTROL_DISABLED)
+        await self.service.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:

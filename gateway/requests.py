@@ -87,3 +87,22 @@ def refuse_unsupported(params: Mapping[str, Scalar], where: str) -> None:
     for key in params:
         if key.startswith(UNSUPPORTED_PARAMS):
             raise InvalidInput(f"{where} parameter {key!r} is not supported by Plaza")
+
+
+def load_config(params: Mapping[str, object]) -> str:
+    """The config override of a load request's parameters ("" for none).
+
+    Triton's ``config`` is a model config in its JSON form, as a string. File overrides
+    (``file:<path>`` parameters) are refused: a model's files must be in the repository
+    every worker reads.
+    """
+    for key in params:
+        if key.startswith("file:"):
+            raise InvalidInput(
+                f"load parameter {key!r}: file overrides are not supported by Plaza (put the "
+                "files in the model repository)"
+            )
+    config = params.get("config", "")
+    if not isinstance(config, str):
+        raise InvalidInput("load parameter 'config' must be a string (a model config as JSON)")
+    return config

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,31 +23,24 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import ConfigError, JobNotFound, ModelNotFound, PlazaError, Unavailable
+from plaza.errors import JobNotFound, ModelNotFound, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered
+from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
 from plaza.gateway.statistics import read_statistics
-from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
-from plaza.repository import ModelRepository
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
 
 log = logging.getLogger(__name__)
 
+LOAD_POLL_S = 0.2
+"""How often a load checks whether a worker serves the model yet."""
 KAFKA_CHECK_TTL_S = 1.0
 """How long a Kafka health answer is reused (readiness probes come often)."""
 CHECK_TIMEOUT_S = 2.0
 """A health check that takes longer than this counts as failed."""
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    """A model the gateway serves: its config and the versions its policy selects."""
-
-    spec: ModelSpec
-    versions: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +73,8 @@ class GatewayService:
         self.settings = settings
         self.names = settings.names
         self.gateway_id = settings.gateway.gateway_id or uuid.uuid4().hex
-        self.models: dict[str, LoadedModel] = {}
-        self.failed: dict[str, str] = {}
-        """Models in the repository that could not be read, with the reason."""
+        self.registry = ModelRegistry(settings)
+        self._tasks: list[asyncio.Task[None]] = []
         self._redis: aioredis.Redis | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: Producer | None = None
@@ -89,11 +82,28 @@ class GatewayService:
         self.metrics = GatewayMetrics()
 
     # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def models(self) -> dict[str, LoadedModel]:
+        """The models served now (``registry``)."""
+        return self.registry.models
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Models that could not be read, with the reason."""
+        return self.registry.failed
+
     async def start(self) -> None:
-        """Read the repository, create the request topics, connect Kafka and Redis."""
+        """Read the repository, create the request topics, connect Kafka and Redis; in
+        modes explicit and poll, follow the model table (and poll the repository)."""
         self.load_repository()
         await ensure_topics(self.settings.kafka, self._request_topics())
         self._redis = redis_client(self.settings.redis)
+        await self.registry.start(self._redis)
+        if self.registry.mode != "none":
+            self._tasks.append(asyncio.create_task(self._every(FOLLOW_INTERVAL_S, self._follow)))
+        if self.registry.mode == "poll":
+            poll_s = self.settings.gateway.repository_poll_s
+            self._tasks.append(asyncio.create_task(self._every(poll_s, self.registry.poll)))
         self._producer = Producer(
             self.settings, self._redis, reply_stream=self.names.reply_stream(self.gateway_id)
         )
@@ -104,6 +114,10 @@ class GatewayService:
 
     async def stop(self) -> None:
         """Release everything start() took; safe to call after a failed start."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
         if self._producer is not None:
             await self._producer.stop()
         if self._admin is not None:
@@ -114,30 +128,23 @@ class GatewayService:
         self._producer = self._admin = self._redis = None
 
     def load_repository(self) -> None:
-        """Read the models to serve: ``gateway.models``, or every model of the repository.
+        """Read the models served from the start (``ModelRegistry.read_start_models``)."""
+        self.registry.read_start_models()
 
-        A model that cannot be read is recorded in ``failed`` (the gateway is then not
-        ready); a listed model that is not in the repository is a ConfigError.
-        """
-        repo = ModelRepository(self.settings.repository)
-        present = repo.model_names()
-        chosen = self.settings.gateway.model_names() or present
-        missing = sorted(set(chosen) - set(present))
-        if missing:
-            raise ConfigError(
-                f"gateway.models names {missing}, not in the repository {repo.root} "
-                f"(it has {present})"
-            )
-        self.models, self.failed = {}, {}
-        for name in chosen:
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        """Run ``step`` every ``interval_s`` until cancelled; a failed step is logged."""
+        while True:
+            await asyncio.sleep(interval_s)
             try:
-                spec = repo.spec(name)
-                versions = tuple(v.version for v in repo.served_versions(name, spec))
-            except PlazaError as exc:
-                log.error("model %s is not served: %s", name, exc.message)
-                self.failed[name] = exc.message
-                continue
-            self.models[name] = LoadedModel(spec, versions)
+                await step()
+            except Exception as exc:  # Redis restarting: the next round tries again
+                log.warning("gateway: %s failed: %s", getattr(step, "__name__", step), exc)
+
+    async def _follow(self) -> None:
+        before = set(self.models)
+        await self.registry.follow()
+        if set(self.models) - before:
+            await ensure_topics(self.settings.kafka, self._request_topics())
 
     def _request_topics(self) -> list[str]:
         topics = {
@@ -181,6 +188,37 @@ class GatewayService:
         except Exception:
             return False
         return counts[0] >= 1
+
+    # -- model control -----------------------------------------------------------------
+    async def load_model(self, name: str, config: str = "") -> LoadedModel:
+        """Triton's load: serve ``name`` (optionally with a config override in Triton's JSON
+        form) and wait until a worker serves it. Requests that come meanwhile are accepted
+        and wait in Kafka. Unavailable when no worker comes within gateway.load_timeout_s
+        (the model stays loaded; it turns READY when one comes)."""
+        model = await self.registry.load(name, config)
+        await ensure_topics(self.settings.kafka, self._request_topics())
+        limit_s = self.settings.gateway.load_timeout_s
+        deadline = time.monotonic() + limit_s
+        while (await self._live_workers([name]))[0] < 1:
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"model '{name}' is loaded but no worker serves it after {limit_s:g} s "
+                    "(who runs the workers? plaza up does in modes explicit and poll)",
+                    model=name,
+                )
+            await asyncio.sleep(LOAD_POLL_S)
+        return model
+
+    async def unload_model(self, name: str) -> None:
+        """Triton's unload: stop accepting requests for ``name``; its workers answer what
+        is already queued, then stop (whoever runs them watches the model table)."""
+        await self.registry.unload(name)
+
+    async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Triton's repository index: every model of the repository, with its state."""
+        served = list(self.models)
+        counts = await self._live_workers(served) if served else []
+        return self.registry.index(dict(zip(served, counts, strict=True)), ready_only)
 
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's statistics of every model, one model or one version (``gateway.statistics``)."""

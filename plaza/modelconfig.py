@@ -122,6 +122,16 @@ def parse_model_config(text: str, *, source: str, default_name: str) -> ModelSpe
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
+def parse_model_config_json(text: str, *, source: str, default_name: str) -> ModelSpec:
+    """Parse a config in Triton's JSON form (a load request's ``parameters.config``)."""
+    config = mc.ModelConfig()
+    try:
+        json_format.Parse(text, config)
+    except json_format.ParseError as exc:
+        raise ConfigError(f"{source}: {exc}", file=source) from exc
+    return _spec_from_config(config, source=source, default_name=default_name)
+
+
 def load_model_config(path: Path) -> ModelSpec:
     """Read ``<model>/config.pbtxt``; the model name defaults to the folder name."""
     try:

@@ -91,6 +91,11 @@ class WorkerSettings(_Section):
     """One worker process."""
 
     model: str = Field("", description="the model this worker serves (required)")
+    model_config_json: str = Field(
+        "",
+        description="a config override in Triton's JSON form (a load's parameters.config); "
+        "empty: the repository's config.pbtxt",
+    )
     worker_id: str = Field("", description="worker id; default host-pid-random")
     max_pending: int = Field(1024, ge=1, description="records held in memory before pausing fetch")
     max_pending_bytes: int = Field(
@@ -141,11 +146,24 @@ class GatewaySettings(_Section):
     )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
     models: str = Field(
-        "", description="comma-separated models to serve; empty: every model of the repository"
+        "",
+        description="comma-separated models to serve from the start ('*': all); empty: every "
+        "model in mode none, none in mode explicit",
+    )
+    model_control_mode: Literal["none", "explicit", "poll"] = Field(
+        "none",
+        description="Triton's model control: none (all at start, no load/unload), explicit "
+        "(the repository API loads and unloads), poll (the repository is re-read)",
+    )
+    repository_poll_s: float = Field(
+        15.0, gt=0, description="poll mode: seconds between two reads of the repository"
+    )
+    load_timeout_s: float = Field(
+        120.0, gt=0, description="a load waits this long for a worker of the model to serve it"
     )
 
     def model_names(self) -> list[str]:
-        """``models`` as a list (empty: every model of the repository)."""
+        """``models`` as a list."""
         return [m.strip() for m in self.models.split(",") if m.strip()]
 
 

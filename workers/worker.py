@@ -43,6 +43,7 @@ from plaza.errors import (
     PoisonRecord,
     QueueFull,
 )
+from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
     HEADER_ERROR_CODE,
@@ -155,7 +156,8 @@ class Worker:
         self._results: asyncio.Queue[Completed] = asyncio.Queue(maxsize=4)
         # The model (its backends load in ``start``) and how its requests are batched.
         self._repo = ModelRepository(settings.repository)
-        self.spec: ModelSpec = self._repo.spec(self.model)
+        config = settings.worker.model_config_json  # a load request's override, if any
+        self.spec: ModelSpec = model_spec(self._repo, self.model, config)
         self.versions = [mv.version for mv in self._repo.served_versions(self.model, self.spec)]
         self._backends: dict[int, Backend] = {}
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{self.model}")

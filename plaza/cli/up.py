@@ -31,7 +31,10 @@ from plaza.stack import (
     wait_for,
 )
 from plaza.stack.ports import require_free
+from plaza.stack.supervisor import ModelSupervisor
 
+WATCH_S = 0.5
+"""How often plaza up checks its processes (and, in modes explicit and poll, the model table)."""
 STOP_TIMEOUT_S = 40.0
 """Grace period of the workers and the gateway: a worker drains and commits first."""
 
@@ -46,6 +49,20 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--grpc-port", type=int, default=8001, help="the gateway's KServe v2 gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
     p.add_argument("--models", default="", help="comma-separated subset (default: all)")
+    p.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit", "poll"),
+        default="none",
+        help="Triton's: none (all at start), explicit (load/unload API), poll (re-read)",
+    )
+    p.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*' for all)",
+    )
+    p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode")
     p.add_argument("--ready-timeout", type=float, default=180.0)
     return p.parse_args(argv)
 
@@ -83,16 +100,33 @@ def _forwarded_settings(dep: Deployment) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("PLAZA_") and k not in own}
 
 
+def _start_models(args: argparse.Namespace) -> set[str]:
+    """The models asked for at start (empty: every model)."""
+    if args.model_control_mode == "none":
+        return set(filter(None, args.models.split(",")))
+    if args.model_control_mode == "poll" or "*" in args.load_model:
+        return set()
+    return set(args.load_model)
+
+
 def _start_parts(
     dep: Deployment, plan: list[tuple[str, int]], group: ProcessGroup, args: argparse.Namespace
 ) -> GatewayProcess:
-    """One worker per model instance, then the gateway; returns the gateway."""
+    """Mode none: one worker per model instance, then the gateway. Modes explicit and
+    poll: only the gateway (the supervisor starts the workers the model table asks for).
+    Returns the gateway."""
     # The gateway serves exactly what gets workers (a subset, or without skipped models).
-    settings = {**_forwarded_settings(dep), "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan)}
-    for model, count in plan:
-        for i in range(count):
-            name = f"worker-{model}-{i}"
-            group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
+    settings = {
+        **_forwarded_settings(dep),
+        "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan),
+        "PLAZA_GATEWAY__MODEL_CONTROL_MODE": args.model_control_mode,
+        "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
+    }
+    if args.model_control_mode == "none":
+        for model, count in plan:
+            for i in range(count):
+                name = f"worker-{model}-{i}"
+                group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
     gateway = GatewayProcess(
         dep,
         args.http_port,
@@ -117,14 +151,53 @@ async def _ready_or_stopping(
     await wait_for(ready, limit_s, f"the gateway at {url}", lambda: group.tails(10), poll_s=0.5)
 
 
-def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
-    """Until a stop signal (0) or until a process or service exits (1)."""
-    while not stopping.wait(0.5):
-        dead = [p.name for p in group.started if not p.alive] + services.down()
+async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> None:
+    """Match the workers to the model table every WATCH_S, until stopped."""
+    while not stopping.is_set():
+        try:
+            await supervisor.reconcile()
+        except Exception as exc:  # Redis or Kafka restarting: the next round tries again
+            print(f"supervisor: {exc}", flush=True)
+        await asyncio.sleep(WATCH_S)
+
+
+async def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
+    """Until a stop signal (0) or until a process or service exits unasked (1)."""
+    while not stopping.is_set():
+        dead = [p.name for p in group.started if p.crashed] + services.down()
         if dead:
             print(f"{', '.join(dead)} exited; stopping everything (see the logs)", flush=True)
             return 1
+        await asyncio.sleep(WATCH_S)
     return 0
+
+
+async def _serve(
+    gateway: GatewayProcess,
+    group: ProcessGroup,
+    services: Services,
+    stopping: threading.Event,
+    args: argparse.Namespace,
+    supervisor: ModelSupervisor | None,
+    models: list[str],
+) -> int:
+    """Wait for readiness (the supervisor already at work), print the banner, watch."""
+    task = None
+    if supervisor is not None:
+        await supervisor.start()
+        task = asyncio.create_task(_supervise(supervisor, stopping))
+    try:
+        await _ready_or_stopping(gateway, group, stopping, args.ready_timeout)
+        if stopping.is_set():
+            return 0
+        grpc_address = f"{HOST}:{args.grpc_port}"
+        _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
+        return await _watch(group, services, stopping)
+    finally:
+        if task is not None and supervisor is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await supervisor.close()
 
 
 def run_up(argv: list[str]) -> int:
@@ -135,10 +208,8 @@ def run_up(argv: list[str]) -> int:
     """
     args = _parse(argv)
     try:
-        plan = _worker_plan(
-            ModelRepository(args.repository), set(filter(None, args.models.split(",")))
-        )
-        if not plan:
+        plan = _worker_plan(ModelRepository(args.repository), _start_models(args))
+        if not plan and args.model_control_mode == "none":
             raise ConfigError(f"no model to serve in {args.repository}")
         gateway_ports = [args.http_port, args.grpc_port, args.metrics_port]
         require_free([p for p in gateway_ports if p > 0], "the gateway")
@@ -155,18 +226,18 @@ def run_up(argv: list[str]) -> int:
             # Plaza's default prefixes (topics plaza.infer.<model>) and heartbeat.
             dep = services.deployment(args.repository, heartbeat_interval_s=None)
             gateway = _start_parts(dep, plan, group, args)
+            supervisor = None
+            if args.model_control_mode != "none":
+                env = _forwarded_settings(dep)
+                supervisor = ModelSupervisor(dep, args.repository, group, env=env)
             print(
                 f"starting {sum(c for _, c in plan)} workers for {[m for m, _ in plan]} "
-                f"and the gateway (logs in {group.log_dir}) ...",
+                f"and the gateway (model control {args.model_control_mode}; logs in "
+                f"{group.log_dir}) ...",
                 flush=True,
             )
-            asyncio.run(_ready_or_stopping(gateway, group, stopping, args.ready_timeout))
-            if stopping.is_set():
-                return 0
             models = [m for m, _ in plan]
-            grpc_address = f"{HOST}:{args.grpc_port}"
-            _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
-            return _watch(group, services, stopping)
+            return asyncio.run(_serve(gateway, group, services, stopping, args, supervisor, models))
         except PlazaError as exc:  # ServiceError, WaitTimeout (with the log to read), ...
             print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
             return 1

@@ -24,8 +24,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from plaza.gateway.grpc_front import MODEL_CONTROL_DISABLED
 from plaza.gateway.main import Serving, serving
+from plaza.gateway.registry import MODEL_CONTROL_DISABLED
 from plaza.settings import PlazaSettings
 from tests.support import running_worker, wait_for
 

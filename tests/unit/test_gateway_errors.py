@@ -1,33 +1,38 @@
-"""PlazaError codes -> HTTP statuses and bodies (gateway/errors.py)."""
+"""PlazaError codes -> HTTP and gRPC statuses, and HTTP bodies (gateway/errors.py)."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from plaza import errors as pe
-from plaza.gateway.errors import error_body, http_error, http_status
+from plaza.gateway.errors import error_body, grpc_status, http_error, http_status
+
+S = grpc.StatusCode
 
 
 @pytest.mark.parametrize(
-    ("error", "status"),
+    ("error", "status", "rpc_status"),
     [
-        (pe.InvalidInput("x"), 400),
-        (pe.CodecError("x"), 400),
-        (pe.UnsupportedVersion("x"), 400),
-        (pe.Unauthorized("x"), 401),
-        (pe.ModelNotFound("x"), 404),
-        (pe.JobNotFound("x"), 404),
-        (pe.PayloadTooLarge("x"), 413),
-        (pe.QueueFull("x"), 503),
-        (pe.Unavailable("x"), 503),
-        (pe.DeadlineExceeded("x"), 504),
-        (pe.ModelExecutionError("x"), 500),
-        (pe.ConfigError("x"), 500),
-        (pe.PlazaError("x"), 500),
+        (pe.InvalidInput("x"), 400, S.INVALID_ARGUMENT),
+        (pe.CodecError("x"), 400, S.INVALID_ARGUMENT),
+        (pe.UnsupportedVersion("x"), 400, S.INVALID_ARGUMENT),
+        (pe.ConfigError("x"), 400, S.INVALID_ARGUMENT),  # a load with a bad config
+        (pe.Unauthorized("x"), 401, S.UNAUTHENTICATED),
+        (pe.ModelNotFound("x"), 404, S.NOT_FOUND),
+        (pe.JobNotFound("x"), 404, S.NOT_FOUND),
+        (pe.PayloadTooLarge("x"), 413, S.RESOURCE_EXHAUSTED),
+        (pe.QueueFull("x"), 503, S.UNAVAILABLE),
+        (pe.Unavailable("x"), 503, S.UNAVAILABLE),
+        (pe.DeadlineExceeded("x"), 504, S.DEADLINE_EXCEEDED),
+        (pe.ModelExecutionError("x"), 500, S.INTERNAL),
+        (pe.PoisonRecord("x"), 500, S.INTERNAL),
+        (pe.PlazaError("x"), 500, S.INTERNAL),
     ],
 )
-def test_status_by_code(error: pe.PlazaError, status: int) -> None:
+def test_status_by_code(error: pe.PlazaError, status: int, rpc_status: grpc.StatusCode) -> None:
     assert http_status(error) == status
+    assert grpc_status(error) == rpc_status
 
 
 def test_body_has_message_and_code() -> None:

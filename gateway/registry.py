@@ -1,0 +1,228 @@
+"""The models a gateway serves, and Triton's model control over them.
+
+In mode ``none`` the registry is read once from the repository. In ``explicit`` and
+``poll`` it follows the deployment's model table (``plaza.model_control``): a load or
+unload made through any gateway is written there, and every gateway re-reads the table
+every ``FOLLOW_INTERVAL_S``, so they all serve the same models. Whoever runs the workers
+watches the same table (``plaza up``'s supervisor).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
+from plaza.model_control import ALL_MODELS, ModelTable, check_config_override, model_spec
+from plaza.modelconfig import ModelSpec
+from plaza.repository import CONFIG_FILENAME, ModelRepository
+from plaza.settings import PlazaSettings
+
+log = logging.getLogger(__name__)
+
+FOLLOW_INTERVAL_S = 1.0
+"""How often a gateway re-reads the model table (loads made through other gateways)."""
+
+MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's answer to a load or unload when the model control mode does not allow it."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model the gateway serves: its config and the versions its policy selects."""
+
+    spec: ModelSpec
+    versions: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One row of Triton's repository index."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    """READY, LOADING (loaded, no worker serves it yet), UNAVAILABLE, or "" (never loaded)."""
+    reason: str = ""
+
+
+class ModelRegistry:
+    """What one gateway serves; loads and unloads in modes ``explicit`` and ``poll``."""
+
+    def __init__(self, settings: PlazaSettings) -> None:
+        self.mode = settings.gateway.model_control_mode
+        self.repo = ModelRepository(settings.repository)
+        self._names = settings.names
+        self._start_names = settings.gateway.model_names()
+        self.models: dict[str, LoadedModel] = {}
+        self.failed: dict[str, str] = {}
+        """Models that could not be read, with the reason."""
+        self.unloaded: set[str] = set()
+        self._configs: dict[str, str] = {}
+        """The config override each loaded model was loaded with ("" for none)."""
+        self._seen: dict[str, str] = {}
+        """Poll mode: a fingerprint of each model's folder as last read."""
+        self._table: ModelTable | None = None
+
+    # -- start -----------------------------------------------------------------------------
+    def read_start_models(self) -> None:
+        """The models served from the start (a ConfigError for a name not in the repository).
+
+        none: ``gateway.models`` or every model; explicit: ``gateway.models`` (``*``: all);
+        poll: every model.
+        """
+        present = self.repo.model_names()
+        names = self._start_names
+        if self.mode == "poll" or names == [ALL_MODELS] or (self.mode == "none" and not names):
+            chosen = present
+        else:
+            chosen = names
+        missing = sorted(set(chosen) - set(present))
+        if missing:
+            raise ConfigError(
+                f"gateway.models names {missing}, not in the repository {self.repo.root} "
+                f"(it has {present})"
+            )
+        self.models, self.failed = {}, {}
+        for name in chosen:
+            self._read(name)
+
+    async def start(self, redis: aioredis.Redis) -> None:
+        """Modes explicit and poll: announce the start models in the model table (those
+        not loaded there yet) and take over what other gateways loaded."""
+        if self.mode == "none":
+            return
+        self._table = ModelTable(redis, self._names)
+        table = await self._table.read()
+        for name in list(self.models):
+            if name not in table or not table[name].loaded:
+                await self._table.load(name)
+        if self.mode == "poll":
+            self._seen = {name: self._fingerprint(name) for name in self.repo.model_names()}
+        await self.follow()
+
+    # -- following the table ---------------------------------------------------------------
+    async def follow(self) -> None:
+        """Serve what the model table says is loaded (loads made through other gateways)."""
+        if self._table is None:
+            return
+        for name, desired in (await self._table.read()).items():
+            if desired.loaded and (
+                name not in self.models or self._configs.get(name, "") != desired.config
+            ):
+                self._read(name, desired.config)
+            elif not desired.loaded and name in self.models:
+                self._drop(name)
+
+    # -- load / unload ---------------------------------------------------------------------
+    async def load(self, name: str, config: str = "") -> LoadedModel:
+        """Serve ``name`` (with a config override in Triton's JSON form, if given) and mark
+        it loaded in the table; ConfigError when it cannot be read."""
+        table = self._changes_allowed()
+        if name not in self.repo.model_names():
+            raise ModelNotFound(f"failed to load '{name}': no such model", model=name)
+        if config:
+            check_config_override(config)
+        try:
+            model = self._parse(name, config)
+        except PlazaError as exc:  # a model still served keeps its old config
+            if name not in self.models:
+                self.failed[name] = exc.message
+            raise ConfigError(f"failed to load '{name}': {exc.message}", model=name) from exc
+        self._serve(name, model, config)
+        await table.load(name, config)
+        log.info("model %s loaded (versions %s)", name, list(model.versions))
+        return model
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name`` and mark it unloaded (its workers drain, then stop)."""
+        table = self._changes_allowed()
+        if name not in self.models and name not in self.repo.model_names():
+            raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
+        self._drop(name)
+        await table.unload(name)
+        log.info("model %s unloaded", name)
+
+    async def poll(self) -> None:
+        """Poll mode: load what appeared or changed in the repository, unload what left."""
+        present = set(self.repo.model_names())
+        for name in sorted(present):
+            fingerprint = self._fingerprint(name)
+            if self._seen.get(name) != fingerprint:
+                self._seen[name] = fingerprint
+                try:
+                    await self.load(name)
+                except PlazaError as exc:
+                    log.error("poll: model %s not loaded: %s", name, exc.message)
+        for name in sorted(set(self._seen) - present):
+            del self._seen[name]
+            await self.unload(name)
+
+    # -- index -----------------------------------------------------------------------------
+    def index(self, live: dict[str, int], ready_only: bool = False) -> list[IndexEntry]:
+        """Triton's repository index; ``live`` holds the live worker count per served model."""
+        rows: list[IndexEntry] = []
+        for name in sorted(set(self.repo.model_names()) | set(self.models)):
+            model = self.models.get(name)
+            if model is not None:
+                state = "READY" if live.get(name, 0) > 0 else "LOADING"
+                reason = "" if state == "READY" else "no worker serves it yet"
+                rows += [IndexEntry(name, str(v), state, reason) for v in model.versions]
+            elif name in self.failed:
+                rows.append(IndexEntry(name, "", "UNAVAILABLE", self.failed[name]))
+            elif name in self.unloaded:
+                rows.append(IndexEntry(name, "", "UNAVAILABLE", "unloaded"))
+            else:
+                rows.append(IndexEntry(name))
+        return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _changes_allowed(self) -> ModelTable:
+        if self._table is None:
+            raise Unavailable(MODEL_CONTROL_DISABLED)
+        return self._table
+
+    def _parse(self, name: str, config: str = "") -> LoadedModel:
+        spec = model_spec(self.repo, name, config)
+        return LoadedModel(spec, tuple(v.version for v in self.repo.served_versions(name, spec)))
+
+    def _serve(self, name: str, model: LoadedModel, config: str) -> None:
+        self.failed.pop(name, None)
+        self.unloaded.discard(name)
+        self._configs[name] = config
+        self.models[name] = model
+
+    def _read(self, name: str, config: str = "") -> LoadedModel | None:
+        """Serve ``name`` as the repository (or ``config``) says; a failure is recorded."""
+        try:
+            model = self._parse(name, config)
+        except PlazaError as exc:
+            log.error("model %s is not served: %s", name, exc.message)
+            self.failed[name] = exc.message
+            self.models.pop(name, None)
+            return None
+        self._serve(name, model, config)
+        return model
+
+    def _drop(self, name: str) -> None:
+        self.models.pop(name, None)
+        self._configs.pop(name, None)
+        self.unloaded.add(name)
+
+    def _fingerprint(self, name: str) -> str:
+        """What poll mode compares: the config text and the version folders' contents."""
+        folder = self.repo.root / name
+        digest = hashlib.sha256()
+        try:
+            digest.update((folder / CONFIG_FILENAME).read_bytes())
+            for item in sorted(folder.glob("*/*")):
+                stat = item.stat()
+                digest.update(
+                    f"{item.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+                )
+        except OSError:
+            digest.update(b"unreadable")
+        return digest.hexdigest()

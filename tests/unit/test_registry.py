@@ -1,0 +1,68 @@
+"""The gateway's model registry without Redis: which models each control mode starts with,
+and the repository index's states."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from plaza.errors import ConfigError, Unavailable
+from plaza.gateway.registry import MODEL_CONTROL_DISABLED, IndexEntry, ModelRegistry
+from plaza.settings import GatewaySettings, PlazaSettings
+from tests.support import REPOSITORY
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    for name in ("add_sub", "simulated"):
+        shutil.copytree(REPOSITORY / name, tmp_path / name, ignore=shutil.ignore_patterns("*.onnx"))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.pbtxt").write_text("max_batch_size: {")
+    return tmp_path
+
+
+def registry(repo: Path, **gateway: object) -> ModelRegistry:
+    settings = PlazaSettings(repository=repo, gateway=GatewaySettings(**gateway))  # type: ignore[arg-type]
+    reg = ModelRegistry(settings)
+    reg.read_start_models()
+    return reg
+
+
+@pytest.mark.parametrize(
+    ("gateway", "served"),
+    [
+        ({}, {"simulated"}),  # none: every model (add_sub has no model file here: failed)
+        ({"models": "simulated"}, {"simulated"}),
+        ({"model_control_mode": "explicit"}, set()),
+        ({"model_control_mode": "explicit", "models": "*"}, {"simulated"}),
+        ({"model_control_mode": "poll"}, {"simulated"}),
+    ],
+)
+def test_each_mode_starts_with_its_models(
+    repo: Path, gateway: dict[str, str], served: set[str]
+) -> None:
+    assert set(registry(repo, **gateway).models) == served
+
+
+def test_unknown_start_model_is_a_config_error(repo: Path) -> None:
+    with pytest.raises(ConfigError, match="nope"):
+        registry(repo, model_control_mode="explicit", models="nope")
+
+
+def test_index_states(repo: Path) -> None:
+    reg = registry(repo)
+    reg.unloaded.add("other")
+    rows = {r.name: r for r in reg.index({"simulated": 0})}
+    assert rows["simulated"] == IndexEntry("simulated", "1", "LOADING", "no worker serves it yet")
+    assert rows["broken"].state == rows["add_sub"].state == "UNAVAILABLE"
+    assert "config.pbtxt" in rows["broken"].reason
+    assert reg.index({"simulated": 1}, ready_only=True) == [IndexEntry("simulated", "1", "READY")]
+
+
+async def test_mode_none_refuses_load_and_unload_with_tritons_message(repo: Path) -> None:
+    reg = registry(repo)
+    for change in (reg.load("simulated"), reg.unload("simulated")):
+        with pytest.raises(Unavailable, match=MODEL_CONTROL_DISABLED):
+            await change
