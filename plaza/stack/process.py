@@ -7,8 +7,9 @@ benchmark's baseline server) is a :class:`ChildProcess`:
   after (the child keeps its own descriptor), so no handle leaks however often it restarts;
 - it runs in a session of its own, so a Ctrl-C on the terminal reaches only the parent,
   which then stops its children in order;
-- it asks the kernel for a parent-death signal (``PR_SET_PDEATHSIG``), so a parent killed
-  with -9 leaves no broker, server or worker behind;
+- it asks the kernel for a parent-death signal (``PR_SET_PDEATHSIG``, through util-linux's
+  ``setpriv --pdeathsig`` where it exists, else a ``preexec_fn``), so a parent killed with
+  -9 leaves no broker, server or worker behind;
 - it is stopped by pid: SIGTERM, then SIGKILL once a grace period has passed.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +34,11 @@ try:
     _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: children may outlive a parent killed with -9
     _prctl = None
+
+_SETPRIV = shutil.which("setpriv") if sys.platform == "linux" else None
+"""util-linux's setpriv sets the parent-death signal and execs the command. Preferred to a
+``preexec_fn``: Python code run in a child forked from a threaded parent (gRPC, aiokafka,
+ONNX Runtime threads) can deadlock on a lock another thread held at fork time."""
 
 STOP_TIMEOUT_S = 30.0
 """Default grace period between SIGTERM and SIGKILL."""
@@ -109,16 +116,21 @@ class ChildProcess:
         if self.alive:
             return self
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        argv, preexec = self.argv, None
+        if _SETPRIV is not None:  # no Python runs between fork and exec: safe with threads
+            argv = [_SETPRIV, "--pdeathsig", "TERM", "--", *self.argv]
+        else:
+            preexec = _die_with_parent(os.getpid())
         with self.log_file.open("ab") as log:  # the child has its own copy once started
             self._popen = subprocess.Popen(
-                self.argv,
+                argv,
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches only the parent: it stops us in order
-                preexec_fn=_die_with_parent(os.getpid()),
+                preexec_fn=preexec,
             )
         self._ended_by_us = False
         return self
