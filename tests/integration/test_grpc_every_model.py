@@ -1,0 +1,61 @@
+"""Every sample model answers the same over gRPC as over HTTP (tritonclient's aio clients,
+one gateway serving both fronts, one in-process worker per model)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http.aio as http_aio
+from tritonclient.utils import np_to_triton_dtype
+
+from plaza.gateway.main import serving
+from plaza.loadgen.inputs import make_inputs
+from plaza.repository import ModelRepository
+from tests.support import REPOSITORY, make_settings, running_worker
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
+    out = []
+    for name, array in feeds.items():
+        item = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        item.set_data_from_numpy(array)
+        out.append(item)
+    return out
+
+
+async def test_every_sample_model_answers_the_same_on_both_fronts(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, redis_client: Any
+) -> None:
+    repo = ModelRepository(REPOSITORY)
+    names = repo.model_names()
+    assert len(names) >= 6, names
+    settings = make_settings(kafka_bootstrap, redis_url, unique_id, gateway={"metrics_port": -1})
+    rng = np.random.default_rng(7)
+    feeds = {name: make_inputs(repo.spec(name), 2, 8, rng) for name in names}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    async with contextlib.AsyncExitStack() as stack:
+        for name in names:
+            await stack.enter_async_context(running_worker(settings, name))
+        gw = await stack.enter_async_context(serving(settings, http_socket=sock, grpc_port=0))
+        http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
+        rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
+        stack.push_async_callback(http.close)
+        stack.push_async_callback(rpc.close)
+        for name in names:
+            by_http = await http.infer(name, inputs(http_aio, feeds[name]))
+            by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]))
+            outputs = [o["name"] for o in by_http.get_response()["outputs"]]
+            assert outputs, name
+            for output in outputs:
+                a, b = by_http.as_numpy(output), by_grpc.as_numpy(output)
+                assert a.shape == b.shape and a.dtype == b.dtype, (name, output)
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+    sock.close()
