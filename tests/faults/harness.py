@@ -32,10 +32,13 @@ STREAM_MAXLEN = 100_000
 """Reply streams hold every answer of a test (the audit reads them all back)."""
 
 
-def fault_deployment(bootstrap: str, redis_url: str, prefix: str, **options: Any) -> Deployment:
-    """A test's Plaza on the sample repository; ``options`` go to :class:`Deployment`."""
+def fault_deployment(
+    bootstrap: str, redis_url: str, prefix: str, repository: Path = REPOSITORY, **options: Any
+) -> Deployment:
+    """A test's Plaza (on the sample repository unless told); ``options`` go to
+    :class:`Deployment`."""
     return Deployment(
-        bootstrap, redis_url, REPOSITORY, prefix, stream_maxlen=STREAM_MAXLEN, **options
+        bootstrap, redis_url, repository, prefix, stream_maxlen=STREAM_MAXLEN, **options
     )
 
 

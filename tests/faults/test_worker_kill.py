@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,24 @@ from tests.faults.under_load import FaultRun, run_fault_under_load
 
 REQUESTS = 3000
 PARTITIONER = DefaultPartitioner()
+SLOW_IDENTITY = """
+name: "identity"
+backend: "plaza_simulated"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 1000 }
+parameters [ { key: "latency_a_us" value: { string_value: "2000" } } ]
+"""
+"""The identity model at 2 ms a row (the simulated device: a copy of the input, no CPU):
+the load then lasts seconds, so the kill always lands in it. The ONNX identity answers
+3000 requests faster than the test can see the first of them on a busy machine."""
+
+
+def slow_identity_repository(root: Path) -> Path:
+    (root / "identity" / "1").mkdir(parents=True)
+    (root / "identity" / "config.pbtxt").write_text(SLOW_IDENTITY)
+    return root
 
 
 def taken_over(
@@ -50,8 +69,9 @@ async def test_worker_killed_mid_flight(
     deployments: Callable[..., Deployment],
     processes: FaultProcesses,
     record_fault: Callable[[FaultReport], None],
+    tmp_path: Path,
 ) -> None:
-    deployment = deployments()
+    deployment = deployments(repository=slow_identity_repository(tmp_path / "repository"))
     victim, survivor = processes.worker(deployment, "a"), processes.worker(deployment, "b")
     await asyncio.gather(victim.wait_registered(), survivor.wait_registered())
     await wait_assignment([victim, survivor], deployment.partitions)
