@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from plaza.errors import (
+    Cancelled,
     CodecError,
     ConfigError,
     DeadlineExceeded,
@@ -39,6 +40,7 @@ _STATUS_BY_CODE: dict[str, _Status] = {
     QueueFull.code: (503, grpc.StatusCode.UNAVAILABLE),
     Unavailable.code: (503, grpc.StatusCode.UNAVAILABLE),
     DeadlineExceeded.code: (504, grpc.StatusCode.DEADLINE_EXCEEDED),
+    Cancelled.code: (499, grpc.StatusCode.CANCELLED),  # 499: nginx's "client closed request"
 }
 _UNMAPPED: _Status = (500, grpc.StatusCode.INTERNAL)
 

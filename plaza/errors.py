@@ -97,6 +97,13 @@ class JobNotFound(PlazaError):
     code = "job_not_found"
 
 
+class Cancelled(PlazaError):
+    """The caller cancelled the request (a cancelled gRPC call, a closed stream) before its
+    answer came; a worker that has not run it yet skips it."""
+
+    code = "cancelled"
+
+
 class Unauthorized(PlazaError):
     """Missing or wrong API key."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -33,6 +34,8 @@ from plaza.replies import ReplyMux
 from plaza.results import JobStatus, ResultStore
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
+
+log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
 """stop() gives the Kafka producer this long to flush (a dead broker must not hang it)."""
@@ -116,6 +119,7 @@ class Producer:
         self._mux: ReplyMux | None = None
         self._mux_lock = asyncio.Lock()
         self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
+        self._cancelling: set[asyncio.Task[None]] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -125,6 +129,8 @@ class Producer:
 
     async def stop(self) -> None:
         """Release what start() and the first sync call took; safe after a failed start."""
+        if self._cancelling:
+            await asyncio.wait(self._cancelling, timeout=STOP_TIMEOUT_S)
         if self._mux is not None:
             await self._mux.stop()
             self._mux = None
@@ -159,7 +165,9 @@ class Producer:
 
         Unavailable when Kafka does not acknowledge it in time (the job is not marked).
         After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer comes
-        in time: the job is marked and stays pollable under that id.
+        in time: the job is marked and stays pollable under that id. When the caller
+        cancels the wait (a cancelled gRPC call), a ``cancelled`` answer is stored for the
+        request, so that a worker that has not run it yet skips it.
         """
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
         mux = await self.replies()
@@ -171,6 +179,9 @@ class Producer:
                 await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
                 left = timeout_s - (time.monotonic() - started)
                 return await self._await_reply(fut, ready, spec, left, timeout_s)
+            except asyncio.CancelledError:
+                self._cancel_later(ready.req)
+                raise
             finally:
                 mux.forget(ready.req.id)
 
@@ -268,6 +279,19 @@ class Producer:
         raise DeadlineExceeded(
             f"no result within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
         )
+
+    def _cancel_later(self, req: InferRequest) -> None:
+        """Store the cancelled answer on a task of its own: the cancelled caller's task
+        must not wait for Redis. A failure only costs the skip (the worker runs it)."""
+        task = asyncio.get_running_loop().create_task(self._store_cancel(req))
+        self._cancelling.add(task)
+        task.add_done_callback(self._cancelling.discard)
+
+    async def _store_cancel(self, req: InferRequest) -> None:
+        try:
+            await self._store.cancel(req)
+        except Exception as exc:
+            log.warning("could not mark %s cancelled (a worker will still run it): %s", req.id, exc)
 
     async def _mark(self, ready: _Prepared, spec: ModelSpec | None) -> None:
         ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)

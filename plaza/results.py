@@ -14,9 +14,9 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from plaza.codec import decode_result, decode_results
-from plaza.contract import InferResult
-from plaza.errors import error_from_wire
+from plaza.codec import decode_result, decode_results, encode_result
+from plaza.contract import ErrorInfo, InferRequest, InferResult
+from plaza.errors import Cancelled, error_from_wire
 from plaza.naming import STREAM_FIELD_RESULTS, Names
 from plaza.settings import RedisSettings
 
@@ -43,6 +43,20 @@ class ResultStore:
         """Remember that a job exists, so polling can tell pending from unknown; ``ttl_s``
         must outlive the job's time in the queue plus the result TTL (``plaza.producer``)."""
         await self._redis.set(self._names.job_key(correlation_id), model.encode(), ex=ttl_s)
+
+    async def cancel(self, req: InferRequest) -> bool:
+        """Store a ``cancelled`` answer for ``req`` unless it has an answer already (first
+        write wins, as a worker's); True when it was stored. A worker that fetches the
+        request later finds the answer and skips it (``workers/answered.py``)."""
+        err = Cancelled("the caller cancelled the request before it was answered")
+        result = InferResult(req.id, req.model, req.version, error=ErrorInfo(err.code, err.message))
+        stored = await self._redis.set(
+            self._names.result_key(req.id),
+            encode_result(result),
+            nx=True,
+            ex=self._settings.result_ttl_s,
+        )
+        return bool(stored)
 
     async def poll(self, correlation_id: str) -> JobStatus:
         """done (with the result), pending (submitted, no result yet) or unknown."""

@@ -66,10 +66,19 @@ _NS_PER_US = 1000
 
 Answer = tuple[InferResult, str | None]
 
-RECORD_OUTCOMES = ("fetched", "rejected", "expired", "dead_lettered", "written", "duplicate")
+RECORD_OUTCOMES = (
+    "fetched",
+    "rejected",
+    "expired",
+    "dead_lettered",
+    "written",
+    "duplicate",
+    "skipped",
+)
 """What happens to a fetched record: rejected (an error answer at intake or by the queue
 policy), expired (its deadline passed), dead_lettered, written (its answer stored),
-duplicate (its answer was already stored: a replay, suppressed)."""
+duplicate (its answer was already stored when written: a replay, suppressed), skipped (its
+answer was already stored before it ran: cancelled by its caller, or a replay; not run)."""
 
 
 class WorkerMetrics:

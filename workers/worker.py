@@ -55,6 +55,7 @@ from plaza.naming import (
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
+from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.device import select_device
@@ -170,6 +171,7 @@ class Worker:
         # Redis clients connect on first use; Kafka's need the running loop (``start``).
         self.redis = redis_client(settings.redis)
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
+        self.answered = AnsweredCheck(self.redis, self.names)
         ttl_s = min(settings.worker.delivery_ttl_s, settings.redis.result_ttl_s)
         self.deliveries = DeliveryCounter(self.redis, self.names, ttl_s)
         self._kafka: KafkaClients | None = None
@@ -474,6 +476,14 @@ class Worker:
                 await asyncio.wait_for(self._arrived.wait(), timeout)
 
     async def _run(self, batch: list[WorkItem]) -> None:
+        batch, answered = await self.answered.split(batch)
+        if answered:  # cancelled by their callers, or replays of answered requests
+            self.metrics.count("skipped", len(answered))
+            await self._results.put(
+                Completed(records=[(it.partition, it.offset) for it in answered])
+            )
+        if not batch:
+            return
         self._in_flight += len(batch)
         self._idle.clear()
         results = await self.runner.run(batch)

@@ -12,8 +12,9 @@ from aiokafka import AIOKafkaConsumer
 from plaza.client import PlazaClient, make_request
 from plaza.codec import encode_request
 from plaza.connections import kafka_producer
-from plaza.errors import InvalidInput, ModelNotFound
+from plaza.errors import Cancelled, InvalidInput, ModelNotFound
 from plaza.naming import HEADER_ERROR_CODE
+from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from tests.support import running_worker, wait_for
 
@@ -196,10 +197,34 @@ async def test_a_replayed_request_keeps_its_first_answer(settings: PlazaSettings
         await client.publish_many([first])
         await wait_for(lambda: worker.metrics.records["written"] == 1, what="first answer")
         await client.publish_many([again])
-        await wait_for(lambda: worker.metrics.records["duplicate"] == 1, what="replay")
+        # Its answer is found before it runs: skipped, not run and then suppressed.
+        await wait_for(lambda: worker.metrics.records["skipped"] == 1, what="replay")
+        assert worker.metrics.executions() == 1
         assert await client._redis.xlen(stream) == 1
         stored = await client.result("same-id")
         np.testing.assert_array_equal(stored.output("OUTPUT0").to_numpy(), np.zeros((1, 2)))
+
+
+async def test_a_request_cancelled_before_it_runs_is_skipped(settings: PlazaSettings) -> None:
+    x = np.full((1, 2), 7, np.float32)
+    async with PlazaClient(settings) as client:
+        store = ResultStore(client._redis, settings.redis, settings.names)
+        stream = client.results_stream("cancel")
+        cancelled, kept = (
+            make_request("identity", {"INPUT0": x}, reply_stream=stream, correlation_id=rid)
+            for rid in ("cancelled-id", "kept-id")
+        )
+        assert await store.cancel(cancelled)
+        assert not await store.cancel(cancelled)  # first write wins, for cancels too
+        await client.publish_many([cancelled, kept])
+        async with running_worker(settings, "identity") as worker:
+            await wait_for(lambda: worker.metrics.records["written"] == 1, what="kept's answer")
+            await wait_for(lambda: worker.metrics.records["skipped"] == 1, what="the skip")
+            kept_answer = await client.result("kept-id")
+            assert worker.metrics.executions() == 1
+            with pytest.raises(Cancelled):
+                await client.result("cancelled-id")
+    np.testing.assert_array_equal(kept_answer.output("OUTPUT0").to_numpy(), x)
 
 
 async def test_results_are_bounded_by_ttl(settings: PlazaSettings) -> None:

@@ -239,10 +239,10 @@ async def test_api_key_is_required_as_metadata_but_not_for_health(
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
 
 
-async def test_a_cancelled_call_stops_waiting_at_the_gateway(
+async def test_a_cancelled_call_stops_waiting_and_the_worker_skips_it(
     settings_for: Callable[..., PlazaSettings],
 ) -> None:
-    # No worker: nothing answers, and the gateway would wait ten minutes on its own.
+    # No worker at first: nothing answers, and the gateway would wait ten minutes on its own.
     settings = settings_for("identity", sync_timeout_s=600)
     x = np.ones((1, 50), dtype=np.float32)
     async with gateway(settings) as gw:
@@ -253,9 +253,27 @@ async def test_a_cancelled_call_stops_waiting_at_the_gateway(
                 client.infer("identity", identity_input(x), client_timeout=3.0)
             )
             await wait_for(lambda: mux.waiting == 1, 30, "the gateway to wait for the call")
+            (cancelled_id,) = mux._waiters  # the correlation id the gateway gave the call
             with pytest.raises(InferenceServerException) as timed_out:
                 await call
+            await wait_for(lambda: mux.waiting == 0, 30, "the gateway to stop waiting")
+            # The cancelled answer is stored before any worker ran the request ...
+            producer = gw.service.producer
+
+            async def stored() -> bool:
+                return (await producer.poll(cancelled_id)).state == "done"
+
+            await wait_for(stored, 30, "the cancelled answer")
+            status = await producer.poll(cancelled_id)
+            assert status.result is not None and status.result.error is not None
+            assert status.result.error.code == "cancelled"
+            # ... so the worker that comes up skips it, and serves the next call.
+            async with running_worker(settings, "identity") as worker:
+                answer = await client.infer("identity", identity_input(x * 2))
+                await wait_for(lambda: worker.metrics.records["skipped"] == 1, 30, "the skip")
         finally:
             await client.close()
-        await wait_for(lambda: mux.waiting == 0, 30, "the gateway to stop waiting")
     assert timed_out.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), x * 2)
+    assert worker.metrics.records["written"] == 1  # the cancelled one never ran
+    assert worker.metrics.executions() == 1

@@ -175,6 +175,7 @@ def test_record_outcomes_and_totals_are_exposed() -> None:
         "dead_lettered": 1,
         "written": 4,
         "duplicate": 0,
+        "skipped": 0,
     }
     assert m.executions() == 3 and m.batch_sizes() == {3: 2, 1: 1}
 
