@@ -9,7 +9,9 @@ and errors (``gateway.errors.grpc_status``); nothing here publishes or waits on 
 ``STREAM_MAX_INFLIGHT``, answers not yet sent included; past it the stream stops reading
 until one is sent) and sends
 each response as it completes, tagged with the request's ``id``, as Triton does. A call the
-client cancels, or a stream it closes, stops waiting at once.
+client cancels, or a stream it closes, stops waiting at once; the producer core then stores
+a ``cancelled`` answer, so a worker that has not run the request yet skips it. With
+``gateway.tls_cert_file`` set the port serves TLS (``gateway.tls``).
 
 The API key (``gateway.api_key``) is required as ``authorization: Bearer <key>`` metadata on
 every RPC but the health ones (ServerLive, ServerReady, ModelReady), as over HTTP.
@@ -38,6 +40,7 @@ from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
+from plaza.gateway.tls import TlsFiles, grpc_credentials
 from plaza.settings import PlazaSettings
 
 log = logging.getLogger(__name__)
@@ -289,12 +292,18 @@ def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
     ]
 
 
-def create_server(service: GatewayService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+def create_server(
+    service: GatewayService, host: str, port: int, tls: TlsFiles | None = None
+) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server with the inference service bound to ``host:port`` (not started),
-    and the port it bound (``port`` 0: a free one)."""
+    and the port it bound (``port`` 0: a free one); over TLS when ``tls`` is given."""
     server = grpc.aio.server(options=server_options(service.settings))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    if tls is None:
+        bound = server.add_insecure_port(address)
+    else:
+        bound = server.add_secure_port(address, grpc_credentials(tls))
     if bound == 0:
         raise ConfigError(f"the gRPC front cannot listen on {host}:{port}: port in use?")
     return server, bound

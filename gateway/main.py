@@ -18,6 +18,7 @@ from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
+from plaza.gateway.tls import tls_files, uvicorn_tls
 from plaza.settings import GatewaySettings, PlazaSettings
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def server_config(settings: PlazaSettings, service: GatewayService | None = None
         lifespan="on",
         access_log=False,
         log_level=settings.log_level.lower(),
+        **uvicorn_tls(tls_files(gw)),
     )
 
 
@@ -83,7 +85,7 @@ async def serving(
     http = _HttpServer(config)
     task = asyncio.create_task(http.serve(sockets=[http_socket] if http_socket else None))
     grpc_server, bound = create_server(
-        service, gw.host, gw.grpc_port if grpc_port is None else grpc_port
+        service, gw.host, gw.grpc_port if grpc_port is None else grpc_port, tls_files(gw)
     )
     try:
         up = asyncio.create_task(http.up.wait())
@@ -94,7 +96,8 @@ async def serving(
             raise RuntimeError("the HTTP front stopped during startup")
         await grpc_server.start()
         port = http_socket.getsockname()[1] if http_socket else gw.http_port
-        yield Serving(f"http://{gw.host}:{port}", f"{gw.host}:{bound}", service, config, task)
+        scheme = "http" if gw.tls_cert_file is None else "https"
+        yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, config, task)
     finally:
         await grpc_server.stop(GRPC_STOP_GRACE_S)
         http.should_exit = True

@@ -145,6 +145,13 @@ class GatewaySettings(_Section):
         description="request body limit (HTTP 413 beyond), and gRPC's max receive message size",
     )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
+    tls_cert_file: Path | None = Field(
+        None, description="PEM certificate chain: HTTPS and gRPC over TLS when set"
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_client_ca_file: Path | None = Field(
+        None, description="PEM CA: when set, clients must present a certificate it signed"
+    )
     models: str = Field(
         "",
         description="comma-separated models to serve from the start ('*': all); empty: every "

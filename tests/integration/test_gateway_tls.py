@@ -1,0 +1,142 @@
+"""TLS on both fronts: certificates made by the openssl CLI for this test, a gateway that
+serves HTTPS and gRPC over TLS with them, and tritonclient / httpx as the clients.
+
+With a client CA configured (mutual TLS), a client without a certificate is refused on
+both fronts and one with a certificate the CA signed is served.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from plaza.gateway.main import Serving, serving
+from plaza.settings import PlazaSettings
+from tests.support import running_worker
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def _signed(root: Path, name: str, ca: Path, ca_key: Path, ext: str) -> tuple[Path, Path]:
+    key, csr, cert, extfile = (root / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
+    extfile.write_text(ext)
+    _openssl("genrsa", "-out", key, "2048")
+    _openssl("req", "-new", "-key", key, "-subj", f"/CN={name}", "-out", csr)
+    _openssl(
+        "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+        "-days", "2", "-out", cert, "-extfile", extfile,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    root = tmp_path_factory.mktemp("pki")
+    ca, ca_key = root / "ca.pem", root / "ca.key"
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", "/CN=plaza-test-ca", "-keyout", ca_key, "-out", ca,
+    )  # fmt: skip
+    server = _signed(root, "server", ca, ca_key, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    client = _signed(root, "client", ca, ca_key, "extendedKeyUsage=clientAuth\n")
+    return Pki(ca, server[0], server[1], client[0], client[1])
+
+
+@asynccontextmanager
+async def tls_gateway(settings: PlazaSettings) -> AsyncIterator[Serving]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        async with serving(settings, http_socket=sock, grpc_port=0) as running:
+            yield running
+    finally:
+        sock.close()
+
+
+async def test_both_fronts_serve_tls(settings_for: Callable[..., PlazaSettings], pki: Pki) -> None:
+    settings = settings_for("identity", tls_cert_file=pki.server_cert, tls_key_file=pki.server_key)
+    x = np.arange(6, dtype=np.float32).reshape(1, 6)
+    async with tls_gateway(settings) as gw, running_worker(settings, "identity"):
+        assert gw.http_url.startswith("https://")
+        async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=pki.ca)) as http:
+            live = await http.get(f"{gw.http_url}/v2/health/live")
+        secure = grpcclient.InferenceServerClient(
+            gw.grpc_address, ssl=True, root_certificates=str(pki.ca)
+        )
+        plain = grpcclient.InferenceServerClient(gw.grpc_address)
+        try:
+            item = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+            item.set_data_from_numpy(x)
+            answer = await secure.infer("identity", [item])
+            with pytest.raises(InferenceServerException):
+                await plain.is_server_live()
+        finally:
+            await secure.close()
+            await plain.close()
+        with pytest.raises(httpx.HTTPError):  # plain text to the HTTPS port
+            async with httpx.AsyncClient() as http:
+                await http.get(gw.http_url.replace("https://", "http://") + "/v2/health/live")
+    assert live.status_code == 200
+    np.testing.assert_array_equal(answer.as_numpy("OUTPUT0"), x)
+
+
+async def test_a_client_ca_requires_client_certificates(
+    settings_for: Callable[..., PlazaSettings], pki: Pki
+) -> None:
+    settings = settings_for(
+        "identity",
+        tls_cert_file=pki.server_cert,
+        tls_key_file=pki.server_key,
+        tls_client_ca_file=pki.ca,
+    )
+    async with tls_gateway(settings) as gw:
+        with_cert = grpcclient.InferenceServerClient(
+            gw.grpc_address,
+            ssl=True,
+            root_certificates=str(pki.ca),
+            private_key=str(pki.client_key),
+            certificate_chain=str(pki.client_cert),
+        )
+        without = grpcclient.InferenceServerClient(
+            gw.grpc_address, ssl=True, root_certificates=str(pki.ca)
+        )
+        try:
+            served = await with_cert.is_server_live()
+            with pytest.raises(InferenceServerException):
+                await without.is_server_live()
+        finally:
+            await with_cert.close()
+            await without.close()
+        url = f"{gw.http_url}/v2/health/live"
+        with_client_cert = ssl.create_default_context(cafile=pki.ca)
+        with_client_cert.load_cert_chain(pki.client_cert, pki.client_key)
+        async with httpx.AsyncClient(verify=with_client_cert) as http:
+            http_served = await http.get(url)
+        with pytest.raises(httpx.HTTPError):
+            async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=pki.ca)) as http:
+                await http.get(url)
+    assert served is True
+    assert http_served.status_code == 200
