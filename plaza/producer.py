@@ -6,6 +6,9 @@ through ``Producer``; a front only maps its wire format to it. For each request 
     validate -> settle the priority level -> queue guard -> byte budget -> publish
              -> await the reply (sync) or mark the job (async)
 
+A sync request to a model that enables the response cache is first looked up there
+(``plaza.response_cache``): a hit is answered from Redis and never published.
+
 and it owns the parts this needs: the Kafka publisher, the backlog probe behind the queue
 guard, the reply multiplexer (on a stream its caller names), the job markers, and the
 budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HTTP status.
@@ -30,6 +33,7 @@ from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard
 from plaza.replies import ReplyMux
+from plaza.response_cache import CacheObserver, DefaultVersions, ResponseCache
 from plaza.results import JobStatus, ResultStore
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
@@ -94,6 +98,7 @@ class Producer:
     or an SDK client's); it is created on the first sync call. ``validate`` checks each
     request against its model before publishing (the gateway's early 400s); without it
     the worker's admission is the only check and its error comes back as the answer.
+    ``cache_observer`` is told of response cache hits and misses (the gateway's metrics).
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class Producer:
         *,
         reply_stream: str,
         validate: bool = True,
+        cache_observer: CacheObserver | None = None,
     ) -> None:
         self.settings = settings
         self.names = settings.names
@@ -116,6 +122,13 @@ class Producer:
         self._mux: ReplyMux | None = None
         self._mux_lock = asyncio.Lock()
         self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
+        self.cache = ResponseCache(
+            redis,
+            settings.response_cache,
+            self.names,
+            DefaultVersions(settings.repository),
+            cache_observer,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -159,9 +172,26 @@ class Producer:
 
         Unavailable when Kafka does not acknowledge it in time (the job is not marked).
         After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer comes
-        in time: the job is marked and stays pollable under that id.
+        in time: the job is marked and stays pollable under that id. A response cache hit
+        is answered at once, unpublished.
         """
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
+        probe = await self.cache.probe(ready.req, spec)
+        if probe is None:
+            return await self._publish_and_await(ready, spec, timeout_s)
+        if probe.hit is not None:
+            return probe.hit
+        try:
+            result = await self._publish_and_await(ready, spec, timeout_s)
+        except BaseException:
+            self.cache.missed(probe)
+            raise
+        await self.cache.store(probe, result)
+        return result
+
+    async def _publish_and_await(
+        self, ready: _Prepared, spec: ModelSpec | None, timeout_s: float
+    ) -> InferResult:
         mux = await self.replies()
         await self._check_queue(spec, ready.level)
         with self.inflight.hold(request_bytes(ready.req)):
