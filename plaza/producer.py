@@ -128,16 +128,19 @@ class Producer:
             self.names,
             DefaultVersions(settings.repository),
             cache_observer,
+            stats_ttl_s=settings.redis.stats_ttl_s,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        """Connect the Kafka producer and the backlog probe."""
+        """Connect the Kafka producer and the backlog probe; start the cache's statistics."""
         await self._publisher.start()
         await self.backlog.start()
+        self.cache.start()
 
     async def stop(self) -> None:
         """Release what start() and the first sync call took; safe after a failed start."""
+        await self.cache.stop()
         if self._mux is not None:
             await self._mux.stop()
             self._mux = None

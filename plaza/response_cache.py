@@ -23,6 +23,8 @@ whose digest differs is a miss. A model's cache therefore never holds more than
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import struct
@@ -41,6 +43,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.repository import ModelRepository
 from plaza.settings import ResponseCacheSettings
+from plaza.statistics import FLUSH_SCRIPT, flush_arguments
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,11 @@ _PERSON = b"plaza-cache-v1"
 """BLAKE2b personalisation: a change of the key rule changes every key."""
 VERSIONS_TTL_S = 1.0
 """How long the version folders read from the repository are reused (one model)."""
+STATS_FLUSH_S = 1.0
+"""How often counted hits and misses are added to the statistics hashes."""
+STATS_PENDING_MAX = 4096
+"""Model versions whose counts may wait for a flush; past it, new ones are not counted
+(bounded by the repository in practice: label values come only from specs)."""
 
 
 def _frame(h: hashlib.blake2b, part: bytes | bytearray | memoryview) -> None:
@@ -148,8 +156,41 @@ class DefaultVersions:
         return str(max(served)) if served else None
 
 
+class CacheStatistics:
+    """Hits and misses counted since the last flush, as increments of Triton's statistics
+    hash fields (``plaza.statistics``): a hit is a ``cache_hit`` and a ``success``."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, str], dict[str, int]] = {}
+
+    def _add(self, model: str, version: str, phases: tuple[str, ...], seconds: float) -> None:
+        counts = self.pending.get((model, version))
+        if counts is None:
+            if len(self.pending) >= STATS_PENDING_MAX:
+                return
+            counts = self.pending[(model, version)] = {}
+        for phase in phases:
+            counts[f"{phase}.count"] = counts.get(f"{phase}.count", 0) + 1
+            counts[f"{phase}.ns"] = counts.get(f"{phase}.ns", 0) + int(seconds * 1e9)
+
+    def hit(self, model: str, version: str, seconds: float) -> None:
+        self._add(model, version, ("cache_hit", "success"), seconds)
+
+    def miss(self, model: str, version: str, seconds: float) -> None:
+        self._add(model, version, ("cache_miss",), seconds)
+
+    def take(self) -> dict[tuple[str, str], dict[str, int]]:
+        """The pending increments, handed over (and forgotten here)."""
+        taken, self.pending = self.pending, {}
+        return taken
+
+
 class ResponseCache:
-    """Lookups and stores of answers of the models that enable the cache."""
+    """Lookups and stores of answers of the models that enable the cache.
+
+    Counted hits and misses go to the models' statistics hashes from ``start`` to ``stop``
+    (every ``STATS_FLUSH_S``; ``stats_ttl_s``: the hashes' idle expiry, as the workers').
+    """
 
     def __init__(
         self,
@@ -158,14 +199,57 @@ class ResponseCache:
         names: Names,
         default_version: Callable[[ModelSpec], str | None],
         observer: CacheObserver | None = None,
+        *,
+        stats_ttl_s: int = 7 * 86400,
     ) -> None:
         self._redis = redis
         self.settings = settings
         self._names = names
         self._default_version = default_version
         self._observer = observer
+        self._stats_ttl_s = stats_ttl_s
+        self.statistics = CacheStatistics()
+        self._flusher: asyncio.Task[None] | None = None
         self.hits = 0
         self.misses = 0
+
+    # -- statistics ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Flush counted hits and misses every ``STATS_FLUSH_S`` until ``stop``."""
+        if self._flusher is None:
+            self._flusher = asyncio.create_task(self._flush_every())
+
+    async def stop(self) -> None:
+        """Stop flushing, after a last flush (bounded: Redis may be away)."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._flusher
+            self._flusher = None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(), STATS_FLUSH_S)
+
+    async def flush(self) -> None:
+        """Add what was counted since the last flush to the statistics hashes."""
+        taken = self.statistics.take()
+        if not taken:
+            return
+        changes = [
+            (self._names.model_stats_key(model, version), 0, counts)
+            for (model, version), counts in taken.items()
+        ]
+        keys, args = flush_arguments(changes, self._stats_ttl_s)
+        await self._redis.eval(FLUSH_SCRIPT, len(keys), *keys, *args)
+
+    async def _flush_every(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_FLUSH_S)
+            try:
+                await self.flush()
+            except Exception as exc:  # these counts are lost; the next ones are not
+                log.warning("response cache: statistics flush failed: %s", exc)
+
+    # -- lookups and stores ----------------------------------------------------------------
 
     def _key(self, model: str, digest: bytes) -> str:
         return self._names.response_cache_key(model, slot_of(digest, self.settings.max_entries))
@@ -190,6 +274,7 @@ class ResponseCache:
             probe.hit = decode_entry(entry, digest, req.id)
         if probe.hit is not None:
             self.hits += 1
+            self.statistics.hit(req.model, probe.hit.version, probe.lookup_s)
             if self._observer is not None:
                 self._observer.cache_hit(req.model, probe.hit.version, probe.lookup_s)
         return probe
@@ -209,8 +294,10 @@ class ResponseCache:
     def missed(self, probe: CacheProbe, store_s: float = 0.0) -> None:
         """Count a miss (with the time its store took, if any)."""
         self.misses += 1
+        seconds = probe.lookup_s + store_s
+        self.statistics.miss(probe.req.model, probe.version, seconds)
         if self._observer is not None:
-            self._observer.cache_miss(probe.req.model, probe.version, probe.lookup_s + store_s)
+            self._observer.cache_miss(probe.req.model, probe.version, seconds)
 
     async def _put(self, model: str, digest: bytes, result: InferResult) -> None:
         entry = encode_entry(digest, result)

@@ -4,7 +4,8 @@ A test-owned repository serves ``cached`` (the identity model with ``response_ca
 { enable: true }``) and ``plain`` (the same model without it). Records are counted on each
 model's request topic (the sum of its partitions' end offsets) before and after a call,
 through the gateway (HTTP) and through the SDK; the gateway's nv_cache_* counters move with
-the hits and misses; and the bounds (slots, entry size, TTL) hold in Redis.
+the hits and misses, and so do ``cache_hit`` / ``cache_miss`` in the statistics API; and
+the bounds (slots, entry size, TTL) hold in Redis.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from plaza.response_cache import ResponseCache
 from plaza.settings import PlazaSettings, ResponseCacheSettings
 from plaza.tensors import Tensor
 from tests.metrics_support import samples, value
-from tests.support import REPOSITORY, running_worker
+from tests.support import REPOSITORY, running_worker, wait_for
 
 CACHED, PLAIN = "cached", "plain"
 
@@ -133,6 +134,19 @@ async def test_http_second_identical_request_is_answered_from_redis_unpublished(
         await http.post(path, json=params)  # another parameter: a miss
         assert await topic.records(CACHED) == 3
         assert cache_counts(service, CACHED) == (2.0, 3.0)
+
+        async def stats() -> dict[str, Any]:
+            doc = (await http.get(f"/v2/models/{CACHED}/stats")).json()
+            inference: dict[str, Any] = doc["model_stats"][0]["inference_stats"]
+            return inference
+
+        async def counted() -> bool:  # worker heartbeats and the producer's flushes
+            found = await stats()
+            counts = [found[p]["count"] for p in ("cache_hit", "cache_miss", "success")]
+            return counts == [2, 3, 5]  # success: 3 computed by the worker + 2 hits
+
+        await wait_for(counted, 30, "cache_hit and cache_miss in the statistics")
+        assert (await stats())["cache_hit"]["ns"] > 0
 
         for i in range(3):
             plain = await http.post(f"/v2/models/{PLAIN}/infer", json=body(f"p{i}", 1.5, 2.5))

@@ -15,6 +15,8 @@ from plaza.modelconfig import ModelSpec, parse_model_config
 from plaza.naming import Names
 from plaza.response_cache import (
     DIGEST_BYTES,
+    STATS_PENDING_MAX,
+    CacheStatistics,
     DefaultVersions,
     cache_key,
     decode_entry,
@@ -148,3 +150,24 @@ def test_config_enables_the_cache_and_refuses_bad_values() -> None:
     with pytest.raises(ConfigError, match=r"response_cache\.enable.*decoupled") as err:
         spec("response_cache { enable: true }\nmodel_transaction_policy { decoupled: true }")
     assert err.value.details["field"] == "response_cache.enable"
+
+
+def test_statistics_count_hits_as_successes_and_are_handed_over_once() -> None:
+    stats = CacheStatistics()
+    stats.hit("ident", "1", 0.000002)
+    stats.miss("ident", "1", 0.000005)
+    stats.miss("ident", "1", 0.000001)
+    assert stats.take() == {
+        ("ident", "1"): {
+            "cache_hit.count": 1,
+            "cache_hit.ns": 2000,
+            "success.count": 1,
+            "success.ns": 2000,
+            "cache_miss.count": 2,
+            "cache_miss.ns": 6000,
+        }
+    }
+    assert stats.take() == {}
+    for i in range(STATS_PENDING_MAX + 5):
+        stats.miss("ident", str(i), 0.0)
+    assert len(stats.take()) == STATS_PENDING_MAX  # bounded between two flushes
