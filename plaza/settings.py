@@ -93,7 +93,7 @@ class ResponseCacheSettings(_Section):
 
     ttl_s: int = Field(600, ge=1, description="how long a cached answer lives (Redis TTL)")
     max_entry_bytes: int = Field(
-        1024 * 1024,
+        256 * 1024,
         ge=1024,
         description="an answer whose cache entry would be larger is not cached",
     )
