@@ -234,12 +234,12 @@ class ResponseCache:
         taken = self.statistics.take()
         if not taken:
             return
-        changes = [
-            (self._names.model_stats_key(model, version), 0, counts)
-            for (model, version), counts in taken.items()
-        ]
-        keys, args = flush_arguments(changes, self._stats_ttl_s)
-        await self._redis.eval(FLUSH_SCRIPT, len(keys), *keys, *args)
+        pipe = self._redis.pipeline(transaction=False)
+        for (model, version), counts in taken.items():  # one key a call: Cluster-safe
+            change = (self._names.model_stats_key(model, version), 0, counts)
+            keys, args = flush_arguments([change], self._stats_ttl_s)
+            pipe.eval(FLUSH_SCRIPT, 1, *keys, *args)
+        await pipe.execute()
 
     async def _flush_every(self) -> None:
         while True:
