@@ -6,12 +6,13 @@ through ``Producer``; a front only maps its wire format to it. For each request 
     validate -> settle the priority level -> queue guard -> byte budget -> publish
              -> await the reply (sync) or mark the job (async)
 
-A sync request to a model that enables the response cache is first looked up there
-(``plaza.response_cache``): a hit is answered from Redis and never published.
-
 and it owns the parts this needs: the Kafka publisher, the backlog probe behind the queue
 guard, the reply multiplexer (on a stream its caller names), the job markers, and the
 budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HTTP status.
+
+A sync request to a model that enables the response cache is first looked up there
+(``plaza.response_cache``, owned here): a hit is answered from Redis and never
+published; a successful answer to a miss is stored.
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ class ResponseCache:
         if spec is None or not spec.response_cache:
             return None
         version = req.version or self._default_version(spec)
-        if not version:
+        if not version or not version.isdigit():  # a version no worker serves: no entry
             return None
         started = time.monotonic()
         digest = cache_key(req, version)

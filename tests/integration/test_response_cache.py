@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,10 @@ async def test_bounds_hold_in_redis(
     assert probe is not None
     await cache.store(probe, InferResult(big.id, CACHED, "1", big.inputs))
     assert (await cache.probe(big, spec)).hit is None  # type: ignore[union-attr]
+
+    plain = load_model_config(s.repository / PLAIN / "config.pbtxt")
+    assert await cache.probe(replace(big, model=PLAIN), plain) is None  # not opted in
+    assert await cache.probe(replace(big, version="latest"), spec) is None  # no such version
 
     error = make_request(CACHED, {"INPUT0": np.ones((1, 2), np.float32)})
     probe = await cache.probe(error, spec)
