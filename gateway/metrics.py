@@ -1,7 +1,8 @@
 """The gateway's own metrics: synchronous infer requests per model version, on port 8002.
 
 The gateway runs no model, so it counts what it sees: each synchronous infer call's success
-(with its duration, publish to answer) or failure (with Triton's reason), under Triton's
+(with its duration, publish to answer) or failure (with Triton's reason), and the response
+cache's hits and misses with their durations (``plaza.response_cache``), under Triton's
 names, labelled with the model and the version that answered (the default version, the
 newest served, when the request named none). Requests for models or versions that are not
 loaded are not counted: label values come only from the repository, never from clients.
@@ -28,6 +29,10 @@ from plaza.naming import (
     LABEL_MODEL,
     LABEL_REASON,
     LABEL_VERSION,
+    METRIC_CACHE_HIT_DURATION_US,
+    METRIC_CACHE_HITS,
+    METRIC_CACHE_MISS_DURATION_US,
+    METRIC_CACHE_MISSES,
     METRIC_REQUEST_DURATION_US,
     METRIC_REQUEST_FAILURE,
     METRIC_REQUEST_SUCCESS,
@@ -63,6 +68,41 @@ class GatewayMetrics:
             labels,
             registry=self.registry,
         )
+
+        self.cache_hits = Counter(
+            METRIC_CACHE_HITS,
+            "Number of response cache hits per model",
+            labels,
+            registry=self.registry,
+        )
+        self.cache_misses = Counter(
+            METRIC_CACHE_MISSES,
+            "Number of response cache misses per model",
+            labels,
+            registry=self.registry,
+        )
+        self.cache_hit_us = Counter(
+            METRIC_CACHE_HIT_DURATION_US,
+            "Total response cache hit duration per model (lookups), microseconds",
+            labels,
+            registry=self.registry,
+        )
+        self.cache_miss_us = Counter(
+            METRIC_CACHE_MISS_DURATION_US,
+            "Total response cache miss duration per model (lookups and stores), microseconds",
+            labels,
+            registry=self.registry,
+        )
+
+    def cache_hit(self, model: str, version: str, seconds: float) -> None:
+        """A response cache hit (``plaza.response_cache.CacheObserver``)."""
+        self.cache_hits.labels(model, version).inc()
+        self.cache_hit_us.labels(model, version).inc(int(seconds * 1e6))
+
+    def cache_miss(self, model: str, version: str, seconds: float) -> None:
+        """A response cache miss (``plaza.response_cache.CacheObserver``)."""
+        self.cache_misses.labels(model, version).inc()
+        self.cache_miss_us.labels(model, version).inc(int(seconds * 1e6))
 
     def succeeded(self, model: str, version: str, seconds: float) -> None:
         self.success.labels(model, version).inc()

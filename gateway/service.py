@@ -105,7 +105,10 @@ class GatewayService:
             poll_s = self.settings.gateway.repository_poll_s
             self._tasks.append(asyncio.create_task(self._every(poll_s, self.registry.poll)))
         self._producer = Producer(
-            self.settings, self._redis, reply_stream=self.names.reply_stream(self.gateway_id)
+            self.settings,
+            self._redis,
+            reply_stream=self.names.reply_stream(self.gateway_id),
+            cache_observer=self.metrics,
         )
         await self._producer.start()
         await self._producer.replies()  # the reply stream exists before the first call

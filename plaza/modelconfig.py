@@ -97,6 +97,8 @@ class ModelSpec:
     parameters: dict[str, str]
     config: mc.ModelConfig
     """The parsed message itself (served by the /config endpoint)."""
+    response_cache: bool = False
+    """``response_cache { enable: true }``: answers are cached (``plaza.response_cache``)."""
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -242,6 +244,13 @@ def _version_policy(config: mc.ModelConfig, source: str) -> VersionPolicy:
     return VersionPolicy(kind="latest", latest=n)
 
 
+def _response_cache(config: mc.ModelConfig, source: str) -> bool:
+    enabled = config.HasField("response_cache") and config.response_cache.enable
+    if enabled and config.model_transaction_policy.decoupled:
+        raise _fail(source, "response_cache.enable", "a decoupled model cannot cache responses")
+    return bool(enabled)
+
+
 def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str) -> ModelSpec:
     name = config.name or default_name
     if config.name and config.name != default_name:
@@ -268,4 +277,5 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(platform, ""),
         parameters={k: v.string_value for k, v in config.parameters.items()},
         config=config,
+        response_cache=_response_cache(config, source),
     )

@@ -49,6 +49,10 @@ METRIC_GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
 METRIC_BATCH_SIZE = "plaza_inference_batch_size"
 METRIC_CONSUMER_LAG = "plaza_kafka_consumer_lag"
 METRIC_WORKER_RECORDS = "plaza_worker_records"
+METRIC_CACHE_HITS = "nv_cache_num_hits_per_model"
+METRIC_CACHE_MISSES = "nv_cache_num_misses_per_model"
+METRIC_CACHE_HIT_DURATION_US = "nv_cache_hit_duration_per_model"
+METRIC_CACHE_MISS_DURATION_US = "nv_cache_miss_duration_per_model"
 LABEL_MODEL = "model"
 LABEL_VERSION = "version"
 LABEL_REASON = "reason"
@@ -116,6 +120,11 @@ class Names:
     def job_key(self, correlation_id: str) -> str:
         """Marks a submitted async job as known (so polling can say 'pending')."""
         return f"{self.key_prefix}job:{correlation_id}"
+
+    def response_cache_key(self, model: str, slot: int) -> str:
+        """One of a model's response cache slots (``plaza.response_cache``): no hash tag, as
+        the result and job keys, since every cache command touches this one key."""
+        return f"{self.key_prefix}cache:{check_model_name(model)}:{slot}"
 
     def reply_stream(self, gateway_id: str) -> str:
         """A gateway's (or SDK client's) private reply stream for synchronous calls."""

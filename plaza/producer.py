@@ -9,6 +9,10 @@ through ``Producer``; a front only maps its wire format to it. For each request 
 and it owns the parts this needs: the Kafka publisher, the backlog probe behind the queue
 guard, the reply multiplexer (on a stream its caller names), the job markers, and the
 budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HTTP status.
+
+A sync request to a model that enables the response cache is first looked up there
+(``plaza.response_cache``, owned here): a hit is answered from Redis and never
+published; a successful answer to a miss is stored.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard
 from plaza.replies import ReplyMux
+from plaza.response_cache import CacheObserver, DefaultVersions, ResponseCache
 from plaza.results import JobStatus, ResultStore
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
@@ -97,6 +102,7 @@ class Producer:
     or an SDK client's); it is created on the first sync call. ``validate`` checks each
     request against its model before publishing (the gateway's early 400s); without it
     the worker's admission is the only check and its error comes back as the answer.
+    ``cache_observer`` is told of response cache hits and misses (the gateway's metrics).
     """
 
     def __init__(
@@ -106,6 +112,7 @@ class Producer:
         *,
         reply_stream: str,
         validate: bool = True,
+        cache_observer: CacheObserver | None = None,
     ) -> None:
         self.settings = settings
         self.names = settings.names
@@ -120,17 +127,27 @@ class Producer:
         self._mux_lock = asyncio.Lock()
         self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
         self._cancelling: set[asyncio.Task[None]] = set()
+        self.cache = ResponseCache(
+            redis,
+            settings.response_cache,
+            self.names,
+            DefaultVersions(settings.repository),
+            cache_observer,
+            stats_ttl_s=settings.redis.stats_ttl_s,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
-        """Connect the Kafka producer and the backlog probe."""
+        """Connect the Kafka producer and the backlog probe; start the cache's statistics."""
         await self._publisher.start()
         await self.backlog.start()
+        self.cache.start()
 
     async def stop(self) -> None:
         """Release what start() and the first sync call took; safe after a failed start."""
         if self._cancelling:
             await asyncio.wait(self._cancelling, timeout=STOP_TIMEOUT_S)
+        await self.cache.stop()
         if self._mux is not None:
             await self._mux.stop()
             self._mux = None
@@ -165,11 +182,28 @@ class Producer:
 
         Unavailable when Kafka does not acknowledge it in time (the job is not marked).
         After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer comes
-        in time: the job is marked and stays pollable under that id. When the caller
-        cancels the wait (a cancelled gRPC call), a ``cancelled`` answer is stored for the
-        request, so that a worker that has not run it yet skips it.
+        in time: the job is marked and stays pollable under that id. A response cache hit
+        is answered at once, unpublished. When the caller cancels the wait (a cancelled
+        gRPC call), a ``cancelled`` answer is stored for the request, so that a worker that
+        has not run it yet skips it.
         """
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
+        probe = await self.cache.probe(ready.req, spec)
+        if probe is None:
+            return await self._publish_and_await(ready, spec, timeout_s)
+        if probe.hit is not None:
+            return probe.hit
+        try:
+            result = await self._publish_and_await(ready, spec, timeout_s)
+        except BaseException:
+            self.cache.missed(probe)
+            raise
+        await self.cache.store(probe, result)
+        return result
+
+    async def _publish_and_await(
+        self, ready: _Prepared, spec: ModelSpec | None, timeout_s: float
+    ) -> InferResult:
         mux = await self.replies()
         await self._check_queue(spec, ready.level)
         with self.inflight.hold(request_bytes(ready.req)):

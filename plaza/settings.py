@@ -87,6 +87,24 @@ class ProducerSettings(_Section):
     )
 
 
+class ResponseCacheSettings(_Section):
+    """Triton's response cache, in Redis, for models with ``response_cache { enable: true }``
+    (``plaza.response_cache``): its bounds, per cached model."""
+
+    ttl_s: int = Field(600, ge=1, description="how long a cached answer lives (Redis TTL)")
+    max_entry_bytes: int = Field(
+        256 * 1024,
+        ge=1024,
+        description="an answer whose cache entry would be larger is not cached",
+    )
+    max_entries: int = Field(
+        1024,
+        ge=1,
+        description="cache slots of one model (direct mapped: each holds one answer); a model's "
+        "cache holds at most max_entries * max_entry_bytes",
+    )
+
+
 class WorkerSettings(_Section):
     """One worker process."""
 
@@ -189,6 +207,7 @@ class PlazaSettings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     producer: ProducerSettings = ProducerSettings()
+    response_cache: ResponseCacheSettings = ResponseCacheSettings()
     worker: WorkerSettings = WorkerSettings()
     gateway: GatewaySettings = GatewaySettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")

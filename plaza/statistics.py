@@ -8,10 +8,16 @@ hash is the sum over every worker that ever served the version. ``last_inference
 maximum instead of a sum. The gateway reads the hash back (``from_fields``) and renders
 Triton's JSON (``to_triton``).
 
+The response cache's hits and misses (``cache_hit``, ``cache_miss``) never reach a worker:
+the producer core that looked them up (a gateway's, an SDK client's) adds them to the same
+hash, every ``plaza.response_cache.STATS_FLUSH_S``; a hit also counts as a success, as in
+Triton (whose ``success`` includes cache hits and whose ``inference_count`` does not).
+
 Hash fields: ``inference_count``, ``execution_count``, ``last_inference`` (epoch ms),
 ``<phase>.count`` / ``<phase>.ns`` for the phases success, fail, queue, compute_input,
-compute_infer, compute_output, ``failure.<REASON>`` (failed requests by Triton's reason),
-and ``batch.<size>.<phase>.count`` / ``.ns`` for the compute phases of each batch size.
+compute_infer, compute_output, cache_hit, cache_miss, ``failure.<REASON>`` (failed
+requests by Triton's reason), and ``batch.<size>.<phase>.count`` / ``.ns`` for the
+compute phases of each batch size.
 """
 
 from __future__ import annotations
@@ -21,12 +27,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LAST_INFERENCE = "last_inference"
-REQUEST_PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
-"""The ``inference_stats`` entries Plaza measures, in Triton's order."""
+REQUEST_PHASES = (
+    "success",
+    "fail",
+    "queue",
+    "compute_input",
+    "compute_infer",
+    "compute_output",
+    "cache_hit",
+    "cache_miss",
+)
+"""The ``inference_stats`` entries, in Triton's order."""
 COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
 """The entries of each ``batch_stats`` element."""
-_ALWAYS_ZERO = ("cache_hit", "cache_miss")
-"""Triton entries Plaza has no use for (no response cache); present so clients find them."""
 
 # KEYS: one statistics hash per model version.
 # ARGV: ttl, then per key: last inference (epoch ms), n, then n (field, increment) pairs.
@@ -89,6 +102,10 @@ class ModelStatistics:
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+    cache_hit: Duration = field(default_factory=Duration)
+    """Response cache hits (lookup time); counted by producers, not workers."""
+    cache_miss: Duration = field(default_factory=Duration)
+    """Response cache misses (lookup and store time); counted by producers."""
     failures: dict[str, int] = field(default_factory=dict)
     """Failed requests by Triton's reason (REJECTED, BACKEND, OTHER)."""
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
@@ -153,7 +170,6 @@ class ModelStatistics:
     def to_triton(self, name: str, version: str) -> dict[str, Any]:
         """One element of Triton's ``model_stats`` array."""
         inference = {p: self.phase(p).to_json() for p in REQUEST_PHASES}
-        inference.update({p: Duration().to_json() for p in _ALWAYS_ZERO})
         return {
             "name": name,
             "version": version,
