@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from plaza.gateway.main import Serving, serving
 from plaza.settings import (
     GatewaySettings,
     KafkaSettings,
@@ -73,3 +75,22 @@ async def running_worker(
         yield w
     finally:
         await w.stop()
+
+
+def loopback_socket() -> socket.socket:
+    """A TCP socket bound to a free 127.0.0.1 port (not listening yet), for a test server."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@asynccontextmanager
+async def gateway_fronts(settings: PlazaSettings) -> AsyncIterator[Serving]:
+    """Both fronts of one gateway (``plaza.gateway.main.serving``) on free 127.0.0.1 ports."""
+    sock = loopback_socket()
+    try:
+        async with serving(settings, http_socket=sock, grpc_port=0) as running:
+            yield running
+    finally:
+        sock.close()

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import socket
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -24,23 +22,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from plaza.gateway.main import Serving, serving
 from plaza.gateway.registry import MODEL_CONTROL_DISABLED
 from plaza.settings import PlazaSettings
-from tests.support import running_worker, wait_for
-
-
-@asynccontextmanager
-async def gateway(settings: PlazaSettings) -> AsyncIterator[Serving]:
-    """Both fronts on free 127.0.0.1 ports."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        async with serving(settings, http_socket=sock, grpc_port=0) as running:
-            yield running
-    finally:
-        sock.close()
+from tests.support import gateway_fronts, running_worker, wait_for
 
 
 def add_sub_inputs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> list[Any]:
@@ -63,7 +47,7 @@ async def test_aio_infer_matches_http_and_metadata_matches(
     settings = settings_for("add_sub")
     a = np.arange(32, dtype=np.int32).reshape(2, 16)
     b = np.full((2, 16), 3, dtype=np.int32)
-    async with running_worker(settings, "add_sub"), gateway(settings) as gw:
+    async with running_worker(settings, "add_sub"), gateway_fronts(settings) as gw:
         client = aioclient.InferenceServerClient(gw.grpc_address)
         try:
             assert await client.is_server_live()
@@ -123,7 +107,7 @@ async def test_typed_contents_are_accepted_like_raw_ones(
         item.contents.int_contents.extend(a.ravel().tolist())
     async with (
         running_worker(settings, "add_sub"),
-        gateway(settings) as gw,
+        gateway_fronts(settings) as gw,
         grpc.aio.insecure_channel(gw.grpc_address) as channel,
     ):
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
@@ -146,7 +130,7 @@ async def test_sync_client_and_stream_with_many_requests_in_flight(
 ) -> None:
     settings = settings_for("identity")
     xs = {f"r{i}": np.full((1, 50), i, dtype=np.float32) for i in range(40)}
-    async with running_worker(settings, "identity"), gateway(settings) as gw:
+    async with running_worker(settings, "identity"), gateway_fronts(settings) as gw:
 
         def drive() -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
             client = grpcclient.InferenceServerClient(gw.grpc_address)
@@ -179,7 +163,7 @@ async def test_errors_carry_grpc_status_codes_and_stream_errors_are_per_request(
     settings = settings_for("identity")
     good = np.zeros((1, 50), dtype=np.float32)
     bad = np.zeros((1, 7), dtype=np.int32)  # identity wants FP32
-    async with running_worker(settings, "identity"), gateway(settings) as gw:
+    async with running_worker(settings, "identity"), gateway_fronts(settings) as gw:
         client = aioclient.InferenceServerClient(gw.grpc_address)
         try:
             with pytest.raises(InferenceServerException) as unknown:
@@ -223,7 +207,7 @@ async def test_api_key_is_required_as_metadata_but_not_for_health(
 ) -> None:
     settings = settings_for("identity", api_key="s3cret")
     x = np.ones((1, 50), dtype=np.float32)
-    async with running_worker(settings, "identity"), gateway(settings) as gw:
+    async with running_worker(settings, "identity"), gateway_fronts(settings) as gw:
         client = aioclient.InferenceServerClient(gw.grpc_address)
         try:
             assert await client.is_server_live()
@@ -245,7 +229,7 @@ async def test_a_cancelled_call_stops_waiting_and_the_worker_skips_it(
     # No worker at first: nothing answers, and the gateway would wait ten minutes on its own.
     settings = settings_for("identity", sync_timeout_s=600)
     x = np.ones((1, 50), dtype=np.float32)
-    async with gateway(settings) as gw:
+    async with gateway_fronts(settings) as gw:
         mux = await gw.service.producer.replies()
         client = aioclient.InferenceServerClient(gw.grpc_address)
         try:

@@ -7,7 +7,6 @@ holds only the models the test uses (readiness wants a live worker for each load
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +18,7 @@ import uvicorn
 
 from plaza.gateway.main import server_config
 from plaza.settings import PlazaSettings
-from tests.support import running_worker, wait_for
+from tests.support import loopback_socket, running_worker, wait_for
 
 HEADER = "Inference-Header-Content-Length"
 
@@ -30,9 +29,7 @@ HEADER = "Inference-Header-Content-Length"
 @asynccontextmanager
 async def serving(settings: PlazaSettings) -> AsyncIterator[str]:
     """The gateway under uvicorn (httptools) on a free 127.0.0.1 port; yields its base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     port = sock.getsockname()[1]
     server = uvicorn.Server(server_config(settings))
     task = asyncio.create_task(server.serve(sockets=[sock]))

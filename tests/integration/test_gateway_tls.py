@@ -7,11 +7,9 @@ both fronts and one with a certificate the CA signed is served.
 
 from __future__ import annotations
 
-import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +19,8 @@ import pytest
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from plaza.gateway.main import Serving, serving
 from plaza.settings import PlazaSettings
-from tests.support import running_worker
+from tests.support import gateway_fronts, running_worker
 
 
 @dataclass(frozen=True)
@@ -64,22 +61,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return Pki(ca, server[0], server[1], client[0], client[1])
 
 
-@asynccontextmanager
-async def tls_gateway(settings: PlazaSettings) -> AsyncIterator[Serving]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    try:
-        async with serving(settings, http_socket=sock, grpc_port=0) as running:
-            yield running
-    finally:
-        sock.close()
-
-
 async def test_both_fronts_serve_tls(settings_for: Callable[..., PlazaSettings], pki: Pki) -> None:
     settings = settings_for("identity", tls_cert_file=pki.server_cert, tls_key_file=pki.server_key)
     x = np.arange(6, dtype=np.float32).reshape(1, 6)
-    async with tls_gateway(settings) as gw, running_worker(settings, "identity"):
+    async with gateway_fronts(settings) as gw, running_worker(settings, "identity"):
         assert gw.http_url.startswith("https://")
         async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=pki.ca)) as http:
             live = await http.get(f"{gw.http_url}/v2/health/live")
@@ -112,7 +97,7 @@ async def test_a_client_ca_requires_client_certificates(
         tls_key_file=pki.server_key,
         tls_client_ca_file=pki.ca,
     )
-    async with tls_gateway(settings) as gw:
+    async with gateway_fronts(settings) as gw:
         with_cert = grpcclient.InferenceServerClient(
             gw.grpc_address,
             ssl=True,

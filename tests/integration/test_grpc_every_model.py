@@ -4,7 +4,6 @@ one gateway serving both fronts, one in-process worker per model)."""
 from __future__ import annotations
 
 import contextlib
-import socket
 from typing import Any
 
 import numpy as np
@@ -13,10 +12,9 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import np_to_triton_dtype
 
-from plaza.gateway.main import serving
 from plaza.loadgen.inputs import make_inputs
 from plaza.repository import ModelRepository
-from tests.support import REPOSITORY, make_settings, running_worker
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,12 +37,10 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
     settings = make_settings(kafka_bootstrap, redis_url, unique_id, gateway={"metrics_port": -1})
     rng = np.random.default_rng(7)
     feeds = {name: make_inputs(repo.spec(name), 2, 8, rng) for name in names}
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
             await stack.enter_async_context(running_worker(settings, name))
-        gw = await stack.enter_async_context(serving(settings, http_socket=sock, grpc_port=0))
+        gw = await stack.enter_async_context(gateway_fronts(settings))
         http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
         stack.push_async_callback(http.close)
@@ -58,4 +54,3 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
                 a, b = by_http.as_numpy(output), by_grpc.as_numpy(output)
                 assert a.shape == b.shape and a.dtype == b.dtype, (name, output)
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
-    sock.close()

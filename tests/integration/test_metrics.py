@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,7 +33,7 @@ from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
-from tests.support import REPOSITORY, make_settings, running_worker, wait_for
+from tests.support import REPOSITORY, loopback_socket, make_settings, running_worker, wait_for
 
 N = 12
 MODEL = "identity"
@@ -43,9 +42,7 @@ MODEL = "identity"
 @asynccontextmanager
 async def gateway(settings: PlazaSettings) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
     """The gateway under uvicorn on a free port: an HTTP client for it, and its app."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = loopback_socket()
     config = server_config(settings)
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
