@@ -89,8 +89,9 @@ class BatchRunner:
         """Results in the order of ``items``; inference runs in the executor thread."""
         loop = asyncio.get_running_loop()
         groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        by_request = {v for v, b in self.backends.items() if isinstance(b, RequestBackend)}
         for i, item in enumerate(items):
-            groups[self._key(i, item)].append(i)
+            groups[self._key(i, item, by_request)].append(i)
         results: list[InferResult | None] = [None] * len(items)
         for indices in groups.values():
             group = [items[i] for i in indices]
@@ -101,12 +102,12 @@ class BatchRunner:
                 results[i] = res
         return [r for r in results if r is not None]
 
-    def _key(self, i: int, item: WorkItem) -> tuple[Any, ...]:
+    def _key(self, i: int, item: WorkItem, by_request: set[int]) -> tuple[Any, ...]:
         """Requests that may share one backend call: same version and shapes (stacked), or
         same version alone for a backend that takes the requests themselves."""
         if self.spec.max_batch_size <= 0:
             return (i,)
-        if isinstance(self.backends.get(item.version), RequestBackend):
+        if item.version in by_request:
             return (item.version,)
         return _group_key(item)
 

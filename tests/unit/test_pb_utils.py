@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +219,12 @@ def test_settings_reach_the_model_process_whole() -> None:
     again = PlazaSettings.model_validate(json.loads(settings_json(settings)))
     assert again == settings
     assert again.redis.password is not None and again.redis.password.get_secret_value() == "s3cret"
+
+
+def test_dlpack_without_torch_is_not_supported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # ``import torch`` now fails
+    t = pb_utils.Tensor("X", np.ones(2, np.float32))
+    with pytest.raises(pb_utils.TritonModelException, match=r"without torch.*not supported"):
+        t.to_dlpack()
+    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
+        pb_utils.Tensor.from_dlpack("X", object())
