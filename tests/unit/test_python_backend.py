@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.device import CPU
 from plaza.workers.runner import BatchRunner, WorkItem
 from tests.python_models import FAULTY_CONFIG, FAULTY_MODEL, write_model, write_repository
+from tests.support import wait_for
 
 
 def _version(root: Path, name: str) -> ModelVersion:
@@ -210,3 +214,61 @@ def test_infer_runs_a_stacked_batch_as_one_request(
     out = backend.infer({"INPUT0": a, "INPUT1": a * 2}, ["OUTPUT1"])
     assert list(out) == ["OUTPUT1"]
     np.testing.assert_array_equal(out["OUTPUT1"], -a)
+
+
+BUSY_MODEL = """
+import os
+import time
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open(os.environ["BUSY_MARK"], "w").close()  # in execute now
+        time.sleep(3600)
+"""
+
+_ORPHAN_SCRIPT = """
+import os, sys, threading, time
+import numpy as np
+from plaza.client import make_request
+from plaza.repository import ModelRepository
+from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.device import CPU
+backend = PythonBackend(ModelRepository(sys.argv[1]).served_versions("faulty")[0], CPU)
+backend.load()
+print(backend.pid, flush=True)
+request = make_request("faulty", {"INPUT0": np.zeros(1, np.float32)})
+threading.Thread(target=backend.execute_requests, args=([request],), daemon=True).start()
+while not os.path.exists(os.environ["BUSY_MARK"]):
+    time.sleep(0.01)
+os._exit(0)  # the worker dies while model code runs: no unload, no finalize
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (a container's init may not reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_busy_model_process_exits_when_its_worker_dies(tmp_path: Path) -> None:
+    root = write_model(tmp_path / "repo", "faulty", FAULTY_CONFIG, BUSY_MODEL)
+    mark = tmp_path / "busy"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "BUSY_MARK": str(mark),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(root)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert worker.stdout is not None
+    pid = int(worker.stdout.readline())
+    assert worker.wait(60) == 0 and mark.exists()
+    asyncio.run(wait_for(lambda: _gone(pid), 30, f"model process {pid} to exit"))

@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ class PythonBackend:
         self._outputs = [o.name for o in mv.spec.outputs]
         self._process: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
+        self._lock = threading.Lock()
+        """One exchange at a time: the executor thread's batch, or the stop's finalize."""
         if mv.spec.config.model_transaction_policy.decoupled:
             raise ConfigError(
                 f"{mv.spec.name}: decoupled mode (model_transaction_policy) is not supported "
@@ -74,7 +77,8 @@ class PythonBackend:
     # -- the backend interface -------------------------------------------------------------
     def load(self) -> None:
         """Start the process and run ``initialize``; ConfigError when model.py fails to."""
-        self._start()
+        with self._lock:
+            self._start()
 
     def execute_requests(self, requests: Sequence[InferRequest]) -> list[Answer]:
         """One answer per request, in order: its output tensors, or its error.
@@ -83,10 +87,11 @@ class PythonBackend:
         an ``execute`` that raises raises ModelExecutionError, so that the runner splits the
         batch to find the request that fails on its own (as for every backend)."""
         try:
-            if self._channel is None:
-                self._restart()
-            message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
-            reply = self._ask(message, self._timeout_s)
+            with self._lock:
+                if self._channel is None:
+                    self._restart()
+                message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
+                reply = self._ask(message, self._timeout_s, "execute_timeout_s")
         except PlazaError as exc:
             return [exc] * len(requests)
         if "error" in reply:
@@ -107,13 +112,23 @@ class PythonBackend:
         return {t.name: t.to_numpy() for t in answer}
 
     def unload(self) -> None:
-        """``finalize``, then the process exits (killed if it does not in time)."""
-        if self._channel is not None:
-            try:
-                self._ask({"op": "finalize"}, FINALIZE_TIMEOUT_S)
-            except PlazaError as exc:
-                log.warning("%s: finalize: %s", self.spec.name, exc.message)
-        self._stop()
+        """``finalize``, then the process exits (killed if it does not in time, or if a
+        batch still runs: that batch then gets its error)."""
+        if not self._lock.acquire(timeout=FINALIZE_TIMEOUT_S):
+            proc = self._process
+            if proc is not None:
+                log.warning("%s: a batch still runs at unload: killing it", self.spec.name)
+                proc.kill()  # the running batch sees the pipe close and cleans up
+            return
+        try:
+            if self._channel is not None:
+                try:
+                    self._ask({"op": "finalize"}, FINALIZE_TIMEOUT_S, "FINALIZE_TIMEOUT_S")
+                except PlazaError as exc:
+                    log.warning("%s: finalize: %s", self.spec.name, exc.message)
+            self._stop()
+        finally:
+            self._lock.release()
 
     # -- the process -----------------------------------------------------------------------
     def _restart(self) -> None:
@@ -129,7 +144,7 @@ class PythonBackend:
         self._stop()
         self._spawn()
         try:
-            reply = self._ask(self._initialize_message(), LOAD_TIMEOUT_S)
+            reply = self._ask(self._initialize_message(), LOAD_TIMEOUT_S, "LOAD_TIMEOUT_S")
         except PlazaError as exc:
             raise ConfigError(f"{self.mv.path}: {exc.message}", file=str(self.mv.path)) from exc
         if "error" in reply:
@@ -166,7 +181,7 @@ class PythonBackend:
             os.close(from_child_w)
         self._channel = Channel(from_child_r, to_child_w)
 
-    def _ask(self, message: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+    def _ask(self, message: dict[str, Any], timeout_s: float | None, limit: str) -> dict[str, Any]:
         """Send a frame, await the answer; a dead or overdue process becomes a
         ModelExecutionError (and is gone: the next call starts another)."""
         channel = self._channel
@@ -175,9 +190,9 @@ class PythonBackend:
             channel.send(message)
             return channel.recv(timeout_s)
         except ChannelTimeout:
-            self._stop()
+            self._stop(kill=True)
             raise ModelExecutionError(
-                f"model {self.spec.name!r}: no answer within execute_timeout_s={timeout_s}; "
+                f"model {self.spec.name!r}: no answer within {limit}={timeout_s} s; "
                 "its Python process was killed and is started again for the next batch"
             ) from None
         except ChannelClosed:
@@ -187,14 +202,17 @@ class PythonBackend:
                 "before answering; it is started again for the next batch"
             ) from None
 
-    def _stop(self) -> int | None:
-        """Close the pipes and end the process; its exit status (None if none ran)."""
+    def _stop(self, kill: bool = False) -> int | None:
+        """Close the pipes and end the process (at once with ``kill``; else it gets
+        FINALIZE_TIMEOUT_S to exit); its exit status (None if none ran)."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
         proc, self._process = self._process, None
         if proc is None:
             return None
+        if kill:
+            proc.kill()
         try:
             return proc.wait(FINALIZE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
