@@ -93,7 +93,8 @@ class PythonBackend:
                 message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
                 reply = self._ask(message, self._timeout_s, "execute_timeout_s")
         except PlazaError as exc:
-            return [exc] * len(requests)
+            lost = ModelExecutionError(f"{exc.message}; a new process takes the next batch")
+            return [lost] * len(requests)
         if "error" in reply:
             log.info("%s: execute failed:\n%s", self.spec.name, reply.get("traceback", ""))
             raise ModelExecutionError(str(reply["error"]))
@@ -192,14 +193,14 @@ class PythonBackend:
         except ChannelTimeout:
             self._stop(kill=True)
             raise ModelExecutionError(
-                f"model {self.spec.name!r}: no answer within {limit}={timeout_s} s; "
-                "its Python process was killed and is started again for the next batch"
+                f"model {self.spec.name!r}: no answer within {limit}={timeout_s} s, "
+                "so its Python process was killed"
             ) from None
         except ChannelClosed:
             status = self._stop()
             raise ModelExecutionError(
                 f"model {self.spec.name!r}: its Python process exited (status {status}) "
-                "before answering; it is started again for the next batch"
+                "before answering"
             ) from None
 
     def _stop(self, kill: bool = False) -> int | None:
