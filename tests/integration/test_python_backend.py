@@ -3,7 +3,8 @@
 The model.py files (tests/python_models.py) are written as Triton's documentation writes
 them and live in a repository under tmp_path. add_sub answers through a batching worker; a
 BLS model calls add_sub through its Kafka topic; a model whose execute raises, and one that
-kills its own process, answer an error and the worker serves the next request.
+kills its own process, answer an error and the worker serves the next request; over HTTP
+the gateway answers a Python model as it answers any model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from plaza.client import PlazaClient, make_request
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.worker import Worker
+from tests.integration.test_gateway_http import http
 from tests.python_models import write_repository
 from tests.support import make_settings, running_worker
 
@@ -133,3 +135,24 @@ async def test_a_model_that_kills_its_process_answers_an_error_and_is_restarted(
         after = await client.infer("faulty", {"INPUT0": np.array([4.0], np.float32)})
         assert after.output("OUTPUT0").to_numpy().tolist() == [4.0]
         assert backend.pid is not None and backend.pid != first_pid
+
+
+async def test_a_python_model_answers_over_http_like_any_model(settings: PlazaSettings) -> None:
+    x = _pair(1)
+    body = {
+        "id": "py-1",
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": [1, 4], "data": a.reshape(-1).tolist()}
+            for n, a in x.items()
+        ],
+    }
+    async with running_worker(settings, "add_sub"), http(settings) as client:
+        response = await client.post("/v2/models/add_sub/infer", json=body)
+        assert response.status_code == 200, response.text
+        doc = response.json()
+        assert doc["id"] == "py-1" and doc["model_name"] == "add_sub"
+        out = {o["name"]: o["data"] for o in doc["outputs"]}
+        assert out["OUTPUT0"] == (x["INPUT0"] + x["INPUT1"]).reshape(-1).tolist()
+        assert out["OUTPUT1"] == (x["INPUT0"] - x["INPUT1"]).reshape(-1).tolist()
+        metadata = (await client.get("/v2/models/add_sub")).json()
+        assert metadata["platform"] == "python"
