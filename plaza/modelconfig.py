@@ -21,8 +21,14 @@ from plaza.naming import check_model_name
 PLATFORM_ONNX = "onnxruntime_onnx"
 PLATFORM_TORCH = "pytorch_libtorch"
 BACKEND_SIMULATED = "plaza_simulated"
+BACKEND_PYTHON = "python"
+"""Triton's Python backend: ``<version>/model.py`` defines ``TritonPythonModel``."""
 _BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
-DEFAULT_FILENAMES = {PLATFORM_ONNX: "model.onnx", PLATFORM_TORCH: "model.pt"}
+DEFAULT_FILENAMES = {
+    PLATFORM_ONNX: "model.onnx",
+    PLATFORM_TORCH: "model.pt",
+    BACKEND_PYTHON: "model.py",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +156,16 @@ def _fail(source: str, fieldname: str, message: str) -> ConfigError:
 def _platform(config: mc.ModelConfig, source: str) -> str:
     if config.backend == "plaza_simulated" or config.platform == BACKEND_SIMULATED:
         return BACKEND_SIMULATED
+    if config.backend == BACKEND_PYTHON:
+        return BACKEND_PYTHON
     platform = config.platform or _BACKEND_PLATFORM.get(config.backend, "")
     if platform not in (PLATFORM_ONNX, PLATFORM_TORCH):
         raise _fail(
             source,
             "platform",
             f"unsupported platform/backend {config.platform or config.backend!r} "
-            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, backend {BACKEND_SIMULATED})",
+            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, backends {BACKEND_PYTHON}, "
+            f"{BACKEND_SIMULATED})",
         )
     return platform
 

@@ -22,10 +22,10 @@ import numpy as np
 from aiokafka.structs import TopicPartition
 
 from plaza.contract import ErrorInfo, InferRequest, InferResult
-from plaza.errors import ModelExecutionError
+from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
-from plaza.workers.backends.base import Arrays, Backend
+from plaza.workers.backends.base import Arrays, Backend, RequestBackend
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
@@ -89,9 +89,9 @@ class BatchRunner:
         """Results in the order of ``items``; inference runs in the executor thread."""
         loop = asyncio.get_running_loop()
         groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+        by_request = {v for v, b in self.backends.items() if isinstance(b, RequestBackend)}
         for i, item in enumerate(items):
-            key = _group_key(item) if self.spec.max_batch_size > 0 else (i,)
-            groups[key].append(i)
+            groups[self._key(i, item, by_request)].append(i)
         results: list[InferResult | None] = [None] * len(items)
         for indices in groups.values():
             group = [items[i] for i in indices]
@@ -101,6 +101,15 @@ class BatchRunner:
             for i, res in zip(indices, done, strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
+
+    def _key(self, i: int, item: WorkItem, by_request: set[int]) -> tuple[Any, ...]:
+        """Requests that may share one backend call: same version and shapes (stacked), or
+        same version alone for a backend that takes the requests themselves."""
+        if self.spec.max_batch_size <= 0:
+            return (i,)
+        if item.version in by_request:
+            return (item.version,)
+        return _group_key(item)
 
     def run_group(self, items: Sequence[WorkItem]) -> list[InferResult]:
         """Run requests that share shapes and a version as one backend call (blocking).
@@ -128,10 +137,18 @@ class BatchRunner:
 
     def _execute(self, items: Sequence[WorkItem]) -> list[InferResult]:
         t0 = time.monotonic()
+        backend = self.backends[items[0].version]
+        if isinstance(backend, RequestBackend):
+            answers = backend.execute_requests([it.request for it in items])
+            t2 = time.monotonic()
+            return [
+                self._error(it, a) if isinstance(a, PlazaError) else self._ok(it, a, t0, t0, t2)
+                for it, a in zip(items, answers, strict=True)
+            ]
         wanted = sorted({o for it in items for o in (it.request.outputs or self._all_outputs)})
         inputs = stack_inputs(items, self.spec.max_batch_size > 0)
         t1 = time.monotonic()
-        outputs = self.backends[items[0].version].infer(inputs, wanted)
+        outputs = backend.infer(inputs, wanted)
         t2 = time.monotonic()
         return self._split(items, outputs, t0, t1, t2)
 
@@ -177,7 +194,7 @@ class BatchRunner:
             worker=self.worker_id,
         )
 
-    def _error(self, it: WorkItem, err: ModelExecutionError) -> InferResult:
+    def _error(self, it: WorkItem, err: PlazaError) -> InferResult:
         return error_result(it.request, err, version=str(it.version), worker=self.worker_id)
 
 

@@ -244,7 +244,9 @@ class Worker:
         device = select_device(self.settings.worker.device)
         loop = asyncio.get_running_loop()
         for mv in repo.served_versions(self.model, self.spec):
-            backend = create_backend(mv, device, self.settings.worker.intra_op_threads)
+            backend = create_backend(
+                mv, device, self.settings.worker.intra_op_threads, settings=self.settings
+            )
             await loop.run_in_executor(self._executor, backend.load)
             self._backends[mv.version] = backend
 

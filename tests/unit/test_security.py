@@ -17,7 +17,8 @@ REQUEST_PATH = ["plaza", "workers", "gateway"]
 FORBIDDEN = {
     r"^\s*import pickle|^\s*from pickle|pickle\.loads?\(": "pickle",
     r"\btorch\.load\(": "torch.load (unpickles); TorchScript uses torch.jit.load",
-    r"\bmarshal\.loads\(|(?<![.\w])eval\(|(?<![.\w])exec\(": "code execution from data",
+    # ``def exec(`` is pb_utils' InferenceRequest.exec (Triton's BLS call), not the builtin.
+    r"\bmarshal\.loads\(|(?<![.\w])eval\(|(?<![.\w])(?<!def )exec\(": "code execution from data",
     r"yaml\.load\(": "yaml.load",
 }
 

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from plaza.errors import ConfigError
-from plaza.modelconfig import BACKEND_SIMULATED, PLATFORM_ONNX, PLATFORM_TORCH
+from plaza.contract import InferRequest
+from plaza.errors import ConfigError, PlazaError
+from plaza.modelconfig import BACKEND_PYTHON, BACKEND_SIMULATED, PLATFORM_ONNX, PLATFORM_TORCH
 from plaza.repository import ModelVersion
+from plaza.settings import PlazaSettings
+from plaza.tensors import Tensor
 from plaza.workers.device import Device
 
 Arrays = dict[str, np.ndarray[Any, Any]]
+Answer = tuple[Tensor, ...] | PlazaError
+"""One request's answer from a RequestBackend: its requested outputs in order, or its error."""
 
 
 class Backend(Protocol):
@@ -27,6 +33,17 @@ class Backend(Protocol):
         ...
 
     def unload(self) -> None: ...
+
+
+@runtime_checkable
+class RequestBackend(Protocol):
+    """A backend that takes a batch as its requests, not as stacked arrays (Triton's Python
+    backend): the runner calls ``execute_requests`` instead of ``infer``."""
+
+    def execute_requests(self, requests: Sequence[InferRequest]) -> list[Answer]:
+        """One answer per request, in order. Raises when the batch failed as a whole (the
+        runner then splits it to find the request that fails on its own)."""
+        ...
 
 
 def thread_count(mv: ModelVersion, configured: int) -> int:
@@ -44,8 +61,13 @@ def thread_count(mv: ModelVersion, configured: int) -> int:
     return configured or (os.cpu_count() or 1)
 
 
-def create_backend(mv: ModelVersion, device: Device, threads: int = 0) -> Backend:
-    """The backend for ``mv``'s platform. torch is imported only for pytorch_libtorch."""
+def create_backend(
+    mv: ModelVersion, device: Device, threads: int = 0, settings: PlazaSettings | None = None
+) -> Backend:
+    """The backend for ``mv``'s platform. torch is imported only for pytorch_libtorch.
+
+    ``settings`` reach the Python backend's BLS calls; without them its model process reads
+    the PLAZA_* environment it inherits."""
     if mv.spec.platform == PLATFORM_ONNX:
         from plaza.workers.backends.onnx import OnnxBackend
 
@@ -58,4 +80,8 @@ def create_backend(mv: ModelVersion, device: Device, threads: int = 0) -> Backen
         from plaza.workers.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(mv)
+    if mv.spec.platform == BACKEND_PYTHON:
+        from plaza.workers.backends.python_backend import PythonBackend
+
+        return PythonBackend(mv, device, settings)
     raise ConfigError(f"{mv.spec.name}: no backend for platform {mv.spec.platform!r}")

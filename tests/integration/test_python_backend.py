@@ -1,0 +1,158 @@
+"""Triton's Python backend through real workers on real Kafka and Redis.
+
+The model.py files (tests/python_models.py) are written as Triton's documentation writes
+them and live in a repository under tmp_path. add_sub answers through a batching worker; a
+BLS model calls add_sub through its Kafka topic; a model whose execute raises, and one that
+kills its own process, answer an error and the worker serves the next request; over HTTP
+the gateway answers a Python model as it answers any model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plaza.client import PlazaClient, make_request
+from plaza.settings import PlazaSettings
+from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.worker import Worker
+from tests.integration.test_gateway_http import http
+from tests.python_models import write_repository
+from tests.support import make_settings, running_worker
+
+
+@pytest.fixture
+def settings(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path, redis_client: object
+) -> PlazaSettings:
+    """This test's prefixes, serving the Python test models from tmp_path."""
+    root = write_repository(tmp_path / "repository")
+    return make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
+
+
+@pytest.fixture
+def bls_environment(settings: PlazaSettings, monkeypatch: pytest.MonkeyPatch) -> PlazaSettings:
+    """The PLAZA_* environment a worker's model process reads for its BLS calls, as
+    ``plaza up`` and the stack set it for the workers they start."""
+    env = {
+        "PLAZA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "PLAZA_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "PLAZA_KAFKA__PARTITIONS": str(settings.kafka.partitions),
+        "PLAZA_REDIS__URL": settings.redis.url,
+        "PLAZA_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return settings
+
+
+def _pair(i: int) -> dict[str, np.ndarray]:
+    a = np.arange(4, dtype=np.float32).reshape(1, 4) + i
+    return {"INPUT0": a, "INPUT1": np.full((1, 4), 0.5, np.float32)}
+
+
+async def test_add_sub_answers_through_a_batching_worker(settings: PlazaSettings) -> None:
+    async with PlazaClient(settings) as client:
+        stream = client.results_stream("add-sub")
+        inputs = [_pair(i) for i in range(24)]
+        ids = await client.publish_many(  # queued before the worker: a deep queue
+            make_request("add_sub", x, reply_stream=stream) for x in inputs
+        )
+        async with running_worker(settings, "add_sub") as worker:
+            seen: dict[str, dict[str, np.ndarray]] = {}
+            async for _, results in client.consume(stream, "g", "c1", block_ms=500):
+                for res in results:
+                    assert res.error is None, res.error
+                    seen[res.id] = res.as_numpy()
+                if len(seen) == len(ids):
+                    break
+            assert max(worker.metrics.batch_sizes()) > 1  # requests shared execute calls
+            assert worker.metrics.executions() < len(ids)
+    for rid, x in zip(ids, inputs, strict=True):
+        np.testing.assert_array_equal(seen[rid]["OUTPUT0"], x["INPUT0"] + x["INPUT1"])
+        np.testing.assert_array_equal(seen[rid]["OUTPUT1"], x["INPUT0"] - x["INPUT1"])
+
+
+@pytest.fixture
+async def add_sub_worker(bls_environment: PlazaSettings) -> AsyncIterator[Worker]:
+    async with running_worker(bls_environment, "add_sub") as worker:
+        yield worker
+
+
+async def test_bls_model_calls_another_model_through_its_topic(
+    bls_environment: PlazaSettings, add_sub_worker: Worker
+) -> None:
+    settings = bls_environment
+    async with running_worker(settings, "bls"), PlazaClient(settings) as client:
+        x = _pair(3)
+        name = np.array([[b"add_sub"]], dtype=np.object_)
+        result = await client.infer("bls", {**x, "MODEL_NAME": name}, timeout_s=60)
+        out = result.as_numpy()
+        np.testing.assert_array_equal(out["OUTPUT0"], x["INPUT0"] + x["INPUT1"])
+        np.testing.assert_array_equal(out["OUTPUT1"], x["INPUT0"] - x["INPUT1"])
+        assert add_sub_worker.metrics.executions() >= 1  # add_sub's own worker ran it
+        # The called model's error comes back to the BLS model as the response's error
+        # (faulty takes one value per request, not four): the model raises it, as
+        # Triton's example does, so the BLS request's answer carries the message.
+        async with running_worker(settings, "faulty"):
+            other = np.array([[b"faulty"]], dtype=np.object_)
+            failed = await client.infer(
+                "bls", {**x, "MODEL_NAME": other}, timeout_s=60, raise_on_error=False
+            )
+        assert failed.error is not None and failed.error.code == "model_error"
+        assert "TritonModelException" in failed.error.message
+        assert "INPUT" in failed.error.message  # faulty's own words about its inputs
+
+
+async def test_a_raising_model_answers_an_error_and_the_worker_goes_on(
+    settings: PlazaSettings,
+) -> None:
+    async with running_worker(settings, "faulty"), PlazaClient(settings) as client:
+        raised = await client.infer(
+            "faulty", {"INPUT0": np.array([-1.0], np.float32)}, raise_on_error=False
+        )
+        assert raised.error is not None and raised.error.code == "model_error"
+        assert "INPUT0 must not be -1" in raised.error.message
+        after = await client.infer("faulty", {"INPUT0": np.array([3.0], np.float32)})
+        assert after.output("OUTPUT0").to_numpy().tolist() == [3.0]
+
+
+async def test_a_model_that_kills_its_process_answers_an_error_and_is_restarted(
+    settings: PlazaSettings,
+) -> None:
+    async with running_worker(settings, "faulty") as worker, PlazaClient(settings) as client:
+        backend = worker._backends[1]
+        assert isinstance(backend, PythonBackend)
+        first_pid = backend.pid
+        died = await client.infer(
+            "faulty", {"INPUT0": np.array([-2.0], np.float32)}, raise_on_error=False
+        )
+        assert died.error is not None and died.error.code == "model_error"
+        assert "exited (status 7)" in died.error.message
+        after = await client.infer("faulty", {"INPUT0": np.array([4.0], np.float32)})
+        assert after.output("OUTPUT0").to_numpy().tolist() == [4.0]
+        assert backend.pid is not None and backend.pid != first_pid
+
+
+async def test_a_python_model_answers_over_http_like_any_model(settings: PlazaSettings) -> None:
+    x = _pair(1)
+    body = {
+        "id": "py-1",
+        "inputs": [
+            {"name": n, "datatype": "FP32", "shape": [1, 4], "data": a.reshape(-1).tolist()}
+            for n, a in x.items()
+        ],
+    }
+    async with running_worker(settings, "add_sub"), http(settings) as client:
+        response = await client.post("/v2/models/add_sub/infer", json=body)
+        assert response.status_code == 200, response.text
+        doc = response.json()
+        assert doc["id"] == "py-1" and doc["model_name"] == "add_sub"
+        out = {o["name"]: o["data"] for o in doc["outputs"]}
+        assert out["OUTPUT0"] == (x["INPUT0"] + x["INPUT1"]).reshape(-1).tolist()
+        assert out["OUTPUT1"] == (x["INPUT0"] - x["INPUT1"]).reshape(-1).tolist()
+        metadata = (await client.get("/v2/models/add_sub")).json()
+        assert metadata["platform"] == "python"

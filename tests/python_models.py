@@ -1,0 +1,225 @@
+"""Python-backend models for the tests, written as Triton's documentation writes them.
+
+Each model.py imports only ``triton_python_backend_utils`` (and numpy, json, os): nothing of
+Plaza. ``write_repository`` lays them out in Triton's layout under a test's tmp_path, never in
+model_repository/ (that is what ``plaza up`` and the other tests serve).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ADD_SUB_CONFIG = """
+name: "add_sub"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+instance_group [ { kind: KIND_CPU } ]
+"""
+
+ADD_SUB_MODEL = '''
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
+
+    def initialize(self, args):
+        self.model_config = model_config = json.loads(args["model_config"])
+        output0_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT0")
+        output1_config = pb_utils.get_output_config_by_name(model_config, "OUTPUT1")
+        self.output0_dtype = pb_utils.triton_string_to_numpy(output0_config["data_type"])
+        self.output1_dtype = pb_utils.triton_string_to_numpy(output1_config["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            sum_ = in_0.as_numpy() + in_1.as_numpy()
+            diff = in_0.as_numpy() - in_1.as_numpy()
+            out_tensor_0 = pb_utils.Tensor("OUTPUT0", sum_.astype(self.output0_dtype))
+            out_tensor_1 = pb_utils.Tensor("OUTPUT1", diff.astype(self.output1_dtype))
+            inference_response = pb_utils.InferenceResponse(
+                output_tensors=[out_tensor_0, out_tensor_1]
+            )
+            responses.append(inference_response)
+        return responses
+
+    def finalize(self):
+        print("Cleaning up...")
+'''
+
+BLS_CONFIG = """
+name: "bls"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "MODEL_NAME" data_type: TYPE_STRING dims: [ 1 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+"""
+
+BLS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Business logic scripting: forwards INPUT0 and INPUT1 to the model named in MODEL_NAME."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            model_name = pb_utils.get_input_tensor_by_name(request, "MODEL_NAME")
+            model_name_string = model_name.as_numpy()[0][0].decode("utf-8")
+            infer_request = pb_utils.InferenceRequest(
+                model_name=model_name_string,
+                requested_output_names=["OUTPUT0", "OUTPUT1"],
+                inputs=[in_0, in_1],
+            )
+            infer_response = infer_request.exec()
+            if infer_response.has_error():
+                raise pb_utils.TritonModelException(infer_response.error().message())
+            inference_response = pb_utils.InferenceResponse(
+                output_tensors=[
+                    pb_utils.get_output_tensor_by_name(infer_response, "OUTPUT0"),
+                    pb_utils.get_output_tensor_by_name(infer_response, "OUTPUT1"),
+                ]
+            )
+            responses.append(inference_response)
+        return responses
+'''
+
+FAULTY_CONFIG = """
+name: "faulty"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+FAULTY_MODEL = '''
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+RAISE = -1.0
+EXIT = -2.0
+REFUSE = -3.0
+HANG = -4.0
+
+
+class TritonPythonModel:
+    """Echoes INPUT0; -1 raises, -2 ends the process at once, -3 answers a TritonError,
+    -4 never returns."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if value[0] == RAISE:
+                raise pb_utils.TritonModelException("INPUT0 must not be -1")
+            if value[0] == EXIT:
+                os._exit(7)
+            if value[0] == HANG:
+                time.sleep(3600)
+            if value[0] == REFUSE:
+                code = pb_utils.TritonError.INVALID_ARG
+                error = pb_utils.TritonError("INPUT0 -3 is refused", code)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
+                continue
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", value)])
+            )
+        return responses
+'''
+
+META_CONFIG = """
+name: "meta"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "REQUEST_ID" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "PARAMETERS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "OUTPUTS" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "ARGS" data_type: TYPE_STRING dims: [ 1 ] }
+]
+parameters [ { key: "greeting" value: { string_value: "hello" } } ]
+"""
+
+META_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Answers with what it was given: request ids, parameters, requested outputs, the
+    number of requests in its execute call, and initialize's args."""
+
+    def initialize(self, args):
+        self.args = args
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy().shape[0]
+
+            def text(value):
+                return np.array([[value.encode()]] * rows, dtype=np.object_)
+
+            outputs = [
+                pb_utils.Tensor("REQUEST_ID", text(request.request_id())),
+                pb_utils.Tensor("PARAMETERS", text(request.parameters())),
+                pb_utils.Tensor("OUTPUTS", text(",".join(request.requested_output_names()))),
+                pb_utils.Tensor("BATCH", np.full((rows, 1), len(requests), dtype=np.int32)),
+                pb_utils.Tensor("ARGS", text(json.dumps(self.args))),
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+'''
+
+MODELS = {
+    "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
+    "bls": (BLS_CONFIG, BLS_MODEL),
+    "faulty": (FAULTY_CONFIG, FAULTY_MODEL),
+    "meta": (META_CONFIG, META_MODEL),
+}
+
+
+def write_model(root: Path, name: str, config: str, source: str, version: int = 1) -> Path:
+    """``root/name/config.pbtxt`` and ``root/name/<version>/model.py``."""
+    folder = root / name
+    (folder / str(version)).mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(config.lstrip())
+    (folder / str(version) / "model.py").write_text(source.lstrip())
+    return root
+
+
+def write_repository(root: Path, *names: str) -> Path:
+    """A repository under ``root`` with the named test models (every one by default)."""
+    for name in names or tuple(MODELS):
+        config, source = MODELS[name]
+        write_model(root, name, config, source)
+    return root

@@ -1,0 +1,274 @@
+"""The Python backend under the worker's runner: model.py files in their own process, no Kafka.
+
+The models (tests/python_models.py) are written as Triton's documentation writes them; each
+runs in a real child process. What reaches the model (one InferenceRequest per Plaza request,
+in one execute call), what comes back, and what a model that raises, refuses, hangs or kills
+its process does to its batch and to the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from plaza.client import make_request
+from plaza.contract import InferResult
+from plaza.errors import ConfigError
+from plaza.repository import ModelRepository, ModelVersion
+from plaza.workers.backends import create_backend
+from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.device import CPU
+from plaza.workers.runner import BatchRunner, WorkItem
+from tests.python_models import FAULTY_CONFIG, FAULTY_MODEL, write_model, write_repository
+from tests.support import wait_for
+
+
+def _version(root: Path, name: str) -> ModelVersion:
+    return ModelRepository(root).served_versions(name)[0]
+
+
+@pytest.fixture
+def backends() -> Iterator[list[PythonBackend]]:
+    """Backends to unload after the test (their processes end with it)."""
+    made: list[PythonBackend] = []
+    yield made
+    for backend in made:
+        backend.unload()
+
+
+def _load(mv: ModelVersion, made: list[PythonBackend]) -> PythonBackend:
+    backend = create_backend(mv, CPU)
+    assert isinstance(backend, PythonBackend)
+    made.append(backend)
+    backend.load()
+    return backend
+
+
+def _run(mv: ModelVersion, backend: PythonBackend, items: list[WorkItem]) -> list[InferResult]:
+    return asyncio.run(BatchRunner(mv.spec, {mv.version: backend}).run(items))
+
+
+def _item(model: str, inputs: dict[str, Any], **options: Any) -> WorkItem:
+    rows = next(iter(inputs.values())).shape[0]
+    return WorkItem(request=make_request(model, inputs, **options), rows=rows, version=1)
+
+
+def test_add_sub_answers_each_request_of_a_batch(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "add_sub"), "add_sub")
+    backend = _load(mv, backends)
+    rng = np.random.default_rng(0)
+    pairs = [(rng.standard_normal((n, 4)), rng.standard_normal((n, 4))) for n in (1, 3, 2)]
+    items = [
+        _item("add_sub", {"INPUT0": a.astype(np.float32), "INPUT1": b.astype(np.float32)})
+        for a, b in pairs
+    ]
+    results = _run(mv, backend, items)
+    for (a, b), result in zip(pairs, results, strict=True):
+        out = result.as_numpy()
+        np.testing.assert_allclose(out["OUTPUT0"], a + b, rtol=1e-6)
+        np.testing.assert_allclose(out["OUTPUT1"], a - b, rtol=1e-6)
+
+
+def test_execute_sees_the_batch_as_its_requests(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "meta"), "meta")
+    backend = _load(mv, backends)
+    x = np.zeros((1, 1), np.int32)
+    items = [
+        _item("meta", {"INPUT0": x}, parameters={"k": "v"}),
+        _item("meta", {"INPUT0": np.zeros((2, 1), np.int32)}, outputs=["BATCH", "OUTPUTS"]),
+        _item("meta", {"INPUT0": x}),
+    ]
+    first, second, third = _run(mv, backend, items)
+    assert first.as_numpy()["BATCH"].tolist() == [[3]]  # three requests, one execute call
+    assert first.as_numpy()["REQUEST_ID"][0, 0].decode() == items[0].request.id
+    assert json.loads(first.as_numpy()["PARAMETERS"][0, 0]) == {"k": "v"}
+    every = "REQUEST_ID,PARAMETERS,OUTPUTS,BATCH,ARGS"  # none asked: all, as Triton fills in
+    assert first.as_numpy()["OUTPUTS"][0, 0].decode() == every
+    assert [t.name for t in second.outputs] == ["BATCH", "OUTPUTS"]  # only those asked for
+    assert second.as_numpy()["OUTPUTS"].tolist() == [[b"BATCH,OUTPUTS"]] * 2
+    args = json.loads(third.as_numpy()["ARGS"][0, 0])
+    assert args["model_name"] == "meta" and args["model_instance_kind"] == "CPU"
+    assert json.loads(args["model_config"])["parameters"] == {"greeting": {"string_value": "hello"}}
+
+
+def _faulty(root: Path, **parameters: str) -> ModelVersion:
+    """faulty with batching (max_batch_size 4), and the given config parameters."""
+    extra = "".join(
+        f'parameters [ {{ key: "{k}" value: {{ string_value: "{v}" }} }} ]\n'
+        for k, v in parameters.items()
+    )
+    config = FAULTY_CONFIG.replace("max_batch_size: 0", "max_batch_size: 4") + extra
+    return _version(write_model(root, "faulty", config, FAULTY_MODEL), "faulty")
+
+
+def _values(*values: float) -> list[WorkItem]:
+    return [_item("faulty", {"INPUT0": np.array([[v]], np.float32)}) for v in values]
+
+
+def _outcome(results: list[InferResult]) -> list[Any]:
+    return [
+        r.error.code if r.error else float(r.output("OUTPUT0").to_numpy()[0, 0]) for r in results
+    ]
+
+
+def test_a_raising_execute_fails_only_its_culprit(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _faulty(tmp_path)
+    backend = _load(mv, backends)
+    results = _run(mv, backend, _values(1, -1, 2, 3))
+    assert _outcome(results) == [1.0, "model_error", 2.0, 3.0]
+    message = results[1].error.message if results[1].error else ""
+    assert "INPUT0 must not be -1" in message and "TritonModelException" in message
+    refused = _run(mv, backend, _values(-3))
+    assert _outcome(refused) == ["invalid_input"]  # a TritonError keeps its meaning
+    assert refused[0].error is not None and refused[0].error.message == "INPUT0 -3 is refused"
+
+
+def test_a_process_that_exits_fails_its_batch_and_is_started_again(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _faulty(tmp_path)
+    backend = _load(mv, backends)
+    before = backend.pid
+    crashed = _run(mv, backend, _values(5, -2, 6))
+    assert _outcome(crashed) == ["model_error"] * 3
+    assert crashed[0].error is not None and "exited (status 7)" in crashed[0].error.message
+    assert _outcome(_run(mv, backend, _values(7, 8))) == [7.0, 8.0]
+    assert backend.pid is not None and backend.pid != before
+
+
+def test_an_execute_past_its_timeout_is_killed(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _faulty(tmp_path, execute_timeout_s="0.5")
+    backend = _load(mv, backends)
+    hung = _run(mv, backend, _values(-4))
+    assert _outcome(hung) == ["model_error"]
+    assert hung[0].error is not None and "execute_timeout_s" in hung[0].error.message
+    assert _outcome(_run(mv, backend, _values(9))) == [9.0]
+
+
+def test_unload_ends_the_process(tmp_path: Path) -> None:
+    mv = _version(write_repository(tmp_path, "add_sub"), "add_sub")
+    backend = PythonBackend(mv, CPU)
+    backend.load()
+    assert backend.pid is not None
+    backend.unload()
+    assert backend.pid is None
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("class Other:\n    pass\n", "defines no class TritonPythonModel"),
+        (
+            "class TritonPythonModel:\n    async def execute(self, requests):\n        return []\n",
+            "async def execute is not supported",
+        ),
+        (
+            "class TritonPythonModel:\n    def initialize(self, args):\n"
+            "        raise ValueError('no weights')\n    def execute(self, requests):\n"
+            "        return []\n",
+            "ValueError: no weights",
+        ),
+        ("import nothing_of_that_name\n", "ModuleNotFoundError"),
+    ],
+)
+def test_a_model_py_that_cannot_load_is_a_config_error(
+    tmp_path: Path, source: str, message: str
+) -> None:
+    mv = _version(write_model(tmp_path, "faulty", FAULTY_CONFIG, source), "faulty")
+    backend = PythonBackend(mv, CPU)
+    with pytest.raises(ConfigError, match=message):
+        backend.load()
+    assert backend.pid is None
+
+
+def test_decoupled_mode_is_refused_at_once(tmp_path: Path) -> None:
+    config = FAULTY_CONFIG + "model_transaction_policy { decoupled: true }\n"
+    mv = _version(write_model(tmp_path, "faulty", config, FAULTY_MODEL), "faulty")
+    with pytest.raises(ConfigError, match=r"decoupled mode .* not supported"):
+        PythonBackend(mv, CPU)
+
+
+def test_infer_runs_a_stacked_batch_as_one_request(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "add_sub"), "add_sub")
+    backend = _load(mv, backends)
+    a = np.ones((4, 4), np.float32)
+    out = backend.infer({"INPUT0": a, "INPUT1": a * 2}, ["OUTPUT1"])
+    assert list(out) == ["OUTPUT1"]
+    np.testing.assert_array_equal(out["OUTPUT1"], -a)
+
+
+BUSY_MODEL = """
+import os
+import time
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open(os.environ["BUSY_MARK"], "w").close()  # in execute now
+        time.sleep(3600)
+"""
+
+_ORPHAN_SCRIPT = """
+import os, sys, threading, time
+import numpy as np
+from plaza.client import make_request
+from plaza.repository import ModelRepository
+from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.device import CPU
+backend = PythonBackend(ModelRepository(sys.argv[1]).served_versions("faulty")[0], CPU)
+backend.load()
+print(backend.pid, flush=True)
+request = make_request("faulty", {"INPUT0": np.zeros(1, np.float32)})
+threading.Thread(target=backend.execute_requests, args=([request],), daemon=True).start()
+while not os.path.exists(os.environ["BUSY_MARK"]):
+    time.sleep(0.01)
+os._exit(0)  # the worker dies while model code runs: no unload, no finalize
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (a container's init may not reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_busy_model_process_exits_when_its_worker_dies(tmp_path: Path) -> None:
+    root = write_model(tmp_path / "repo", "faulty", FAULTY_CONFIG, BUSY_MODEL)
+    mark = tmp_path / "busy"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "BUSY_MARK": str(mark),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(root)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert worker.stdout is not None
+    pid = int(worker.stdout.readline())
+    assert worker.wait(60) == 0 and mark.exists()
+    asyncio.run(wait_for(lambda: _gone(pid), 30, f"model process {pid} to exit"))

@@ -1,0 +1,380 @@
+"""``triton_python_backend_utils`` for Plaza: what a Triton ``model.py`` imports as ``pb_utils``.
+
+The Python backend's child process (``python_stub``) puts this module into ``sys.modules``
+under Triton's name before it loads ``model.py``, so a Triton user's model runs unchanged.
+It holds the parts real model.py files use: tensors, requests, responses, errors, the config
+helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
+Kafka topic). What Triton has and Plaza does not build raises ``TritonModelException`` whose
+message says "not supported" (decoupled mode, async execute, response senders, custom
+metrics). Only numpy is imported here; torch only for DLPack, Kafka and Redis only for BLS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+_log = logging.getLogger("triton_python_backend_utils")
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+# config.pbtxt's data_type names -> numpy types, as Triton's utils map them.
+_STRING_TO_NUMPY: dict[str, type[Any]] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+# TRITONSERVER_DataType numbers (the same as model_config.proto's DataType enum).
+_TYPE_NUMBER = {name: i for i, name in enumerate(_STRING_TO_NUMPY, start=1)}
+
+
+class TritonModelException(Exception):
+    """What pb_utils raises, and what a model raises to fail its whole batch."""
+
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def not_supported(what: str) -> TritonModelException:
+    """The error for a part of Triton's Python backend that Plaza does not build."""
+    return TritonModelException(f"{what} is not supported by Plaza's Python backend")
+
+
+class TritonError:
+    """A per-response error (a value, not an exception), with Triton's code constants."""
+
+    UNKNOWN: ClassVar[int] = 0
+    INTERNAL: ClassVar[int] = 1
+    NOT_FOUND: ClassVar[int] = 2
+    INVALID_ARG: ClassVar[int] = 3
+    UNAVAILABLE: ClassVar[int] = 4
+    UNSUPPORTED: ClassVar[int] = 5
+    ALREADY_EXISTS: ClassVar[int] = 6
+    CANCELLED: ClassVar[int] = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+class Tensor:
+    """A named tensor held as a numpy array (always in CPU memory)."""
+
+    def __init__(self, name: str, array: Any) -> None:
+        if not isinstance(array, np.ndarray):
+            raise TritonModelException(
+                f"Tensor {name!r}: expected a numpy array, got {type(array).__name__}"
+            )
+        if array.dtype.kind in "SU":  # fixed-width strings travel as BYTES elements
+            array = array.astype(np.object_)
+        self._name = str(name)
+        self._array: np.ndarray[Any, Any] = np.ascontiguousarray(array)
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray[Any, Any]:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the data (torch needed: Triton's capsules are torch's)."""
+        torch = _torch("Tensor.to_dlpack")
+        if self._array.dtype.kind == "O":
+            raise TritonModelException(f"Tensor {self._name!r}: BYTES tensors have no DLPack form")
+        return torch.utils.dlpack.to_dlpack(torch.from_numpy(self._array))
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor from a DLPack capsule or an object with ``__dlpack__`` (a GPU tensor is
+        copied to the CPU: Plaza hands tensors between processes as bytes)."""
+        torch = _torch("Tensor.from_dlpack")
+        tensor = torch.utils.dlpack.from_dlpack(capsule)
+        return Tensor(name, tensor.detach().cpu().numpy())
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
+
+
+def _torch(what: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise not_supported(f"{what} without torch installed") from None
+    return torch
+
+
+def _json_text(parameters: dict[str, Any] | str | None) -> str:
+    """Parameters as Triton hands them to model code: JSON text."""
+    return parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+
+
+class InferenceResponse:
+    """One request's answer: output tensors, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        self._outputs = list(output_tensors or [])
+        for t in self._outputs:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"InferenceResponse: output_tensors holds a {type(t).__name__}, not a Tensor"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException("InferenceResponse: error must be a pb_utils.TritonError")
+        self._error = error
+        self._parameters = _json_text(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
+_bls_call: BlsCall | None = None
+"""How ``InferenceRequest.exec`` reaches another model; the Python backend's process sets it."""
+
+
+def set_bls_call(call: BlsCall | None) -> None:
+    """Install the BLS transport (Plaza's child process does; unset outside it)."""
+    global _bls_call
+    _bls_call = call
+
+
+class InferenceRequest:
+    """A request: one that ``execute`` receives, or one a model sends to another (BLS)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        requested_output_names: Sequence[str] = (),
+        inputs: Sequence[Tensor] = (),
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        parameters: dict[str, Any] | str | None = None,
+        preferred_memory: Any = None,
+        trace: Any = None,
+        **unsupported: Any,
+    ) -> None:
+        # preferred_memory and trace are accepted and unused: tensors live in CPU memory.
+        if unsupported:
+            raise not_supported(f"InferenceRequest({', '.join(sorted(unsupported))}=...)")
+        self.model_name = model_name
+        self.model_version = int(model_version)
+        self._outputs = [str(n) for n in requested_output_names]
+        self._inputs = list(inputs)
+        self._request_id = str(request_id)
+        self._correlation_id = correlation_id
+        self._flags = int(flags)
+        self._timeout_us = int(timeout)
+        self._parameters = _json_text(parameters)
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._outputs)
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        """Microseconds (0: none), as Triton's BLS request takes it."""
+        return self._timeout_us
+
+    def parameters(self) -> str:
+        """The request's parameters as JSON text, as Triton gives them."""
+        return self._parameters
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> Any:
+        raise not_supported("decoupled mode (InferenceRequest.get_response_sender)")
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Run this request on the Plaza model ``model_name`` and wait for its answer (BLS).
+
+        An error of the called model comes back as the response's error, as in Triton."""
+        if decoupled:
+            raise not_supported("InferenceRequest.exec(decoupled=True)")
+        if not self.model_name:
+            raise TritonModelException("InferenceRequest.exec: model_name is required")
+        if _bls_call is None:
+            raise TritonModelException(
+                "InferenceRequest.exec runs only inside Plaza's Python backend process"
+            )
+        return _bls_call(self, self._timeout_us / 1e6)
+
+    def async_exec(self, decoupled: bool = False) -> Any:
+        raise not_supported("InferenceRequest.async_exec (async BLS)")
+
+
+def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response: InferenceResponse, name: str) -> Tensor | None:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return _config_entry(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    return _config_entry(model_config, "output", name)
+
+
+def _config_entry(model_config: dict[str, Any], kind: str, name: str) -> dict[str, Any] | None:
+    for entry in model_config.get(kind, []):
+        if entry.get("name") == name:
+            return dict(entry)
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def triton_string_to_numpy(triton_type_string: str) -> type[Any]:
+    """``"TYPE_FP32"`` -> ``numpy.float32`` (``TYPE_STRING`` -> ``numpy.object_``)."""
+    try:
+        return _STRING_TO_NUMPY[triton_type_string]
+    except KeyError:
+        raise TritonModelException(f"unknown Triton data type {triton_type_string!r}") from None
+
+
+def triton_to_numpy_type(data_type: int) -> type[Any]:
+    """A TRITONSERVER_DataType number (``TYPE_FP32`` is 11) -> its numpy type."""
+    for name, number in _TYPE_NUMBER.items():
+        if number == data_type:
+            return _STRING_TO_NUMPY[name]
+    raise TritonModelException(f"unknown Triton data type number {data_type}")
+
+
+def numpy_to_triton_type(data_type: Any) -> int:
+    """A numpy type -> its TRITONSERVER_DataType number (strings are TYPE_STRING)."""
+    dtype = np.dtype(data_type)
+    if dtype.kind in "OSU":
+        return _TYPE_NUMBER["TYPE_STRING"]
+    for name, np_type in _STRING_TO_NUMPY.items():
+        if np_type is not np.object_ and np.dtype(np_type) == dtype:
+            return _TYPE_NUMBER[name]
+    raise TritonModelException(f"numpy type {dtype} has no Triton data type")
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Triton's BYTES layout (uint32 LE length, then the bytes, per element) as uint8."""
+    parts: list[bytes] = []
+    for item in input_tensor.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Inverse of serialize_byte_tensor: a 1-D object array of bytes."""
+    data = bytes(encoded_tensor)
+    items: list[bytes] = []
+    pos = 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise TritonModelException("BYTES tensor truncated in a length prefix")
+        (length,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        if pos + length > len(data):
+            raise TritonModelException("BYTES tensor element runs past the data")
+        items.append(data[pos : pos + length])
+        pos += length
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
+
+
+class Logger:
+    """Triton's ``pb_utils.Logger``: messages go to the worker's log (stderr)."""
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        _log.info("%s", message)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        _log.warning("%s", message)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        _log.error("%s", message)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        _log.debug("%s", message)
+
+
+class MetricFamily:
+    """Custom metrics: not built (Plaza's metrics are its own, see docs/metrics.md)."""
+
+    COUNTER: ClassVar[int] = 0
+    GAUGE: ClassVar[int] = 1
+    HISTOGRAM: ClassVar[int] = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise not_supported("pb_utils.MetricFamily (custom metrics)")

@@ -1,0 +1,321 @@
+"""Triton's Python backend: ``backend: "python"`` runs ``<version>/model.py`` in its own process.
+
+Each backend (one per served version of the model, in each worker) owns one child process
+(``python_stub``) that loads model.py with Plaza's ``triton_python_backend_utils``; frames go
+over two pipes (``python_channel``). The worker's runner hands a batch over as its requests
+(``execute_requests``), so ``TritonPythonModel.execute`` sees one ``InferenceRequest`` per
+Plaza request, as in Triton. Isolation: the call blocks the worker's executor thread, never
+its event loop; a model that raises answers its batch with ``model_error``; a child that dies
+(``os._exit``, a segfault, out of memory) answers its batch with ``model_error`` too and is
+started again for the next batch; one that overruns ``execute_timeout_s`` (a config
+parameter, 0 = no limit) is killed and treated the same.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from pydantic import SecretStr
+
+import plaza
+from plaza.client import make_request
+from plaza.codec import decode_result, encode_request
+from plaza.contract import InferRequest
+from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_from_wire
+from plaza.repository import ModelVersion
+from plaza.settings import PlazaSettings
+from plaza.workers.backends.base import Answer, Arrays
+from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
+from plaza.workers.device import Device
+
+log = logging.getLogger(__name__)
+STUB_MODULE = "plaza.workers.backends.python_stub"
+LOAD_TIMEOUT_S = 300.0
+"""How long ``initialize`` may take (model.py may load weights)."""
+FINALIZE_TIMEOUT_S = 10.0
+"""How long ``finalize`` may take before the process is killed."""
+_INT64_TYPES = {
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+class PythonBackend:
+    """A ``model.py`` behind the backend interface, in a process of its own."""
+
+    def __init__(self, mv: ModelVersion, device: Device, settings: PlazaSettings | None = None):
+        self.mv = mv
+        self.spec = mv.spec
+        self.device = device
+        self._settings_json = settings_json(settings) if settings is not None else ""
+        self._timeout_s = _execute_timeout(mv)
+        self._outputs = [o.name for o in mv.spec.outputs]
+        self._process: subprocess.Popen[bytes] | None = None
+        self._channel: Channel | None = None
+        self._lock = threading.Lock()
+        """One exchange at a time: the executor thread's batch, or the stop's finalize."""
+        if mv.spec.config.model_transaction_policy.decoupled:
+            raise ConfigError(
+                f"{mv.spec.name}: decoupled mode (model_transaction_policy) is not supported "
+                "by Plaza's Python backend",
+                field="model_transaction_policy.decoupled",
+            )
+
+    # -- the backend interface -------------------------------------------------------------
+    def load(self) -> None:
+        """Start the process and run ``initialize``; ConfigError when model.py fails to."""
+        with self._lock:
+            self._start()
+
+    def execute_requests(self, requests: Sequence[InferRequest]) -> list[Answer]:
+        """One answer per request, in order: its output tensors, or its error.
+
+        A process that dies or overruns answers every request of the batch with its error;
+        an ``execute`` that raises raises ModelExecutionError, so that the runner splits the
+        batch to find the request that fails on its own (as for every backend)."""
+        try:
+            with self._lock:
+                if self._channel is None:
+                    self._restart()
+                message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
+                reply = self._ask(message, self._timeout_s, "execute_timeout_s")
+        except PlazaError as exc:
+            lost = ModelExecutionError(f"{exc.message}; a new process takes the next batch")
+            return [lost] * len(requests)
+        if "error" in reply:
+            log.info("%s: execute failed:\n%s", self.spec.name, reply.get("traceback", ""))
+            raise ModelExecutionError(str(reply["error"]))
+        encoded = reply.get("results", [])
+        if len(encoded) != len(requests):
+            raise ModelExecutionError(
+                f"the model process answered {len(encoded)} of {len(requests)} requests"
+            )
+        return [self._answer(r, raw) for r, raw in zip(requests, encoded, strict=True)]
+
+    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
+        """A whole stacked batch as one request (the profiler's and raw ceiling's path)."""
+        answer = self.execute_requests([make_request(self.spec.name, inputs, outputs=outputs)])[0]
+        if isinstance(answer, PlazaError):
+            raise answer
+        return {t.name: t.to_numpy() for t in answer}
+
+    def unload(self) -> None:
+        """``finalize``, then the process exits (killed if it does not in time, or if a
+        batch still runs: that batch then gets its error)."""
+        if not self._lock.acquire(timeout=FINALIZE_TIMEOUT_S):
+            proc = self._process
+            if proc is not None:
+                log.warning("%s: a batch still runs at unload: killing it", self.spec.name)
+                proc.kill()  # the running batch sees the pipe close and cleans up
+            return
+        try:
+            if self._channel is not None:
+                try:
+                    self._ask({"op": "finalize"}, FINALIZE_TIMEOUT_S, "FINALIZE_TIMEOUT_S")
+                except PlazaError as exc:
+                    log.warning("%s: finalize: %s", self.spec.name, exc.message)
+            self._stop()
+        finally:
+            self._lock.release()
+
+    # -- the process -----------------------------------------------------------------------
+    def _restart(self) -> None:
+        """After a crash: the next batch gets a fresh process (initialize runs again)."""
+        try:
+            self._start()
+        except ConfigError as exc:
+            raise ModelExecutionError(
+                f"model {self.spec.name!r}: restarting its Python process failed: {exc.message}"
+            ) from exc
+
+    def _start(self) -> None:
+        self._stop()
+        self._spawn()
+        try:
+            reply = self._ask(self._initialize_message(), LOAD_TIMEOUT_S, "LOAD_TIMEOUT_S")
+        except PlazaError as exc:
+            raise ConfigError(f"{self.mv.path}: {exc.message}", file=str(self.mv.path)) from exc
+        if "error" in reply:
+            self._stop()
+            log.warning("%s: initialize failed:\n%s", self.spec.name, reply.get("traceback", ""))
+            raise ConfigError(f"{self.mv.path}: {reply['error']}", file=str(self.mv.path))
+        log.info("%s: model.py loaded in process %d", self.spec.name, self.pid)
+
+    @property
+    def pid(self) -> int | None:
+        """The model process's pid (None when none runs)."""
+        return self._process.pid if self._process is not None else None
+
+    def _spawn(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        # The child imports this very Plaza (a checkout's, not only an installed one).
+        root = str(Path(plaza.__file__).parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        argv = [sys.executable, "-m", STUB_MODULE, str(to_child_r), str(from_child_w)]
+        try:
+            # No preexec_fn (unsafe in a threaded parent): the child watches for the
+            # worker's exit itself; its own session keeps a terminal's ^C for the worker.
+            self._process = subprocess.Popen(
+                [*argv, str(os.getpid())],
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._channel = Channel(from_child_r, to_child_w)
+
+    def _ask(self, message: dict[str, Any], timeout_s: float | None, limit: str) -> dict[str, Any]:
+        """Send a frame, await the answer; a dead or overdue process becomes a
+        ModelExecutionError (and is gone: the next call starts another)."""
+        channel = self._channel
+        assert channel is not None
+        try:
+            channel.send(message)
+            return channel.recv(timeout_s)
+        except ChannelTimeout:
+            self._stop(kill=True)
+            raise ModelExecutionError(
+                f"model {self.spec.name!r}: no answer within {limit}={timeout_s} s, "
+                "so its Python process was killed"
+            ) from None
+        except ChannelClosed:
+            status = self._stop()
+            raise ModelExecutionError(
+                f"model {self.spec.name!r}: its Python process exited (status {status}) "
+                "before answering"
+            ) from None
+
+    def _stop(self, kill: bool = False) -> int | None:
+        """Close the pipes and end the process (at once with ``kill``; else it gets
+        FINALIZE_TIMEOUT_S to exit); its exit status (None if none ran)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        proc, self._process = self._process, None
+        if proc is None:
+            return None
+        if kill:
+            proc.kill()
+        try:
+            return proc.wait(FINALIZE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def _initialize_message(self) -> dict[str, Any]:
+        return {
+            "op": "initialize",
+            "model_file": str(self.mv.path),
+            "model_name": self.spec.name,
+            "model_version": self.mv.version,
+            "outputs": self._outputs,
+            "repository": str(self.mv.path.parent.parent.parent),
+            "settings": self._settings_json,
+            "args": initialize_args(self.mv, self.device),
+        }
+
+    def _answer(self, req: InferRequest, raw: bytes) -> Answer:
+        result = decode_result(raw)
+        if result.error is not None:
+            return error_from_wire(result.error.code, result.error.message)
+        given = {t.name: t for t in result.outputs}
+        wanted = list(req.outputs) or self._outputs
+        missing = [n for n in wanted if n not in given]
+        if missing:
+            return ModelExecutionError(
+                f"model {self.spec.name!r}: its response has no output {missing[0]!r} "
+                f"(it has {sorted(given)})"
+            )
+        return tuple(given[n] for n in wanted)
+
+
+def initialize_args(mv: ModelVersion, device: Device) -> dict[str, str]:
+    """``initialize``'s ``args``, every value a string, as Triton passes them."""
+    gpu = device.kind == "cuda"
+    return {
+        "model_config": json.dumps(triton_config_json(mv)),
+        "model_instance_kind": "GPU" if gpu else "CPU",
+        "model_instance_name": f"{mv.spec.name}_0_0",
+        "model_instance_device_id": str(device.index if gpu else 0),
+        "model_repository": str(mv.path.parent.parent),
+        "model_version": str(mv.version),
+        "model_name": mv.spec.name,
+    }
+
+
+def triton_config_json(mv: ModelVersion) -> dict[str, Any]:
+    """The model config as Triton's JSON: field names as in config.pbtxt, int64 values as
+    numbers (not protobuf's strings), and the fields model.py files read always present."""
+    config = mv.spec.config
+    body: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
+    _int64_as_numbers(body, config.DESCRIPTOR)
+    body.setdefault("name", mv.spec.name)
+    body.setdefault("backend", "python")
+    body.setdefault("max_batch_size", 0)
+    body.setdefault("input", [])
+    body.setdefault("output", [])
+    body.setdefault("parameters", {})
+    for entry in (*body["input"], *body["output"]):
+        entry.setdefault("dims", [])
+    return body
+
+
+def _int64_as_numbers(body: dict[str, Any], descriptor: Descriptor) -> None:
+    for fd in descriptor.fields:
+        if fd.name not in body:
+            continue
+        value = body[fd.name]
+        if fd.message_type is not None:
+            if fd.message_type.GetOptions().map_entry:
+                inner = fd.message_type.fields_by_name["value"]
+                if inner.message_type is not None:
+                    for item in value.values():
+                        _int64_as_numbers(item, inner.message_type)
+            else:
+                for item in value if isinstance(value, list) else [value]:
+                    _int64_as_numbers(item, fd.message_type)
+        elif fd.type in _INT64_TYPES:
+            body[fd.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def _execute_timeout(mv: ModelVersion) -> float | None:
+    raw = mv.spec.parameters.get("execute_timeout_s", "0") or "0"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{mv.spec.name}: parameter execute_timeout_s={raw!r} is not a number",
+            field="parameters.execute_timeout_s",
+        ) from None
+    return seconds if seconds > 0 else None
+
+
+def settings_json(settings: PlazaSettings) -> str:
+    """Settings for the child's BLS client, secrets included (it is the worker's own)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            return value.get_secret_value()
+        if isinstance(value, Path):
+            return str(value)
+        raise TypeError(f"cannot send {type(value).__name__} to the model process")
+
+    return json.dumps(settings.model_dump(), default=plain)

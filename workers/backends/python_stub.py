@@ -1,0 +1,253 @@
+"""The Python model's own process: runs a Triton ``model.py`` for the Python backend.
+
+Started by ``PythonBackend`` as ``python -m plaza.workers.backends.python_stub READ_FD
+WRITE_FD PARENT_PID``. It puts ``pb_utils`` into ``sys.modules`` as
+``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
+(``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
+per request out) and ``finalize``. What model.py does wrong becomes an error answer; what
+kills this process (``os._exit``, a segfault) the worker sees as a closed pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from plaza.codec import decode_request, encode_result
+from plaza.contract import ErrorInfo, InferRequest, InferResult
+from plaza.errors import PlazaError
+from plaza.tensors import Tensor as WireTensor
+from plaza.workers.backends import pb_utils
+from plaza.workers.backends.python_channel import Channel, ChannelClosed
+from plaza.workers.backends.python_errors import plaza_code, triton_code
+
+MODULE_NAME = "triton_python_backend_utils"
+BLS_DEFAULT_TIMEOUT_S = 30.0
+"""How long a BLS call waits for its answer when the request sets no ``timeout``."""
+PARENT_CHECK_S = 0.5
+"""How often the process checks that the worker that started it still runs."""
+
+
+class ModelHost:
+    """The loaded model and what it needs: its config facts and the BLS client."""
+
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.name = ""
+        self.version = 0
+        self.outputs: list[str] = []
+        self.bls: BlsClient | None = None
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        op = message.get("op")
+        try:
+            if op == "initialize":
+                return self.initialize(message)
+            if op == "execute":
+                return self.execute(message["requests"])
+            if op == "finalize":
+                return self.finalize()
+        except Exception as exc:
+            return _failure(f"{type(exc).__name__}: {exc}")
+        return _failure(f"unknown operation {op!r}")
+
+    def initialize(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.name = message["model_name"]
+        self.version = int(message["model_version"])
+        self.outputs = list(message["outputs"])
+        self.bls = BlsClient(message.get("settings", ""), message["repository"])
+        pb_utils.set_bls_call(self.bls)
+        path = Path(message["model_file"])
+        try:
+            module = _load_module(path)
+            cls = getattr(module, "TritonPythonModel", None)
+            if cls is None:
+                return _failure(f"{path} defines no class TritonPythonModel")
+            if inspect.iscoroutinefunction(getattr(cls, "execute", None)):
+                raise pb_utils.not_supported("async def execute")
+            self.model = cls()
+            if hasattr(self.model, "initialize"):
+                self.model.initialize(dict(message["args"]))
+        except Exception as exc:
+            return _failure(f"loading {path} failed: {type(exc).__name__}: {exc}")
+        if not callable(getattr(self.model, "execute", None)):
+            return _failure(f"{path}: TritonPythonModel has no execute method")
+        return {"ok": True}
+
+    def execute(self, encoded: Sequence[bytes]) -> dict[str, Any]:
+        requests = [decode_request(raw) for raw in encoded]
+        try:
+            responses = self.model.execute([self._pb_request(r) for r in requests])
+        except Exception as exc:
+            return _failure(f"execute raised {type(exc).__name__}: {exc}")
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
+            return _failure(
+                f"execute must return a list of one InferenceResponse per request: got {got} "
+                f"for {len(requests)} requests"
+            )
+        results = [self._result(r, resp) for r, resp in zip(requests, responses, strict=True)]
+        return {"results": [encode_result(res) for res in results]}
+
+    def finalize(self) -> dict[str, Any]:
+        try:
+            if self.model is not None and hasattr(self.model, "finalize"):
+                self.model.finalize()
+        finally:
+            if self.bls is not None:
+                self.bls.close()
+        return {"ok": True}
+
+    def _pb_request(self, req: InferRequest) -> pb_utils.InferenceRequest:
+        inputs = []
+        for t in req.inputs:
+            array = t.to_numpy()
+            if not array.flags.writeable:  # a view of the frame: model code may write to it
+                array = array.copy()
+            inputs.append(pb_utils.Tensor(t.name, array))
+        sequence = req.parameters.get("sequence_id", 0)
+        return pb_utils.InferenceRequest(
+            model_name=self.name,
+            requested_output_names=list(req.outputs) or self.outputs,
+            inputs=inputs,
+            request_id=req.id,
+            correlation_id=sequence if isinstance(sequence, int | str) else 0,
+            model_version=int(req.version or self.version),
+            parameters=json.dumps(req.parameters),
+        )
+
+    def _result(self, req: InferRequest, response: Any) -> InferResult:
+        def failed(code: str, message: str) -> InferResult:
+            error = ErrorInfo(code, message)
+            return InferResult(id=req.id, model=self.name, version="", error=error)
+
+        if not isinstance(response, pb_utils.InferenceResponse):
+            return failed(
+                "model_error",
+                f"execute returned a {type(response).__name__}, not a pb_utils.InferenceResponse",
+            )
+        error = response.error()
+        if error is not None:
+            return failed(plaza_code(error.code()), error.message())
+        try:
+            outputs = tuple(
+                WireTensor.from_numpy(t.name(), t.as_numpy()) for t in response.output_tensors()
+            )
+        except PlazaError as exc:
+            return failed("model_error", f"an output cannot be sent: {exc.message}")
+        return InferResult(id=req.id, model=self.name, version="", outputs=outputs)
+
+
+class BlsClient:
+    """``InferenceRequest.exec``: a Plaza SDK client, made on the first call."""
+
+    def __init__(self, settings_json: str, repository: str) -> None:
+        self._settings_json = settings_json
+        self._repository = repository
+        self._client: Any = None
+
+    def __call__(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
+        try:
+            return self._call(request, timeout_s or BLS_DEFAULT_TIMEOUT_S)
+        except PlazaError as exc:
+            error = pb_utils.TritonError(exc.message, triton_code(exc.code))
+            return pb_utils.InferenceResponse(error=error)
+
+    def _call(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
+        params = json.loads(request.parameters() or "{}")
+        scalars = {k: v for k, v in params.items() if isinstance(v, str | int | float | bool)}
+        inputs = [WireTensor.from_numpy(t.name(), t.as_numpy()) for t in request.inputs()]
+        result = self._sdk().infer(
+            request.model_name,
+            inputs,
+            version="" if request.model_version < 0 else str(request.model_version),
+            outputs=request.requested_output_names(),
+            timeout_s=timeout_s,
+            parameters=scalars,
+            raise_on_error=False,
+        )
+        if result.error is not None:
+            error = pb_utils.TritonError(result.error.message, triton_code(result.error.code))
+            return pb_utils.InferenceResponse(error=error)
+        tensors = [pb_utils.Tensor(t.name, t.to_numpy()) for t in result.outputs]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _sdk(self) -> Any:
+        if self._client is None:
+            from plaza.client import SyncPlazaClient
+            from plaza.settings import PlazaSettings
+
+            if self._settings_json:
+                settings = PlazaSettings.model_validate(json.loads(self._settings_json))
+            else:  # the worker's environment (PLAZA_*), which this process inherited
+                settings = PlazaSettings(repository=Path(self._repository))
+            self._client = SyncPlazaClient(settings)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+
+def _failure(message: str) -> dict[str, Any]:
+    return {"error": message, "traceback": traceback.format_exc()}
+
+
+def _load_module(path: Path) -> ModuleType:
+    """model.py as the module ``model``, its folder first on sys.path (for its own imports)."""
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("model", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Exit when the worker does, even while model code is busy: a thread watches the
+    parent pid (PR_SET_PDEATHSIG would follow the worker's thread that started this process,
+    and executor threads come and go)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main(argv: Sequence[str]) -> int:
+    read_fd, write_fd, parent_pid = (int(a) for a in argv[1:4])
+    _exit_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it (finalize), not ^C
+    sys.modules[MODULE_NAME] = pb_utils
+    channel = Channel(read_fd, write_fd)
+    host = ModelHost()
+    while True:
+        try:
+            message = channel.recv()
+        except ChannelClosed:
+            return 0  # the worker closed its end: nothing is left to answer
+        channel.send(host.handle(message))
+        if message.get("op") == "finalize":
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
