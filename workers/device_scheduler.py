@@ -44,6 +44,8 @@ from plaza.modelconfig import InstanceGroup
 
 _EWMA = 1 / 8
 """Weight of the newest execution in a model's running mean device time."""
+HISTORY = 4096
+"""Grants remembered, newest last (``history``: what tests and debugging read)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ class DeviceScheduler:
         self._in_use: dict[str, int] = {}
         self._running = 0
         self._seq = itertools.count()
+        self.history: deque[Grant] = deque(maxlen=HISTORY)
+        """The latest grants in the order given (bounded)."""
 
     # -- the models --------------------------------------------------------------------------
     def add_model(
@@ -262,6 +266,7 @@ class DeviceScheduler:
         self._running += 1
         grant = Grant(m.name, instance, next(self._seq))
         m.last_grant = grant.seq
+        self.history.append(grant)
         ticket = m.waiting.popleft()
         ticket.grant = grant
         if ticket.future is not None and not ticket.future.done():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_two_backlogged_models_alternate() -> None:
         s.submit("b")
     order = [run_one(s).model for _ in range(12)]
     assert order.count("a") == order.count("b") == 6
-    assert all(x != y for x, y in zip(order, order[1:], strict=False))  # round robin
+    assert all(x != y for x, y in itertools.pairwise(order))  # round robin
 
 
 def test_device_time_decides_not_execution_count() -> None:
