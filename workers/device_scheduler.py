@@ -21,7 +21,8 @@ one:
   the model its expected device time (the running mean of its executions) times its
   ``rate_limiter.priority`` (Triton's meaning: priority 2 gets half the turns of 1), and
   the release corrects the charge to the time it really took. A model that was idle joins
-  at the least virtual time of the busy ones: idling earns no credit to burst with later.
+  at the least virtual time of the busy ones as it was when their running executions
+  started: idling earns no credit to burst with later, and the joiner goes next.
 
 So a quiet model's batch waits at most for the executions already running, never behind a
 flooded model's queue, while the flooded model still batches on its own queue depth (the
@@ -90,6 +91,12 @@ class _Model:
     @property
     def active(self) -> bool:
         return bool(self.waiting or self.busy)
+
+    def start_tag(self) -> float:
+        """Virtual time before the charges of its running executions: where it stood when
+        they started. A model joining starts here, so it goes before this one's next turn
+        whatever the running execution turns out to cost."""
+        return self.vtime - sum(c * self.instances[i].priority for i, c in self.busy.items())
 
 
 def instance_specs(groups: Sequence[InstanceGroup]) -> list[InstanceSpec]:
@@ -186,7 +193,7 @@ class DeviceScheduler:
         """Queue a request for one execution of ``model``; ``dispatch`` grants it."""
         m = self._model(model)
         if not m.active:  # joining: no credit for the time it was idle
-            busy = [o.vtime for o in self._models.values() if o.active]
+            busy = [o.start_tag() for o in self._models.values() if o.active]
             if busy:
                 m.vtime = max(m.vtime, min(busy))
         ticket = Ticket(model)

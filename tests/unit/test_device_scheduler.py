@@ -40,6 +40,22 @@ def test_a_quiet_model_goes_before_a_flooded_ones_queue() -> None:
     assert order == ["flood", "flood", "flood", "quiet", "flood"]
 
 
+def test_a_joining_model_goes_next_even_when_the_running_execution_was_cheap() -> None:
+    """The flood's running batch costs less than its mean: the quiet one still goes next."""
+    s = DeviceScheduler(slots=1)
+    s.add_model("flood", ONE)
+    s.add_model("quiet", ONE)
+    for _ in range(10):
+        s.submit("flood")
+    for _ in range(3):
+        run_one(s, cost=1.0)
+    running = s.dispatch()
+    assert [g.model for g in running] == ["flood"]
+    s.submit("quiet")
+    s.release(running[0], 0.25)
+    assert [g.model for g in s.dispatch()] == ["quiet"]
+
+
 def test_two_backlogged_models_alternate() -> None:
     s = DeviceScheduler(slots=1)
     s.add_model("a", ONE)
