@@ -137,6 +137,8 @@ class DeviceScheduler:
         self._seq = itertools.count()
         self.history: deque[Grant] = deque(maxlen=HISTORY)
         """The latest grants in the order given (bounded)."""
+        self.peak: dict[str, int] = {}
+        """The most executions of each model that ran at once."""
 
     # -- the models --------------------------------------------------------------------------
     def add_model(
@@ -274,6 +276,7 @@ class DeviceScheduler:
         grant = Grant(m.name, instance, next(self._seq))
         m.last_grant = grant.seq
         self.history.append(grant)
+        self.peak[m.name] = max(self.peak.get(m.name, 0), len(m.busy))
         ticket = m.waiting.popleft()
         ticket.grant = grant
         if ticket.future is not None and not ticket.future.done():

@@ -134,6 +134,45 @@ async def test_a_flooded_model_does_not_starve_a_quiet_one(
     assert quiet.metrics.executions() == 10
 
 
+PARALLEL = """
+name: "{name}"
+backend: "plaza_simulated"
+max_batch_size: 4
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+dynamic_batching {{ }}
+instance_group [ {{ count: 2 kind: KIND_CPU }} ]
+parameters [
+  {{ key: "latency_b_us" value: {{ string_value: "20000" }} }},
+  {{ key: "max_concurrency" value: {{ string_value: "{cap}" }} }}
+]
+"""
+
+
+async def test_instance_count_runs_in_parallel_and_max_concurrency_caps_it(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "repo"
+    for name, cap in (("two", 0), ("capped", 1)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(PARALLEL.format(name=name, cap=cap))
+    settings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
+    host = Host(settings, ["two", "capped"])
+    await host.start()
+    try:
+        async with PlazaClient(settings) as client:
+            for model in ("two", "capped"):  # one after the other: each has the device
+                rows = [np.full((1, 4), i, dtype=np.float32) for i in range(80)]
+                calls = (client.infer(model, {"INPUT0": r}, timeout_s=60) for r in rows)
+                results = await asyncio.gather(*calls)
+                got = [r.output("OUTPUT0").to_numpy()[0, 0] for r in results]
+                assert got == list(range(80))
+        peak = dict(host.services.scheduler.peak)
+    finally:
+        await host.stop()
+    assert peak == {"two": 2, "capped": 1}
+
+
 async def test_a_host_process_serves_its_models_from_the_command_line(
     kafka_bootstrap: str,
     redis_url: str,

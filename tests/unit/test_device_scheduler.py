@@ -202,3 +202,16 @@ def test_acquire_waits_and_a_cancelled_wait_leaves_nothing() -> None:
         assert (await waiter).model == "b" and s.running() == 1
 
     asyncio.run(scenario())
+
+
+def test_peak_counts_executions_at_once() -> None:
+    s = DeviceScheduler(slots=4)
+    s.add_model("m", instance_specs([InstanceGroup(count=3)]))
+    for _ in range(3):
+        s.submit("m")
+    granted = s.dispatch()
+    for g in granted:
+        s.release(g, 1.0)
+    s.submit("m")
+    s.dispatch()
+    assert s.peak == {"m": 3}
