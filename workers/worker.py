@@ -311,9 +311,9 @@ class Worker:
         log.debug("%s: stop: results written", self.id)
         await self._commit()
         log.debug("%s: stop: committed", self.id)
-        for task in (writer, heartbeat, scheduler, intake):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in (writer, heartbeat, scheduler, intake, *self._executions):
+            task.cancel()  # an execution still running after the drain timeout goes too
+        await asyncio.gather(*self._tasks, *self._executions, return_exceptions=True)
         self._tasks = []
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
