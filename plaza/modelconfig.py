@@ -15,12 +15,15 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.datatypes import from_config_type
+from plaza.ensembles import EnsembleStep, check_graph
 from plaza.errors import ConfigError
 from plaza.naming import check_model_name
 
 PLATFORM_ONNX = "onnxruntime_onnx"
 PLATFORM_TORCH = "pytorch_libtorch"
 BACKEND_SIMULATED = "plaza_simulated"
+PLATFORM_ENSEMBLE = "ensemble"
+"""Runs no backend: an ensemble runner (``workers/ensemble.py``) calls its steps' models."""
 _BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
 DEFAULT_FILENAMES = {PLATFORM_ONNX: "model.onnx", PLATFORM_TORCH: "model.pt"}
 
@@ -99,6 +102,13 @@ class ModelSpec:
     """The parsed message itself (served by the /config endpoint)."""
     response_cache: bool = False
     """``response_cache { enable: true }``: answers are cached (``plaza.response_cache``)."""
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+    """``ensemble_scheduling.step`` of a ``platform: "ensemble"`` model (``plaza.ensembles``)."""
+
+    @property
+    def is_ensemble(self) -> bool:
+        """An ensemble: served by an ensemble runner, not by a backend."""
+        return self.platform == PLATFORM_ENSEMBLE
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -151,14 +161,42 @@ def _platform(config: mc.ModelConfig, source: str) -> str:
     if config.backend == "plaza_simulated" or config.platform == BACKEND_SIMULATED:
         return BACKEND_SIMULATED
     platform = config.platform or _BACKEND_PLATFORM.get(config.backend, "")
-    if platform not in (PLATFORM_ONNX, PLATFORM_TORCH):
+    if platform not in (PLATFORM_ONNX, PLATFORM_TORCH, PLATFORM_ENSEMBLE):
         raise _fail(
             source,
             "platform",
             f"unsupported platform/backend {config.platform or config.backend!r} "
-            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, backend {BACKEND_SIMULATED})",
+            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, {PLATFORM_ENSEMBLE}, "
+            f"backend {BACKEND_SIMULATED})",
         )
     return platform
+
+
+def _ensemble_steps(
+    config: mc.ModelConfig, platform: str, source: str, name: str
+) -> tuple[EnsembleStep, ...]:
+    """The checked steps of an ensemble; () for any other model (which may not have any)."""
+    scheduling = config.HasField("ensemble_scheduling")
+    if platform != PLATFORM_ENSEMBLE:
+        if scheduling:
+            raise _fail(
+                source, "ensemble_scheduling", f'is only for platform "{PLATFORM_ENSEMBLE}"'
+            )
+        return ()
+    steps = tuple(
+        EnsembleStep(
+            index=i,
+            model_name=step.model_name,
+            model_version=int(step.model_version),
+            input_map=dict(step.input_map),
+            output_map=dict(step.output_map),
+        )
+        for i, step in enumerate(config.ensemble_scheduling.step)
+    )
+    inputs = [t.name for t in config.input]
+    outputs = [t.name for t in config.output]
+    check_graph(steps, inputs, outputs, source=source, ensemble=name)
+    return steps
 
 
 def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[TensorSpec, ...]:
@@ -265,12 +303,14 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     platform = _platform(config, source)
     batching = config.max_batch_size > 0
     count = sum(max(1, g.count) for g in config.instance_group) or 1
+    inputs = _tensor_specs(config.input, "input", source, batching)
+    outputs = _tensor_specs(config.output, "output", source, batching)
     return ModelSpec(
         name=name,
         platform=platform,
         max_batch_size=int(config.max_batch_size),
-        inputs=_tensor_specs(config.input, "input", source, batching),
-        outputs=_tensor_specs(config.output, "output", source, batching),
+        inputs=inputs,
+        outputs=outputs,
         batching=_batching(config, source),
         version_policy=_version_policy(config, source),
         instance_count=count,
@@ -278,4 +318,5 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         parameters={k: v.string_value for k, v in config.parameters.items()},
         config=config,
         response_cache=_response_cache(config, source),
+        ensemble_steps=_ensemble_steps(config, platform, source, name),
     )
