@@ -78,18 +78,20 @@ from plaza.naming import (
 )
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
-from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 from plaza.workers.admission import DeadLetter, Rejected, admit
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
+from plaza.workers.result_lookup import ResultLookup
 from plaza.workers.runner import WorkItem, error_result
 from plaza.workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 RecordKey = tuple[TopicPartition, int]
+Finished = tuple[RecordKey, Answer | None]
+"""A record done: its answer to write, or None (answered already, or dead-lettered)."""
 Record: TypeAlias = ConsumerRecord[Any, Any]
 
 STEP_WAIT_S = 300.0
@@ -102,6 +104,8 @@ RESULT_POLL_S = 1.0
 step that its worker skipped is answered only there)."""
 COMMIT_INTERVAL_S = 0.05
 """Commits of finished requests are gathered this long (one commit, many answers)."""
+WRITE_BATCH = 256
+"""Answers written by one call of the result writer (one Redis round trip)."""
 
 
 class StepFailed(Exception):
@@ -189,7 +193,7 @@ class EnsembleRunner:
         self.topics = self.names.request_topics(self.model, self.spec.batching.priority_levels)
         self.redis = redis_client(settings.redis)
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
-        self.store = ResultStore(self.redis, settings.redis, self.names)
+        self.lookup = ResultLookup(self.redis, self.names)
         self.reply_stream = self.names.reply_stream(f"ensemble-{self.id}")
         """Where the steps' answers come back (the runner's own, as a gateway's)."""
         self.producer = Producer(
@@ -204,6 +208,7 @@ class EnsembleRunner:
         self.offsets = OffsetTracker()
         self._inflight: dict[RecordKey, asyncio.Task[None]] = {}
         self._inflight_bytes: dict[RecordKey, int] = {}
+        self._to_write: asyncio.Queue[Finished] = asyncio.Queue(maxsize=settings.worker.max_pending)
         self._space = asyncio.Event()
         self._finished = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -236,10 +241,12 @@ class EnsembleRunner:
         self._consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self._consumer.start()
         self.metrics.start(self.versions, pending=lambda: self.in_flight)
+        self.lookup.start()
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [
             spawn(self._intake_loop(), name="ensemble-intake"),
+            spawn(self._write_loop(), name="ensemble-writer"),
             spawn(self._commit_loop(), name="ensemble-commit"),
             spawn(self._heartbeat_loop(), name="ensemble-heartbeat"),
         ]
@@ -263,18 +270,22 @@ class EnsembleRunner:
         if not self._tasks:
             return
         self._stopping.set()
-        intake, committer, heartbeat = self._tasks
+        intake = self._tasks[0]
         intake.cancel()
-        if self._inflight:
-            await asyncio.wait(list(self._inflight.values()), timeout=drain_timeout_s)
-        for task in list(self._inflight.values()):
+        running = [t for t in self._inflight.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=drain_timeout_s)
+        for task in running:
             task.cancel()  # not answered in time: the next member of the group replays it
-        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._to_write.join(), drain_timeout_s)
         await self._commit()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.lookup.stop()
         await self.metrics.close(self.redis)
         with contextlib.suppress(Exception):
             await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
@@ -316,7 +327,7 @@ class EnsembleRunner:
         key = (tp, record.offset)
         if isinstance(verdict, DeadLetter):
             await self._dead_letter(tp, record, verdict.error)
-            self._done(key)
+            self._spawn(key, 0, _ready(None))
         elif isinstance(verdict, Rejected):
             self._spawn(key, 0, _ready((verdict.result, verdict.reply_stream)))
         else:
@@ -330,25 +341,36 @@ class EnsembleRunner:
         self._inflight[key] = asyncio.create_task(self._finish(key, answer))
 
     async def _finish(self, key: RecordKey, answer: Coroutine[Any, Any, Answer | None]) -> None:
-        """Answer one record, write the answer, then let its offset be committed."""
+        """Answer one record and hand the answer to the writer."""
         try:
-            result = await answer
-            if result is not None:
-                await self.writer.write_until_done([result])
-                self.metrics.answered([result])
-            self._done(key)
+            await self._to_write.put((key, await answer))
         except asyncio.CancelledError:
+            self._forget(key)  # revoked or stopping: the next owner replays it
             raise
-        except Exception:  # a bug: leave the record uncommitted, so a replay answers it
-            log.exception("%s: request at %s:%d failed", self.id, key[0].topic, key[1])
-        finally:
-            self._inflight.pop(key, None)
-            self._inflight_bytes.pop(key, None)
-            self._space.set()
 
-    def _done(self, key: RecordKey) -> None:
-        self.offsets.done(*key)
-        self._finished.set()
+    async def _write_loop(self) -> None:
+        """Write finished answers, many a round trip; then their offsets may be committed."""
+        while True:
+            batch = [await self._to_write.get()]
+            while len(batch) < WRITE_BATCH and not self._to_write.empty():
+                batch.append(self._to_write.get_nowait())
+            try:
+                answers = [answer for _, answer in batch if answer is not None]
+                if answers:
+                    await self.writer.write_until_done(answers)
+                    self.metrics.answered(answers)
+                for key, _ in batch:
+                    self.offsets.done(*key)
+                    self._forget(key)
+                self._finished.set()
+            finally:
+                for _ in batch:
+                    self._to_write.task_done()
+
+    def _forget(self, key: RecordKey) -> None:
+        self._inflight.pop(key, None)
+        self._inflight_bytes.pop(key, None)
+        self._space.set()
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
         headers = [
@@ -379,12 +401,12 @@ class EnsembleRunner:
     async def _answer(self, item: WorkItem, priority: int) -> Answer | None:
         """The ensemble request's answer; None when it is answered already (not run)."""
         req = item.request
-        if await self._answered(req.id):
+        if await self.lookup.get(req.id) is not None:
             return None  # a replay of an answered request, or cancelled by its caller
         version = str(item.version)
         if req.deadline_ms is not None and req.deadline_ms <= time.time() * 1000:
-            err = DeadlineExceeded("the request's deadline passed before its first step ran")
-            return error_result(req, err, version=version, worker=self.id), req.reply.stream
+            late = DeadlineExceeded("the request's deadline passed before its first step ran")
+            return error_result(req, late, version=version, worker=self.id), req.reply.stream
         started = time.monotonic()
         try:
             tensors = await self._run_graph(req, priority)
@@ -393,19 +415,16 @@ class EnsembleRunner:
         except StepFailed as exc:
             result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
             return result, req.reply.stream
+        except Exception as exc:  # a bug: answer it, or its offset would hold every later one
+            log.exception("%s: ensemble request %s failed", self.id, req.id)
+            err = PlazaError(f"ensemble {self.model!r} failed: {type(exc).__name__}: {exc}")
+            return error_result(req, err, version=version, worker=self.id), req.reply.stream
         timing = {
             "queue": int((started - item.received) * 1e6),
             "compute_infer": int((time.monotonic() - started) * 1e6),
         }
         result = InferResult(req.id, self.model, version, outputs, timing_us=timing, worker=self.id)
         return result, req.reply.stream
-
-    async def _answered(self, correlation_id: str) -> bool:
-        try:
-            return bool(await self.redis.exists(self.names.result_key(correlation_id)))
-        except Exception as exc:  # Redis away: run it; the write retries until it is back
-            log.debug("answered check skipped: %s", exc)
-            return False
 
     async def _run_graph(self, req: InferRequest, priority: int) -> dict[str, Tensor]:
         """Every ensemble tensor the steps produce: each step starts once its inputs exist."""
@@ -436,9 +455,9 @@ class EnsembleRunner:
 
     async def _call(self, sreq: InferRequest, step: EnsembleStep) -> InferResult:
         """The step's answer: stored already (a replay), or published and awaited."""
-        stored = await self.store.poll(sreq.id)
-        if stored.result is not None:
-            return stored.result
+        stored = await self.lookup.get(sreq.id)
+        if stored is not None:
+            return stored
         mux = await self.producer.replies()
         fut = mux.expect(sreq.id)  # before publishing: the reply may beat the ack
         try:
@@ -460,9 +479,9 @@ class EnsembleRunner:
         while True:
             with contextlib.suppress(TimeoutError):
                 return await asyncio.wait_for(asyncio.shield(fut), RESULT_POLL_S)
-            stored = await self.store.poll(sreq.id)
-            if stored.result is not None:
-                return stored.result
+            stored = await self.lookup.get(sreq.id)
+            if stored is not None:
+                return stored
             if time.monotonic() > give_up:
                 message = f"{step.label}: no answer within {limit_s:g} s"
                 raise StepFailed(ErrorInfo(DeadlineExceeded.code, message))
@@ -537,7 +556,7 @@ class EnsembleRunner:
             log.warning("%s: heartbeat failed: %s", self.id, exc)
 
 
-async def _ready(answer: Answer) -> Answer:
+async def _ready(answer: Answer | None) -> Answer | None:
     return answer
 
 
