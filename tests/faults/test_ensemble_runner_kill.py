@@ -1,10 +1,15 @@
-"""Fault: kill -9 the ensemble runner in the middle of a load, then start another.
+"""Faults of an ensemble: kill -9 its runner, or a step model's worker, mid-load.
+
+The runner: kill -9 it in the middle of a load, then start another.
 
 What it shows: the ensemble requests the dead runner had taken in but not answered stay
 uncommitted in the ensemble's topic; the next runner of its consumer group replays them
 with the same step ids, uses the step answers already stored, waits for the rest, and
 answers every request exactly once and correctly: the result keys hold one answer per
 correlation id and the result stream no second entry for any (first write wins).
+
+A step worker: one of the step model's two workers dies; its group replays the step
+requests it held to the other, and the runner, still waiting, gets their answers.
 
 The ensemble is ``chain``: identity -> identity, on the simulated identity at 2 ms a row,
 so the load lasts seconds and the kill lands in it.
@@ -16,7 +21,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +32,7 @@ from aiokafka.structs import TopicPartition
 
 from plaza.client import PlazaClient, make_request
 from plaza.contract import InferRequest
-from plaza.stack import ChildProcess, Deployment, wait_for
+from plaza.stack import ChildProcess, Deployment, wait_assignment, wait_for
 from plaza.statistics import ModelStatistics
 from tests.faults.audit import FaultReport, audit
 from tests.faults.harness import value
@@ -117,13 +122,68 @@ async def uncommitted(deployment: Deployment) -> int:
 
 
 async def step_rows(deployment: Deployment) -> int:
-    """Rows the identity worker ran (both steps of every request, plus any rerun)."""
+    """Rows the identity workers ran as far as their statistics were flushed (both steps of
+    every request, plus any rerun; a killed worker's last unflushed rows are missing)."""
     client = redis.asyncio.Redis.from_url(deployment.redis_url)
     try:
         raw = await client.hgetall(deployment.names.model_stats_key("identity", "1"))
     finally:
         await client.aclose()
     return ModelStatistics.from_fields(raw).inference_count
+
+
+def ensemble_repository(root: Path) -> Path:
+    """The slow identity and ``chain`` over it (an ensemble's version folder is empty)."""
+    repository = slow_identity_repository(root)
+    (repository / ENSEMBLE / "1").mkdir(parents=True)
+    (repository / ENSEMBLE / "config.pbtxt").write_text(CHAIN)
+    return repository
+
+
+Strike = Callable[[], Awaitable[list[ChildProcess]]]
+"""Injects the fault once the first answers came; returns the processes started since."""
+
+
+async def run_under_fault(
+    deployment: Deployment, name: str, strike: Strike, watch: list[ChildProcess]
+) -> tuple[FaultReport, ResultTail]:
+    """Publish the load at once, ``strike`` once 20 are answered, wait for every answer and
+    the ensemble group's commits; the audit's report (and the tail, to count who answered)."""
+    async with PlazaClient(deployment.settings()) as client:
+        stream = client.results_stream(f"fault-{name}")
+        load = EnsembleLoad(client, stream, REQUESTS, rate=1e6, chunk=REQUESTS)
+        tail = ResultTail(deployment.redis_url, stream).start()
+        try:
+            await load.run()  # one publish_many: every request is in flight at the fault
+            await wait_for(lambda: tail.answered >= 20, 60, "the first answers", watch[0].tail)
+            open_at_fault = REQUESTS - tail.answered
+            watch = [*watch, *await strike()]
+            await wait_for(
+                lambda: tail.answered >= REQUESTS,
+                120,
+                "every answer",
+                lambda: f"{tail.answered}/{REQUESTS}\n" + "\n".join(p.tail() for p in watch),
+            )
+            await wait_for(lambda: _drained(deployment), 60, "the ensemble group's commits")
+        finally:
+            await tail.stop()
+    for proc in watch:
+        proc.check()  # killed by the fault is fine; crashed is not
+    r = redis.asyncio.Redis.from_url(deployment.redis_url)
+    try:
+        report = await audit(
+            name,
+            r,
+            deployment.names,
+            load.expected,
+            stream,
+            tail.worst_wait_s(load),
+            open_at_fault=open_at_fault,
+            step_rows_flushed=await step_rows(deployment),
+        )
+    finally:
+        await r.aclose()
+    return report, tail
 
 
 @pytest.mark.timeout(180)
@@ -133,59 +193,56 @@ async def test_ensemble_runner_killed_mid_load(
     record_fault: Callable[[FaultReport], None],
     tmp_path: Path,
 ) -> None:
-    repository = slow_identity_repository(tmp_path / "repository")
-    (repository / ENSEMBLE / "1").mkdir(parents=True)  # an ensemble's version folder is empty
-    (repository / ENSEMBLE / "config.pbtxt").write_text(CHAIN)
-    deployment = deployments(repository=repository)
+    deployment = deployments(repository=ensemble_repository(tmp_path / "repository"))
     worker = processes.worker(deployment, "identity")
     victim = processes.start(
         runner_process(deployment, processes.log_dir, f"{deployment.prefix}-a")
     )
     await asyncio.gather(worker.wait_registered(), wait_registered(deployment, victim))
+    survivor_name = f"{deployment.prefix}-b"
 
-    async with PlazaClient(deployment.settings()) as client:
-        stream = client.results_stream("fault-ensemble")
-        load = EnsembleLoad(client, stream, REQUESTS, rate=1e6, chunk=REQUESTS)
-        tail = ResultTail(deployment.redis_url, stream).start()
-        try:
-            await load.run()  # one publish_many: every request is in flight at the kill
-            await wait_for(lambda: tail.answered >= 20, 60, "the first answers", victim.tail)
-            victim.kill()
-            open_at_fault = REQUESTS - tail.answered
-            survivor = processes.start(
-                runner_process(deployment, processes.log_dir, f"{deployment.prefix}-b")
-            )
-            await wait_for(
-                lambda: tail.answered >= REQUESTS,
-                120,
-                "every answer",
-                lambda: f"{tail.answered}/{REQUESTS}\n{survivor.tail()}\n{worker.tail()}",
-            )
-            await wait_for(lambda: _drained(deployment), 60, "the ensemble group's commits")
-        finally:
-            await tail.stop()
-    survivor.check()
-    worker.check()
-    by_survivor = tail.by_worker[survivor.name]
-    r = redis.asyncio.Redis.from_url(deployment.redis_url)
-    try:
-        report = await audit(
-            "ensemble_runner_kill",
-            r,
-            deployment.names,
-            load.expected,
-            stream,
-            tail.worst_wait_s(load),
-            open_at_fault=open_at_fault,
-            by_victim=tail.by_worker[victim.name],
-            by_survivor=by_survivor,
-            step_rows=await step_rows(deployment),
-        )
-    finally:
-        await r.aclose()
+    async def kill_runner() -> list[ChildProcess]:
+        victim.kill()
+        return [processes.start(runner_process(deployment, processes.log_dir, survivor_name))]
+
+    report, tail = await run_under_fault(deployment, "ensemble_runner_kill", kill_runner, [worker])
+    report.details.update(
+        by_victim=tail.by_worker[victim.name], by_survivor=tail.by_worker[survivor_name]
+    )
     record_fault(report)
-    assert open_at_fault >= REQUESTS // 3, "the kill missed the load"
-    assert by_survivor > 0, "the dead runner left nothing to replay"
+    assert report.details["open_at_fault"] >= REQUESTS // 3, "the kill missed the load"
+    assert report.details["by_survivor"] > 0, "the dead runner left nothing to replay"
+    report.check()
+
+
+@pytest.mark.timeout(180)
+async def test_ensemble_step_worker_killed_mid_load(
+    deployments: Callable[..., Deployment],
+    processes: FaultProcesses,
+    record_fault: Callable[[FaultReport], None],
+    tmp_path: Path,
+) -> None:
+    """The other half: a step model's worker dies; its group replays the step requests to
+    the surviving worker, whose answers reach the (living) runner: nothing is lost."""
+    deployment = deployments(repository=ensemble_repository(tmp_path / "repository"))
+    victim, survivor = processes.worker(deployment, "a"), processes.worker(deployment, "b")
+    runner = processes.start(
+        runner_process(deployment, processes.log_dir, f"{deployment.prefix}-r")
+    )
+    await asyncio.gather(
+        victim.wait_registered(), survivor.wait_registered(), wait_registered(deployment, runner)
+    )
+    await wait_assignment([victim, survivor], deployment.partitions)
+
+    async def kill_worker() -> list[ChildProcess]:
+        victim.kill()
+        return []
+
+    report, _ = await run_under_fault(
+        deployment, "ensemble_step_worker_kill", kill_worker, [runner, survivor]
+    )
+    record_fault(report)
+    assert report.details["open_at_fault"] >= REQUESTS // 3, "the kill missed the load"
     report.check()
 
 
