@@ -28,6 +28,7 @@ from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from plaza.statistics import ModelStatistics
 from plaza.workers.ensemble import EnsembleRunner
+from plaza.workers.worker import Worker
 from tests.integration.test_gateway_http import http
 from tests.support import running_worker, wait_for, with_model
 
@@ -153,17 +154,17 @@ def ensemble_repository(make_repository: Callable[..., Path]) -> Path:
 @asynccontextmanager
 async def serving(
     settings: PlazaSettings, workers: list[str], ensembles: list[str]
-) -> AsyncIterator[list[EnsembleRunner]]:
-    """Workers of ``workers`` and runners of ``ensembles``, started together."""
+) -> AsyncIterator[dict[str, Worker]]:
+    """Workers of ``workers`` (yielded by model) and runners of ``ensembles``."""
     async with AsyncExitStack() as stack:
-        await asyncio.gather(
+        started = await asyncio.gather(
             *(stack.enter_async_context(running_worker(settings, m)) for m in workers)
         )
-        runners = [EnsembleRunner(with_model(settings, e)) for e in ensembles]
-        for runner in runners:
+        for ensemble in ensembles:
+            runner = EnsembleRunner(with_model(settings, ensemble))
             await runner.start()
             stack.push_async_callback(runner.stop)
-        yield runners
+        yield dict(zip(workers, started, strict=True))
 
 
 def ints(seed: int) -> np.ndarray[Any, Any]:
@@ -175,7 +176,7 @@ async def test_chain_and_fan_answer_through_the_sdk_and_raw_kafka(
 ) -> None:
     settings = settings.model_copy(update={"repository": ensemble_repository(make_repository)})
     async with (
-        serving(settings, ["identity", "add_sub", "copy"], ["chain", "fan"]),
+        serving(settings, ["identity", "add_sub", "copy"], ["chain", "fan"]) as workers,
         PlazaClient(settings) as client,
     ):
         x = np.array([[1.0, 2.5, -3.0]], dtype=np.float32)
@@ -220,8 +221,10 @@ async def test_chain_and_fan_answer_through_the_sdk_and_raw_kafka(
         answers = [await _stored(store, i) for i in ids]
         for i, res in enumerate(answers):
             np.testing.assert_array_equal(res.output("TWO_X").to_numpy(), 2 * ints(i))
-        # Batch sizes reach the statistics hash with each worker's heartbeat.
+        # Each step model's worker batched (its plaza_inference_batch_size histogram), and
+        # its batch sizes reach the statistics API's hash with the worker's heartbeat.
         for model in ("add_sub", "copy"):
+            assert max(workers[model].metrics.batch_sizes()) > 1, model
             await wait_for(
                 lambda m=model: _batched(redis_client, settings, m), 30, f"{model} batches > 1"
             )
