@@ -17,7 +17,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+import tritonclient.grpc.aio as aioclient
 from aiokafka import AIOKafkaProducer
+from tritonclient.utils import InferenceServerException
 
 from plaza.client import PlazaClient, make_request
 from plaza.codec import encode_request
@@ -29,7 +32,7 @@ from plaza.settings import PlazaSettings
 from plaza.statistics import ModelStatistics
 from plaza.workers.ensemble import EnsembleRunner
 from plaza.workers.worker import Worker
-from tests.integration.test_gateway_http import http
+from tests.integration.test_gateway_grpc import gateway as both_fronts
 from tests.support import running_worker, wait_for, with_model
 
 COPY_I32 = """
@@ -264,7 +267,10 @@ async def test_gateway_serves_an_ensemble_and_a_step_error_names_the_step(
     settings = settings.model_copy(update={"repository": ensemble_repository(make_repository)})
     gateway = settings.gateway.model_copy(update={"models": "chain,strict"})
     settings = settings.model_copy(update={"gateway": gateway})
-    async with http(settings) as api:
+    async with (
+        both_fronts(settings) as gw,
+        httpx.AsyncClient(base_url=gw.http_url, trust_env=False, timeout=60) as api,
+    ):
         meta = (await api.get("/v2/models/chain")).json()
         assert meta["platform"] == "ensemble"
         assert [i["name"] for i in meta["inputs"]] == ["INPUT0"]
@@ -291,6 +297,31 @@ async def test_gateway_serves_an_ensemble_and_a_step_error_names_the_step(
                 assert bad.status_code == 400, bad.text  # invalid_input, the step's code
                 assert bad.json()["error"].startswith("step 1 (model 'four'): ")
                 assert "does not match dims [4]" in bad.json()["error"]
+                await _grpc_checks(gw.grpc_address)
+                # The ensemble's own statistics, from its runner: the HTTP and gRPC calls.
+                await wait_for(lambda: _stats_success(api, "chain", 2), 30, "chain's statistics")
+
+
+async def _grpc_checks(address: str) -> None:
+    """The same ensemble over gRPC: metadata, an answer, and a step error's status."""
+    client = aioclient.InferenceServerClient(address)
+    try:
+        meta = await client.get_model_metadata("chain", as_json=True)
+        assert meta["platform"] == "ensemble"
+        x = np.array([[4.0, -1.0]], dtype=np.float32)
+        item = aioclient.InferInput("INPUT0", [1, 2], "FP32")
+        item.set_data_from_numpy(x)
+        result = await client.infer("chain", [item])
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+        with pytest.raises(InferenceServerException, match=r"step 1 \(model 'four'\)"):
+            await client.infer("strict", [item])
+    finally:
+        await client.close()
+
+
+async def _stats_success(api: httpx.AsyncClient, model: str, at_least: int) -> bool:
+    stats = (await api.get(f"/v2/models/{model}/stats")).json()["model_stats"][0]
+    return int(stats["inference_stats"]["success"]["count"]) >= at_least
 
 
 async def _runner_registered(redis_client: Any, settings: PlazaSettings) -> bool:
