@@ -208,10 +208,11 @@ class EnsembleRunner:
         self.offsets = OffsetTracker()
         self._inflight: dict[RecordKey, asyncio.Task[None]] = {}
         self._inflight_bytes: dict[RecordKey, int] = {}
+        self.held_bytes = 0
+        """Bytes of the records in flight (``worker.max_pending_bytes`` bounds them)."""
         self._to_write: asyncio.Queue[Finished] = asyncio.Queue(maxsize=settings.worker.max_pending)
         self._space = asyncio.Event()
         self._finished = asyncio.Event()
-        self._stopping = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._dead_letters: AIOKafkaProducer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -269,7 +270,6 @@ class EnsembleRunner:
         """Stop fetching, finish the requests in flight, commit, leave the group."""
         if not self._tasks:
             return
-        self._stopping.set()
         intake = self._tasks[0]
         intake.cancel()
         running = [t for t in self._inflight.values() if not t.done()]
@@ -301,7 +301,7 @@ class EnsembleRunner:
         ws = self.settings.worker
         while True:
             room = ws.max_pending - self.in_flight
-            if room <= 0 or sum(self._inflight_bytes.values()) >= ws.max_pending_bytes:
+            if room <= 0 or self.held_bytes >= ws.max_pending_bytes:
                 self._space.clear()
                 await self._space.wait()
                 continue
@@ -337,7 +337,11 @@ class EnsembleRunner:
     def _spawn(
         self, key: RecordKey, nbytes: int, answer: Coroutine[Any, Any, Answer | None]
     ) -> None:
+        if key in self._inflight:  # the same record again (a replay within one assignment)
+            answer.close()
+            return
         self._inflight_bytes[key] = nbytes
+        self.held_bytes += nbytes
         self._inflight[key] = asyncio.create_task(self._finish(key, answer))
 
     async def _finish(self, key: RecordKey, answer: Coroutine[Any, Any, Answer | None]) -> None:
@@ -369,7 +373,7 @@ class EnsembleRunner:
 
     def _forget(self, key: RecordKey) -> None:
         self._inflight.pop(key, None)
-        self._inflight_bytes.pop(key, None)
+        self.held_bytes -= self._inflight_bytes.pop(key, 0)
         self._space.set()
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
