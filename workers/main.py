@@ -7,6 +7,7 @@ import logging
 import signal
 
 from plaza.settings import PlazaSettings
+from plaza.workers.backends import onnx
 from plaza.workers.worker import Worker
 
 
@@ -25,6 +26,7 @@ def run_worker(settings: PlazaSettings) -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    onnx.configure(settings.worker)
     try:
         import uvloop
     except ImportError:
