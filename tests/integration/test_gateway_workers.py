@@ -119,4 +119,3 @@ async def test_two_gateway_processes_share_the_ports(two_gateways: dict[str, Any
         return not any(_alive(p) for p in pids)
 
     await wait_for(both_gone, 30, "both gateway processes to exit")
-
