@@ -30,11 +30,14 @@ from plaza.loadgen.raw_backend import open_session
 from plaza.repository import ModelRepository
 
 
-def create_app(repository: Path, model: str, threads: int = 2) -> Starlette:
-    """The app serving ``model``'s latest version at /v2/models/{model}/infer."""
+def create_app(
+    repository: Path, model: str, threads: int = 2, spinning: bool | None = None
+) -> Starlette:
+    """The app serving ``model``'s latest version at /v2/models/{model}/infer (``spinning``
+    None: ONNX Runtime's default, on)."""
     repo = ModelRepository(repository)
     version = repo.served_versions(model)[-1]
-    session = open_session(version.path, threads)
+    session = open_session(version.path, threads, spinning)
     output_names = [o.name for o in session.get_outputs()]
     config_json = orjson.dumps(repo.spec(model).config_json())
     metadata_json = orjson.dumps(
@@ -148,8 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repository", type=Path, default=Path("model_repository"))
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--threads", type=int, default=2, help="intra_op_num_threads")
+    p.add_argument(
+        "--no-spinning",
+        action="store_true",
+        help="session.intra_op.allow_spinning 0 (default: ONNX Runtime's, on)",
+    )
     args = p.parse_args(argv)
-    app = create_app(args.repository, args.model, args.threads)
+    app = create_app(args.repository, args.model, args.threads, False if args.no_spinning else None)
     uvicorn.run(
         app,
         host="127.0.0.1",

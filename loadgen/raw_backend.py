@@ -64,9 +64,11 @@ class BenchConfig:
     device: DeviceChoice = "auto"
 
 
-def open_session(path: Path, intra_op_threads: int) -> Any:
-    """A bare onnxruntime CPU session with a worker's options, for code that measures
-    something other than Plaza (the baseline server); the ceiling uses the worker backend."""
+def open_session(path: Path, intra_op_threads: int, spinning: bool | None = None) -> Any:
+    """A bare onnxruntime CPU session with a worker's thread options, for code that measures
+    something other than Plaza (the baseline server); the ceiling uses the worker backend.
+    ``spinning`` None leaves thread spinning at ONNX Runtime's default (on), as a naive
+    server has it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -74,6 +76,10 @@ def open_session(path: Path, intra_op_threads: int) -> Any:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if spinning is not None:
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if spinning else "0"
+        )
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

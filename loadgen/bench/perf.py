@@ -187,27 +187,12 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
     worker = (await start_workers(ctx, dep, model, pool))[0]
     gw1, grpc1 = await _gateway(ctx, dep, 1)
     gw2, grpc2 = await _gateway(ctx, dep, 2)
-    naive_port = free_port()
-    naive = ctx.procs.spawn(
-        f"{dep.prefix}-baseline",
-        [
-            "-m",
-            "plaza.loadgen.baseline_server",
-            "--model",
-            model,
-            "--repository",
-            str(dep.repository),
-            "--port",
-            str(naive_port),
-            "--threads",
-            str(os.cpu_count() or 1),
-        ],
-        dep.env(),
-    )
-    await wait_http_ready(http_url(naive_port), ctx.procs)
+    naive_port, naive = await _naive_server(ctx, dep, model, spinning=True)
+    calm_port, calm = await _naive_server(ctx, dep, model, spinning=False)
     host = "127.0.0.1"
     lanes: dict[str, tuple[str, perf_analyzer.Protocol, dict[str, int | None]]] = {
         "naive http": (f"{host}:{naive_port}", "http", {"server": naive.pid}),
+        "naive http, no spinning": (f"{host}:{calm_port}", "http", {"server": calm.pid}),
         "plaza http": (f"{host}:{gw1.port}", "http", {"worker": worker.pid, "gateway": gw1.pid}),
         "plaza grpc": (grpc1, "grpc", {"worker": worker.pid, "gateway": gw1.pid}),
         "plaza http, 2 gateways": (
@@ -248,9 +233,21 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
                     flush=True,
                 )
     finally:
-        ctx.procs.stop([naive, gw2, gw1, worker])
+        ctx.procs.stop([naive, calm, gw2, gw1, worker])
     report["ratios"] = _lane_ratios(report["runs"], lanes)
     return report
+
+
+async def _naive_server(ctx: Context, dep: Any, model: str, spinning: bool) -> tuple[int, Any]:
+    """loadgen's baseline server of ``model`` on a free port, ready: (port, process)."""
+    port = free_port()
+    argv = ["-m", "plaza.loadgen.baseline_server", "--model", model]
+    argv += ["--repository", str(dep.repository), "--port", str(port)]
+    argv += ["--threads", str(os.cpu_count() or 1), *([] if spinning else ["--no-spinning"])]
+    name = f"{dep.prefix}-baseline{'' if spinning else '-nospin'}"
+    proc = ctx.procs.spawn(name, argv, dep.env())
+    await wait_http_ready(http_url(port), ctx.procs)
+    return port, proc
 
 
 def _lane_ratios(runs: Mapping[str, Any], lanes: Mapping[str, Any]) -> dict[str, float]:
@@ -258,7 +255,7 @@ def _lane_ratios(runs: Mapping[str, Any], lanes: Mapping[str, Any]) -> dict[str,
     for c in CONCURRENCIES:
         naive = runs[f"naive http c{c}"]
         for lane in lanes:
-            if lane.startswith("naive"):
+            if lane == "naive http":
                 continue
             run = runs[f"{lane} c{c}"]
             out[f"c{c} {lane} / naive infer/s"] = run["throughput"] / max(1e-9, naive["throughput"])
