@@ -8,7 +8,8 @@ for a model. The model runs exactly as a Plaza worker runs it: through
 ``plaza.workers.backends.create_backend(...)``, ``load()`` and ``infer(batch, outputs)``, with
 the worker's default intra-op thread count (``WorkerSettings.intra_op_threads`` = 0: the
 config's ``intra_op_thread_count`` parameter, else every core; ``--threads`` overrides it).
-The ONNX backend adds ``inter_op_num_threads`` 1 and ``ORT_SEQUENTIAL``, as in the worker.
+The ONNX backend adds ``inter_op_num_threads`` 1, ``ORT_SEQUENTIAL`` and the worker's default
+thread spinning (``WorkerSettings.ort_intra_op_spinning``, off), as in the worker.
 Batch sizes are measured side by side: each round runs one timed window per batch size, rounds
 repeat, and the report gives the median items/s per batch size and the median over rounds of
 the paired ratio to the smallest batch size (the machine is noisy; pairing cancels slow
