@@ -24,7 +24,7 @@ from multiprocessing.process import BaseProcess
 import uvicorn
 import uvloop
 
-from plaza.errors import ConfigError
+from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
 from plaza.gateway.metrics import serve_metrics
@@ -207,11 +207,15 @@ def _gateway_process(settings: PlazaSettings) -> None:
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # uvicorn stops on SIGINT, then raises it again: a Ctrl-C is a normal stop here
-    with (
-        contextlib.suppress(KeyboardInterrupt),
-        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-    ):
-        runner.run(_serve_shared_port(settings))
+    try:
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        ):
+            runner.run(_serve_shared_port(settings))
+    except PlazaError as exc:  # a user error is one line, as `plaza gateway` prints it
+        print(f"plaza gateway: error: {exc.message}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run_gateway_processes(settings: PlazaSettings) -> int:

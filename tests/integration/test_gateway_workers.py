@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -119,3 +122,28 @@ async def test_two_gateway_processes_share_the_ports(two_gateways: dict[str, Any
         return not any(_alive(p) for p in pids)
 
     await wait_for(both_gone, 30, "both gateway processes to exit")
+
+
+def test_a_taken_port_stops_every_gateway_process_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLAZA_")}
+        env.update(
+            PLAZA_GATEWAY__WORKERS="2",
+            PLAZA_GATEWAY__HTTP_PORT=str(port),
+            PLAZA_GATEWAY__GRPC_PORT="0",
+            PLAZA_GATEWAY__METRICS_PORT="-1",
+            PLAZA_REPOSITORY=str(REPOSITORY),
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "plaza.cli.main", "gateway"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert f"plaza gateway: error: the HTTP front cannot listen on 127.0.0.1:{port}" in proc.stderr
+    assert "Traceback" not in proc.stderr
