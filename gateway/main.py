@@ -1,19 +1,30 @@
 """Running the gateway: the HTTP front (uvicorn, httptools, access log off) and the gRPC
-front (grpc.aio) on one event loop, over one ``GatewayService``."""
+front (grpc.aio) on one event loop, over one ``GatewayService``; with ``gateway.workers``
+N > 1, N such processes share the HTTP and gRPC ports (``SO_REUSEPORT``: the kernel spreads
+new connections over them), started and stopped by this one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import ipaddress
 import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
 import socket
+import sys
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 
 import uvicorn
 import uvloop
 
+from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
 from plaza.gateway.metrics import serve_metrics
@@ -25,6 +36,12 @@ log = logging.getLogger(__name__)
 
 GRPC_STOP_GRACE_S = 5.0
 """On shutdown, gRPC calls in flight get this long to finish."""
+
+WORKER_STOP_GRACE_S = 30.0
+"""With several gateway processes: how long each gets after SIGTERM before SIGKILL."""
+
+HTTP_BACKLOG = 2048
+"""listen() backlog of a shared HTTP socket (uvicorn's default)."""
 
 
 def server_config(settings: PlazaSettings, service: GatewayService | None = None) -> uvicorn.Config:
@@ -127,10 +144,135 @@ async def _serve_until_stopped(settings: PlazaSettings) -> None:
             await running.http_task
 
 
-def run_gateway(settings: PlazaSettings) -> None:
-    """Serve the gateway, and its metrics on ``metrics_port``, until interrupted."""
+async def _serve_shared_port(settings: PlazaSettings) -> None:
+    """One of several gateway processes: its HTTP socket is bound with ``SO_REUSEPORT``."""
+    gw = settings.gateway
+    with reuse_port_socket(gw.host, gw.http_port) as sock:
+        async with serving(settings, http_socket=sock) as running:
+            log.info(
+                "gateway process %d: HTTP %s, gRPC %s",
+                os.getpid(),
+                running.http_url,
+                running.grpc_address,
+            )
+            with serve_metrics(running.config.app, gw):
+                await running.http_task
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` that other processes may bind as well."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(HTTP_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"the HTTP front cannot listen on {host}:{port}: {exc}") from exc
+    return sock
+
+
+def process_settings(settings: PlazaSettings, index: int) -> PlazaSettings:
+    """The settings of gateway process ``index`` of several: one process each, its own
+    metrics port (``metrics_port + index``) and gateway id (its reply stream)."""
+    gw = settings.gateway
+    update: dict[str, object] = {"workers": 1}
+    if gw.metrics_port > 0:
+        update["metrics_port"] = gw.metrics_port + index
+    if gw.gateway_id:
+        update["gateway_id"] = f"{gw.gateway_id}-{index}"
+    return settings.model_copy(update={"gateway": gw.model_copy(update=update)})
+
+
+def _pinned_ports(settings: PlazaSettings) -> PlazaSettings:
+    """Port 0 (a free one) chosen once, so that every gateway process shares it."""
+    gw = settings.gateway
+    update = {
+        name: _free_port(gw.host) for name in ("http_port", "grpc_port") if getattr(gw, name) == 0
+    }
+    return settings.model_copy(update={"gateway": gw.model_copy(update=update)})
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _gateway_process(settings: PlazaSettings) -> None:
+    """Body of one gateway process (spawned: a fresh interpreter); it dies with its parent."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # uvicorn stops on SIGINT, then raises it again: a Ctrl-C is a normal stop here
+    try:
+        with (
+            contextlib.suppress(KeyboardInterrupt),
+            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        ):
+            runner.run(_serve_shared_port(settings))
+    except PlazaError as exc:  # a user error is one line, as `plaza gateway` prints it
+        print(f"plaza gateway: error: {exc.message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run_gateway_processes(settings: PlazaSettings) -> int:
+    """``gateway.workers`` gateway processes on shared ports, until SIGINT/SIGTERM (then
+    each is stopped: SIGTERM, SIGKILL after a grace period) or until one of them exits
+    (then the others are stopped too). Returns the exit status: 0 after a stop signal."""
+    settings = _pinned_ports(settings)
+    ctx = multiprocessing.get_context("spawn")
+    stopping = threading.Event()
+    procs: list[BaseProcess] = []
+    previous = {
+        sig: signal.signal(sig, lambda *_: stopping.set())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        for i in range(settings.gateway.workers):
+            proc = ctx.Process(
+                target=_gateway_process,
+                args=(process_settings(settings, i),),
+                name=f"gateway-{i}",
+                daemon=False,
+            )
+            proc.start()
+            procs.append(proc)
+        while not stopping.is_set():
+            if multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.5):
+                break
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop_all(procs)
+    failed = [p for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
+    return 0 if stopping.is_set() and not failed else 1
+
+
+def _stop_all(procs: list[BaseProcess]) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs:
+        proc.join(WORKER_STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def run_gateway(settings: PlazaSettings) -> int:
+    """Serve the gateway, and its metrics on ``metrics_port``, until interrupted
+    (``gateway.workers`` > 1: that many processes on shared ports). Returns an exit status."""
     warning = exposure_warning(settings.gateway)
     if warning is not None:
         log.warning(warning)
+    if settings.gateway.workers > 1:
+        return run_gateway_processes(settings)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve_until_stopped(settings))
+    return 0

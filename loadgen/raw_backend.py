@@ -8,7 +8,8 @@ for a model. The model runs exactly as a Plaza worker runs it: through
 ``plaza.workers.backends.create_backend(...)``, ``load()`` and ``infer(batch, outputs)``, with
 the worker's default intra-op thread count (``WorkerSettings.intra_op_threads`` = 0: the
 config's ``intra_op_thread_count`` parameter, else every core; ``--threads`` overrides it).
-The ONNX backend adds ``inter_op_num_threads`` 1 and ``ORT_SEQUENTIAL``, as in the worker.
+The ONNX backend adds ``inter_op_num_threads`` 1, ``ORT_SEQUENTIAL`` and the worker's default
+thread spinning (``WorkerSettings.ort_intra_op_spinning``, off), as in the worker.
 Batch sizes are measured side by side: each round runs one timed window per batch size, rounds
 repeat, and the report gives the median items/s per batch size and the median over rounds of
 the paired ratio to the smallest batch size (the machine is noisy; pairing cancels slow
@@ -64,9 +65,11 @@ class BenchConfig:
     device: DeviceChoice = "auto"
 
 
-def open_session(path: Path, intra_op_threads: int) -> Any:
-    """A bare onnxruntime CPU session with a worker's options, for code that measures
-    something other than Plaza (the baseline server); the ceiling uses the worker backend."""
+def open_session(path: Path, intra_op_threads: int, spinning: bool | None = None) -> Any:
+    """A bare onnxruntime CPU session with a worker's thread options, for code that measures
+    something other than Plaza (the baseline server); the ceiling uses the worker backend.
+    ``spinning`` None leaves thread spinning at ONNX Runtime's default (on), as a naive
+    server has it."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -74,6 +77,10 @@ def open_session(path: Path, intra_op_threads: int) -> Any:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if spinning is not None:
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if spinning else "0"
+        )
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

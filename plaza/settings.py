@@ -137,7 +137,19 @@ class WorkerSettings(_Section):
         description="how long an unanswered record's delivery count is kept (at most "
         "redis.result_ttl_s)",
     )
+    # ONNX Runtime session options (docs/benchmarks.md, "ONNX Runtime settings", has the
+    # measurements that chose these defaults).
     intra_op_threads: int = Field(0, ge=0, description="0: the model's config, else all cores")
+    ort_intra_op_spinning: bool = Field(
+        False,
+        description="ONNX Runtime session.intra_op.allow_spinning: intra-op threads busy-wait "
+        "for work after each run (off: they sleep, leaving the cores to the rest of the stack)",
+    )
+    ort_inter_op_spinning: bool = Field(
+        False,
+        description="ONNX Runtime session.inter_op.allow_spinning (inter-op threads; the "
+        "worker runs sessions sequentially, so this matters only to parallel graphs)",
+    )
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="registry heartbeat and stats flush interval"
     )
@@ -183,6 +195,13 @@ class GatewaySettings(_Section):
     http_port: int = Field(8000, description="KServe v2 HTTP port")
     grpc_port: int = Field(8001, description="KServe v2 gRPC port (0: a free one)")
     metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="gateway processes sharing the HTTP and gRPC ports (SO_REUSEPORT); "
+        "process i serves its metrics on metrics_port + i",
+    )
     gateway_id: str = Field("", description="names the reply stream; default a random id")
     sync_timeout_s: float = Field(30.0, gt=0, description="sync infer waits this long, then 504")
     max_body_bytes: int = Field(

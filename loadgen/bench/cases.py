@@ -443,6 +443,8 @@ def compare_with_simulation(
     }
 
 
+from plaza.loadgen.bench.perf import ort_spinning, perf_analyzer_lanes  # noqa: E402
+
 BENCHMARKS: dict[str, Benchmark] = {
     "batching": batching,
     "pipeline": pipeline,
@@ -451,4 +453,6 @@ BENCHMARKS: dict[str, Benchmark] = {
     "scale": scale,
     "overhead": overhead,
     "simulator": simulator,
+    "ort_spinning": ort_spinning,
+    "perf_analyzer": perf_analyzer_lanes,
 }

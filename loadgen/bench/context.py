@@ -72,12 +72,20 @@ def spec_of(dep: Deployment, model: str) -> Any:
 
 
 async def start_workers(
-    ctx: Context, dep: Deployment, model: str, pool: Sequence[InputSet], count: int = 1
+    ctx: Context,
+    dep: Deployment,
+    model: str,
+    pool: Sequence[InputSet],
+    count: int = 1,
+    env: Mapping[str, str] | None = None,
 ) -> list[Any]:
-    """``count`` worker processes of ``model``, up, with their partitions, warmed."""
+    """``count`` worker processes of ``model`` (``env``: settings), up, with their
+    partitions, warmed."""
     log_dir = ctx.procs.log_dir
     procs = [
-        ctx.procs.start(WorkerProcess(dep, model, log_dir, name=f"{dep.prefix}-worker-{model}-{i}"))
+        ctx.procs.start(
+            WorkerProcess(dep, model, log_dir, name=f"{dep.prefix}-worker-{model}-{i}", env=env)
+        )
         for i in range(count)
     ]
     await wait_workers(dep, model, count, ctx.procs)
@@ -85,8 +93,15 @@ async def start_workers(
     return procs
 
 
-async def start_gateway(ctx: Context, dep: Deployment) -> tuple[str, Any]:
-    gateway = GatewayProcess(dep, free_port(), ctx.procs.log_dir, name=f"{dep.prefix}-gateway")
+async def start_gateway(ctx: Context, dep: Deployment, workers: int = 1) -> tuple[str, Any]:
+    """A gateway of ``dep`` (``workers`` processes on its ports), ready."""
+    gateway = GatewayProcess(
+        dep,
+        free_port(),
+        ctx.procs.log_dir,
+        name=f"{dep.prefix}-gateway-{workers}",
+        env={"PLAZA_GATEWAY__WORKERS": str(workers)},
+    )
     ctx.procs.start(gateway)
     await gateway.wait_ready()
     return gateway.url, gateway
@@ -166,6 +181,27 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """``cpu_seconds`` of a process and all its descendants (a gateway with workers)."""
+    if pid is None:
+        return float("nan")
+    return sum(cpu_seconds(p) for p in descendants(pid))
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's children lists)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
 
 
 # -- the model alone -------------------------------------------------------------------------

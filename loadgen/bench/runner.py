@@ -42,6 +42,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--out-dir", type=Path, default=Path("results/bench"))
     p.add_argument("--work-dir", type=Path, default=Path("var/bench"))
     p.add_argument("--keep", action="store_true", help="keep the work dir (logs, data)")
+    p.add_argument(
+        "--bootstrap-servers",
+        help="use this running Kafka instead of starting one (its CPU is then not counted)",
+    )
+    p.add_argument("--redis-url", help="use this running Redis instead of starting one")
     return p.parse_args(argv)
 
 
@@ -96,7 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = fresh_dir(args.work_dir)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     print(f"starting Kafka and Redis under {work} ...", flush=True)
-    services = Services(work / "services", fast_start=False)
+    services = Services(
+        work / "services",
+        bootstrap=args.bootstrap_servers,
+        redis_url=args.redis_url,
+        fast_start=False,
+    )
     procs = ProcessGroup(work / "logs")
     ctx = Context(args.repository, work, args.out_dir, services, procs, args.quick)
     try:

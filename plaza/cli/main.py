@@ -90,7 +90,7 @@ def _dispatch(args: list[str]) -> int:
     elif command == "gateway":
         from plaza.gateway.main import run_gateway
 
-        run_gateway(_settings(rest))
+        return run_gateway(_settings(rest))
     elif command == "services":
         from plaza.cli.services import run_services_cli
 

@@ -23,6 +23,15 @@ Security pass-through: Kafka SASL/TLS (`kafka.security_protocol`, `kafka.sasl_me
 `kafka.ssl_keyfile`) reaches every producer, consumer and admin client; Redis
 `redis.password` and `redis.ssl_ca_certs` (with a `rediss://` URL for TLS) reach every Redis
 client (`plaza/connections.py`). `gateway.api_key` turns on bearer-token auth.
+
+ONNX Runtime in a worker: `worker.intra_op_threads` (the config's `intra_op_thread_count`
+parameter wins), `worker.ort_intra_op_spinning` and `worker.ort_inter_op_spinning`
+(`session.intra_op.allow_spinning` / `session.inter_op.allow_spinning`). Spinning is off by
+default: measured side by side (`python -m plaza.loadgen.bench --only ort_spinning`,
+docs/benchmarks.md), spinning threads took the cores the gateway, Kafka and Redis need.
+Inter-op threads stay at 1: a worker runs each session sequentially (`ORT_SEQUENTIAL`).
+`gateway.workers` N > 1 runs N gateway processes on the same HTTP and gRPC ports
+(docs/gateway.md, "Several gateway processes").
 """
 
 

@@ -51,6 +51,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001, help="the gateway's KServe v2 gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
+    p.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=None,
+        help="gateway processes sharing the HTTP and gRPC ports (gateway.workers; default 1)",
+    )
     p.add_argument("--models", default="", help="comma-separated subset (default: all)")
     p.add_argument(
         "--model-control-mode",
@@ -130,6 +136,8 @@ def _start_parts(
         "PLAZA_GATEWAY__MODEL_CONTROL_MODE": args.model_control_mode,
         "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
     }
+    if args.gateway_workers is not None:
+        settings["PLAZA_GATEWAY__WORKERS"] = str(args.gateway_workers)
     if args.model_control_mode == "none":
         _start_workers(dep, plan, group, settings, per_model=args.process_per_model)
     gateway = GatewayProcess(

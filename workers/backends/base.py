@@ -66,12 +66,14 @@ def create_backend(
 ) -> Backend:
     """The backend for ``mv``'s platform. torch is imported only for pytorch_libtorch.
 
-    ``settings`` reach the Python backend's BLS calls; without them its model process reads
-    the PLAZA_* environment it inherits."""
+    ``settings`` carry the worker's ONNX Runtime options (spinning) and reach the Python
+    backend's BLS calls; without them ONNX Runtime gets the settings' defaults and a Python
+    model process reads the PLAZA_* environment it inherits."""
     if mv.spec.platform == PLATFORM_ONNX:
-        from plaza.workers.backends.onnx import OnnxBackend
+        from plaza.workers.backends.onnx import OnnxBackend, SessionTuning
 
-        return OnnxBackend(mv, device, thread_count(mv, threads))
+        tuning = SessionTuning.from_settings(settings.worker) if settings else None
+        return OnnxBackend(mv, device, thread_count(mv, threads), tuning)
     if mv.spec.platform == PLATFORM_TORCH:
         from plaza.workers.backends.torch import TorchBackend
 

@@ -1,0 +1,193 @@
+"""Triton's perf_analyzer, run as a new user would run it: HTTP JSON (or gRPC), sync calls.
+
+perf_analyzer is the C++ binary in the ``tritonclient==2.51.0`` wheel's ``bin/`` (later
+wheels need a newer glibc than Debian 12's). ``make bench-tools`` installs that wheel and
+``nvidia-cuda-runtime-cu12`` (perf_analyzer links ``libcudart.so.12`` even for CPU-only
+servers) under ``.cache/bench-tools`` and Debian's ``libb64-0d`` with apt-get. The binary is
+found at ``PLAZA_PERF_ANALYZER`` or there.
+
+Inputs go through ``--input-data`` (a JSON file made from loadgen's input pool): the
+random FP32 bytes perf_analyzer makes on its own include NaN. Each run is bounded in time:
+``--max-trials`` windows of ``--measurement-interval`` with the stability check off (the
+machine is shared; a check that never passes would only retry), and a subprocess timeout.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from plaza.loadgen.inputs import InputSet
+
+TOOLS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "bench-tools"
+"""Where ``make bench-tools`` installs perf_analyzer's wheel (``pip install --target``)."""
+BINARY_ENV = "PLAZA_PERF_ANALYZER"
+WINDOWS = 3
+"""Measurement windows per run; perf_analyzer reports over them together."""
+NO_STABILITY_CHECK = 999
+"""--stability-percentage that every run passes: ``WINDOWS`` windows, then the report."""
+
+Protocol = Literal["http", "grpc"]
+
+
+class PerfAnalyzerMissing(RuntimeError):
+    """perf_analyzer (or a library it needs) is not installed; ``make bench-tools``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerfResult:
+    """One perf_analyzer run: throughput and client-side latency percentiles."""
+
+    concurrency: int
+    throughput: float
+    p50_ms: float
+    p90_ms: float
+    p95_ms: float
+    p99_ms: float
+    columns: dict[str, str]
+    """Every column of perf_analyzer's CSV row, as it wrote them (microseconds)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "throughput": round(self.throughput, 1),
+            "p50_ms": round(self.p50_ms, 3),
+            "p90_ms": round(self.p90_ms, 3),
+            "p95_ms": round(self.p95_ms, 3),
+            "p99_ms": round(self.p99_ms, 3),
+            "csv": self.columns,
+        }
+
+
+def binary_path() -> Path:
+    """The perf_analyzer binary; PerfAnalyzerMissing when there is none."""
+    path = Path(os.environ.get(BINARY_ENV) or TOOLS_DIR / "bin" / "perf_analyzer")
+    if not path.is_file():
+        raise PerfAnalyzerMissing(f"no perf_analyzer at {path}: run `make bench-tools`")
+    return path
+
+
+def tool_env() -> dict[str, str]:
+    """The environment perf_analyzer runs in: libcudart.so.12 from the wheel on the path."""
+    env = dict(os.environ)
+    cudart = (TOOLS_DIR / "nvidia" / "cuda_runtime" / "lib").resolve()
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        p for p in (str(cudart), env.get("LD_LIBRARY_PATH", "")) if p
+    )
+    return env
+
+
+def check_installed() -> str:
+    """perf_analyzer's version line; PerfAnalyzerMissing naming what is missing."""
+    path = binary_path()
+    proc = subprocess.run(
+        [str(path), "--version"], env=tool_env(), capture_output=True, text=True, timeout=30
+    )
+    if proc.returncode != 0:
+        raise PerfAnalyzerMissing(
+            f"{path} does not start (libb64-0d or libcudart.so.12 missing? run `make "
+            f"bench-tools`): {(proc.stderr or proc.stdout).strip()[-300:]}"
+        )
+    return (proc.stdout or proc.stderr).strip()
+
+
+def write_input_data(pool: Sequence[InputSet], path: Path) -> Path:
+    """perf_analyzer's --input-data JSON: each pool entry one step, without the batch dim
+    (perf_analyzer adds it: batch size 1)."""
+    steps = []
+    for inputs in pool:
+        step = {}
+        for name, array in inputs.items():
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise ValueError(f"input {name} holds NaN or inf")
+            step[name] = {"content": array.reshape(-1).tolist(), "shape": list(array.shape[1:])}
+        steps.append(step)
+    path.write_text(json.dumps({"data": steps}), encoding="utf-8")
+    return path
+
+
+def command(
+    model: str,
+    address: str,
+    protocol: Protocol,
+    concurrency: int,
+    input_data: Path,
+    csv_path: Path,
+    interval_ms: int,
+) -> list[str]:
+    """perf_analyzer's arguments: sync calls, JSON tensors over HTTP, bounded windows."""
+    argv = [
+        str(binary_path()),
+        "-m",
+        model,
+        "-u",
+        address,
+        "-i",
+        protocol,
+        "--concurrency-range",
+        str(concurrency),
+        "--measurement-interval",
+        str(interval_ms),
+        "--max-trials",
+        str(WINDOWS),
+        "--stability-percentage",
+        str(NO_STABILITY_CHECK),
+        "--input-data",
+        str(input_data),
+        "-f",
+        str(csv_path),
+    ]
+    if protocol == "http":
+        argv += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
+    return argv
+
+
+def run(
+    model: str,
+    address: str,
+    protocol: Protocol,
+    concurrency: int,
+    input_data: Path,
+    interval_ms: int = 2000,
+) -> PerfResult:
+    """One perf_analyzer run at ``concurrency`` against ``address`` (host:port)."""
+    with tempfile.TemporaryDirectory(prefix="plaza-pa-") as tmp:
+        csv_path = Path(tmp) / "out.csv"
+        argv = command(model, address, protocol, concurrency, input_data, csv_path, interval_ms)
+        # warm-up, windows, and perf_analyzer's own start and drain, with room to spare
+        limit_s = 30 + (WINDOWS + 2) * interval_ms / 1000
+        proc = subprocess.run(argv, env=tool_env(), capture_output=True, text=True, timeout=limit_s)
+        if proc.returncode != 0 or not csv_path.exists():
+            tail = (proc.stdout + proc.stderr).strip()[-600:]
+            raise RuntimeError(f"perf_analyzer exited {proc.returncode}: {tail}")
+        return parse_csv(csv_path.read_text(encoding="utf-8"))
+
+
+def parse_csv(text: str) -> PerfResult:
+    """The first data row of perf_analyzer's ``-f`` CSV (latencies there are in us)."""
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows:
+        raise ValueError("perf_analyzer wrote no result row")
+    row = rows[0]
+
+    def ms(column: str) -> float:
+        return float(row[column]) / 1000.0
+
+    return PerfResult(
+        concurrency=int(row["Concurrency"]),
+        throughput=float(row["Inferences/Second"]),
+        p50_ms=ms("p50 latency"),
+        p90_ms=ms("p90 latency"),
+        p95_ms=ms("p95 latency"),
+        p99_ms=ms("p99 latency"),
+        columns=dict(row),
+    )

@@ -1,0 +1,44 @@
+#!/bin/bash
+# CPU per request of a worker and a gateway under load, and (PROF=1) their cProfile profiles.
+#
+#   scripts/profile_stack.sh MODEL TARGET CONCURRENCY [SPINNING]
+#   PROF=1 scripts/profile_stack.sh identity kafka 64
+#   scripts/profile_stack.sh mlp http-json 16 1        # ORT spinning on (1) / off (0)
+#
+# Runs on a Kafka and Redis that already run (PLAZA_KAFKA__BOOTSTRAP_SERVERS,
+# PLAZA_REDIS__URL; defaults below), under a fresh prefix: one worker of MODEL and one
+# gateway (ports 18100-18102), a warm-up, then `plaza loadgen` (2 s windows, at most 4).
+# CPU is read from /proc before and after; requests from the statistics API. Output under
+# var/profile/MODEL-TARGET-cC-sS-pP/ (cpu.txt, load.*, *.prof with PROF=1; read them with
+# scripts/profile_by_package.py). The gateway stops on SIGINT (uvicorn re-raises SIGTERM,
+# which would skip cProfile's dump).
+set -u
+cd "$(dirname "$0")/.."
+MODEL=$1; TARGET=$2; C=$3; SPIN=${4:-x}
+export PLAZA_KAFKA__BOOTSTRAP_SERVERS=${PLAZA_KAFKA__BOOTSTRAP_SERVERS:-127.0.0.1:29092}
+export PLAZA_REDIS__URL=${PLAZA_REDIS__URL:-redis://127.0.0.1:26379/0}
+P=prof$RANDOM
+export PLAZA_KAFKA__TOPIC_PREFIX=$P. PLAZA_REDIS__KEY_PREFIX=$P: PLAZA_LOG_LEVEL=WARNING
+export PLAZA_WORKER__METRICS_PORT=-1 PLAZA_GATEWAY__HTTP_PORT=18100
+export PLAZA_GATEWAY__GRPC_PORT=18101 PLAZA_GATEWAY__METRICS_PORT=18102 PLAZA_GATEWAY__MODELS=$MODEL
+[ "$SPIN" = x ] || export PLAZA_WORKER__ORT_INTRA_OP_SPINNING=$SPIN
+O=var/profile/$MODEL-$TARGET-c$C-s$SPIN-p${PROF:-0}; mkdir -p "$O"
+if [ "${PROF:-0}" = 1 ]; then WP="-m cProfile -o $O/worker.prof"; GP="-m cProfile -o $O/gateway.prof"; else WP=; GP=; fi
+.venv/bin/python $WP -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
+.venv/bin/python $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
+trap 'kill -TERM $W 2>/dev/null; kill -INT $G 2>/dev/null' EXIT
+sleep 12
+count() { curl -s "http://127.0.0.1:18100/v2/models/$MODEL/stats" | .venv/bin/python -c \
+  "import json,sys; print(json.load(sys.stdin)['model_stats'][0]['inference_stats']['success']['count'])"; }
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+load() { .venv/bin/python -m plaza.cli.main loadgen -m "$MODEL" --target "$TARGET" \
+  --url http://127.0.0.1:18100 --concurrency "$C" --no-progress --no-plot "$@"; }
+load --window-s 1 --warmup-s 1 --max-windows 2 > /dev/null 2>&1
+w0=$(cpu $W); g0=$(cpu $G); n0=$(count)
+load --window-s 2 --warmup-s 0.5 --max-windows 4 --out "$O/load" > "$O/load.txt" 2>&1
+w1=$(cpu $W); g1=$(cpu $G); n1=$(count)
+n=$((n1 - n0))
+echo "requests $n worker_us_per_req $(( (w1-w0)*10000 / (n>0?n:1) )) gateway_us_per_req $(( (g1-g0)*10000 / (n>0?n:1) ))" | tee "$O/cpu.txt"
+grep -E "^(kafka|http)" "$O/load.txt"
+kill -TERM $W; kill -INT $G; wait
+trap - EXIT
