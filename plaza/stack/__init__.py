@@ -26,6 +26,7 @@ from plaza.stack.members import (
 )
 from plaza.stack.ports import HOST, free_port
 from plaza.stack.process import ChildProcess, ProcessGroup
+from plaza.stack.redis_cluster import RedisClusterNodes
 from plaza.stack.redis_server import RedisServer
 from plaza.stack.services import Services
 from plaza.stack.waiting import wait_for
@@ -37,6 +38,7 @@ __all__ = [
     "GatewayProcess",
     "KafkaCluster",
     "ProcessGroup",
+    "RedisClusterNodes",
     "RedisServer",
     "ServiceError",
     "Services",
