@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -134,8 +134,23 @@ def redis_client(r: RedisSettings) -> aioredis.Redis:
     if r.ssl_ca_certs:
         opts["ssl_ca_certs"] = str(_redis_ca_file(r.url, r.ssl_ca_certs))
     if r.cluster:
-        return cast(aioredis.Redis, RedisCluster.from_url(r.url, **opts))
+        return cast(aioredis.Redis, _Cluster.from_url(r.url, **opts))
     return aioredis.Redis.from_url(r.url, **opts)
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py refuses PING in a cluster pipeline (it has no key to route by); a readiness
+    check pipelines one with its single-key commands, so send it to whichever node."""
+
+    def ping(self, **kwargs: Any) -> Any:
+        return self.execute_command("PING", **kwargs)
+
+
+class _Cluster(RedisCluster):
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # refused there, as in redis-py
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as redis-py does
 
 
 def is_cluster(redis: object) -> bool:

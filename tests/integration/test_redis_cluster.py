@@ -9,7 +9,8 @@ command or script across slots.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +27,8 @@ from plaza.workers.answered import AnsweredCheck
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.runner import WorkItem
 from plaza.workers.writer import ResultWriter
-from tests.support import running_worker, wait_for
+from tests.integration.test_gateway_http import add_sub_json, http, outputs_by_name, poll_until
+from tests.support import make_settings, running_worker, wait_for
 
 
 @pytest.fixture
@@ -167,3 +169,39 @@ async def test_delivery_counts_and_answered_check_on_a_cluster(
     run, answered = await check.split(items)
     assert [it.request.id for it in answered] == ids[::3]
     assert len(run) == 8
+
+
+async def test_the_gateway_on_a_cluster(
+    kafka_bootstrap: str,
+    redis_cluster: RedisClusterNodes,
+    unique_id: str,
+    make_repository: Callable[..., Path],
+) -> None:
+    """Readiness (its pipelined registry look), sync infer, a job, and statistics."""
+    settings = make_settings(
+        kafka_bootstrap,
+        redis_cluster.url,
+        unique_id,
+        repository=make_repository("add_sub"),
+        redis={"cluster": True},
+    )
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    async with running_worker(settings, "add_sub"), http(settings) as client:
+
+        async def ready() -> bool:
+            return (await client.get("/v2/health/ready")).status_code == 200
+
+        await wait_for(ready, 30, "the gateway on the cluster to be ready")
+        response = await client.post("/v2/models/add_sub/infer", json=add_sub_json(a, a))
+        assert response.status_code == 200, response.text
+        assert outputs_by_name(response.json())["OUTPUT0"]["data"] == (2 * a).reshape(-1).tolist()
+        job = await client.post("/v2/models/add_sub/jobs", json=add_sub_json(a, a * 0))
+        assert job.status_code == 202, job.text
+        done = await poll_until(client, job.json()["job_id"], "done")
+        assert outputs_by_name(done)["OUTPUT1"]["data"] == a.reshape(-1).tolist()
+
+        async def counted() -> bool:
+            stats = (await client.get("/v2/models/add_sub/stats")).json()["model_stats"]
+            return bool(stats) and stats[0]["inference_stats"]["success"]["count"] >= 2
+
+        await wait_for(counted, 30, "statistics read back from the cluster")
