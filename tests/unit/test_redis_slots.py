@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from redis.crc import key_slot
 
 from plaza.naming import Names
+from plaza.stack import RedisClusterNodes
+from plaza.stack.redis_cluster import SLOTS
 
 PREFIXES = [Names(), Names(key_prefix="t1234abcd:"), Names(key_prefix="team-a:plaza:")]
 
@@ -32,3 +35,12 @@ def test_one_models_statistics_hashes_share_a_slot(names: Names) -> None:
         assert len(slots) == 1, model
     models = [f"m{i}" for i in range(50)]
     assert len({slot(names.model_stats_key(m, "1")) for m in models}) > 40
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3, 5])
+def test_the_stack_cluster_splits_every_slot_once(nodes: int, tmp_path: Path) -> None:
+    cluster = RedisClusterNodes(tmp_path, port=30000, nodes=nodes)
+    ranges = [cluster.slot_range(i) for i in range(nodes)]
+    covered = [s for lo, hi in ranges for s in range(lo, hi + 1)]
+    assert covered == list(range(SLOTS))
+    assert cluster.ports == list(range(30000, 30000 + nodes))
