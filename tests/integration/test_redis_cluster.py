@@ -9,7 +9,8 @@ command or script across slots.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.runner import WorkItem
 from plaza.workers.writer import ResultWriter
 from tests.integration.test_gateway_http import add_sub_json, http, outputs_by_name, poll_until
-from tests.support import make_settings, running_worker, wait_for
+from tests.support import REPOSITORY, make_settings, running_worker, wait_for
 
 
 @pytest.fixture
@@ -118,6 +119,14 @@ async def test_the_worker_flushes_statistics_to_the_cluster(
         await wait_for(flushed, 30, "the statistics hash on the cluster")
 
 
+def repository_of(root: Path, *models: str) -> Path:
+    """A repository holding only ``models``, copied from the sample repository (a gateway
+    loads every model of its repository, and is ready only when each has a worker)."""
+    for model in models:
+        shutil.copytree(REPOSITORY / model, root / "repo" / model)
+    return root / "repo"
+
+
 def _result(names: Names, i: int) -> InferResult:
     return InferResult(f"cluster-{names.key_prefix}{i}", "identity", "1")
 
@@ -175,14 +184,14 @@ async def test_the_gateway_on_a_cluster(
     kafka_bootstrap: str,
     redis_cluster: RedisClusterNodes,
     unique_id: str,
-    make_repository: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     """Readiness (its pipelined registry look), sync infer, a job, and statistics."""
     settings = make_settings(
         kafka_bootstrap,
         redis_cluster.url,
         unique_id,
-        repository=make_repository("add_sub"),
+        repository=repository_of(tmp_path, "add_sub"),
         redis={"cluster": True},
     )
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
