@@ -15,12 +15,16 @@ reader went away, and that late results recreate, still expires.
 
 On a Redis Cluster (``redis.cluster``) one script cannot span the result keys of many
 requests and their reply streams: they live in different hash slots. There the batch is
-written in two pipelined steps, each command touching one key: ``SET NX EX`` for every
-result key, then, for each stream, one single-key script that adds the winners (XADD under
-``pcall``, then EXPIRE). Redis Cluster's client sends each step to all nodes at once, so a
-batch costs two round trips instead of one. First write wins as before; what the cluster
-loses is the atomicity of the two steps: a worker that dies between them leaves results
-stored (pollable) but not on their reply stream, and the replay finds them stored.
+written in two pipelined steps, each command touching one key: a claim script per result
+key (``SET NX EX``; a key that already holds this very payload, stored by an earlier try of
+this same write, counts as claimed too), then, for each stream, one single-key script that
+adds the claimed results (XADD under ``pcall``, then EXPIRE). Redis Cluster's client sends
+each step to all nodes at once, so a batch costs two round trips instead of one. First
+write wins as before: a replay encodes a different payload (its own timings) and claims
+nothing. What the cluster loses is the atomicity of the two steps: a worker that dies
+between them leaves results stored (pollable) but not on their reply stream; and a write
+retried after a step failed midway (a node away) adds its results to the streams again,
+so a stream may then hold the same answer twice (byte for byte the same).
 """
 
 from __future__ import annotations
@@ -68,6 +72,17 @@ for s, payloads in pairs(per_stream) do
   end
 end
 return {written, lost, last_error}
+"""
+# Cluster mode, step 1: KEYS: one result key. ARGV: payload, ttl. Returns 1 when the key
+# holds this payload now (stored by this call, or by an earlier try of the same write).
+_CLAIM_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  return 1
+end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  return 1
+end
+return 0
 """
 # Cluster mode, step 2: KEYS: one stream. ARGV: maxlen, stream ttl, count, joined results.
 # Returns '' or the XADD error.
@@ -128,8 +143,8 @@ class ResultWriter:
         payloads = [encode_result(result) for result, _ in results]
         pipe = self._redis.pipeline(transaction=False)
         for (result, _), payload in zip(results, payloads, strict=True):
-            pipe.set(self._names.result_key(result.id), payload, nx=True, ex=ttl)
-        won = await pipe.execute()
+            pipe.eval(_CLAIM_SCRIPT, 1, self._names.result_key(result.id), payload, ttl)
+        won = [int(claimed) for claimed in await pipe.execute()]
         per_stream: dict[str, list[bytes]] = {}
         for (_, stream), payload, first in zip(results, payloads, won, strict=True):
             if first and stream:

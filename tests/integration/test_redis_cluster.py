@@ -19,6 +19,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 from plaza.client import PlazaClient, make_request
+from plaza.codec import decode_result
 from plaza.connections import is_cluster, redis_client
 from plaza.contract import InferResult
 from plaza.naming import Names
@@ -127,8 +128,8 @@ def repository_of(root: Path, *models: str) -> Path:
     return root / "repo"
 
 
-def _result(names: Names, i: int) -> InferResult:
-    return InferResult(f"cluster-{names.key_prefix}{i}", "identity", "1")
+def _result(names: Names, i: int, worker: str = "w1") -> InferResult:
+    return InferResult(f"cluster-{names.key_prefix}{i}", "identity", "1", worker=worker)
 
 
 async def test_writer_first_write_wins_on_a_cluster(
@@ -137,11 +138,20 @@ async def test_writer_first_write_wins_on_a_cluster(
     names = cluster_settings.names
     writer = ResultWriter(cluster_client, cluster_settings.redis, names)
     stream = names.reply_stream("w")
-    batch = [(_result(names, i), stream) for i in range(30)]
-    assert await writer.write(batch[:10]) == 10
-    assert await writer.write(batch) == 20  # the first ten were written already
+    assert await writer.write([(_result(names, i), stream) for i in range(10)]) == 10
+    # a replay (another worker's answers for the first ten) changes none of them
+    replay = [(_result(names, i, worker="w2"), stream) for i in range(30)]
+    assert await writer.write(replay) == 20
     entries = await cluster_client.xrange(stream)
     assert [int(fields[b"n"]) for _, fields in entries] == [10, 20]
+    for i in (0, 9, 10, 29):
+        stored = decode_result(await cluster_client.get(names.result_key(_result(names, i).id)))
+        assert stored.worker == ("w1" if i < 10 else "w2")
+    # the same write tried again (as after a step that failed midway) claims its own answers
+    # again, and adds them to the stream again: the same bytes, never a different answer
+    assert await writer.write(replay[10:]) == 20
+    again = (await cluster_client.xrange(stream))[-1][1]
+    assert again[b"r"] == entries[-1][1][b"r"]
     # a reply stream that is not a stream loses its own results only
     await cluster_client.set(names.reply_stream("not-a-stream"), b"x")
     mixed = [
