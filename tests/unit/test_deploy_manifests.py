@@ -94,8 +94,8 @@ def host_models(deployment: dict[str, Any]) -> list[str]:
 
 
 def test_deploy_holds_the_manifests() -> None:
-    kinds = sorted({doc["kind"] for _, doc in DOCUMENTS})
-    assert kinds == ["ConfigMap", "Deployment", "ScaledObject", "Service"]
+    kinds = {doc["kind"] for _, doc in DOCUMENTS}
+    assert {"ConfigMap", "Deployment", "ScaledObject", "Service"} <= kinds
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
