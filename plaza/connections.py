@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -113,7 +114,14 @@ async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
 
 
 def redis_client(r: RedisSettings) -> aioredis.Redis:
-    """A pooled asyncio Redis client; bytes in, bytes out."""
+    """A pooled asyncio Redis client; bytes in, bytes out.
+
+    With ``redis.cluster`` it is a ``redis.asyncio.RedisCluster`` that finds every node
+    from the one ``redis.url`` names. It is typed as ``Redis`` because it answers the same
+    commands Plaza sends (single-key commands, non-transactional pipelines, scripts whose
+    keys share one hash slot); the few callers that send several keys at once ask
+    :func:`is_cluster` and split their work by slot there.
+    """
     opts: dict[str, Any] = {
         "decode_responses": False,
         "health_check_interval": 30,
@@ -125,7 +133,30 @@ def redis_client(r: RedisSettings) -> aioredis.Redis:
         opts["password"] = r.password.get_secret_value()
     if r.ssl_ca_certs:
         opts["ssl_ca_certs"] = str(_redis_ca_file(r.url, r.ssl_ca_certs))
+    if r.cluster:
+        return cast(aioredis.Redis, _Cluster.from_url(r.url, **opts))
     return aioredis.Redis.from_url(r.url, **opts)
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py refuses PING in a cluster pipeline (it has no key to route by); a readiness
+    check pipelines one with its single-key commands, so send it to whichever node."""
+
+    def ping(self, **kwargs: Any) -> Any:
+        return self.execute_command("PING", **kwargs)
+
+
+class _Cluster(RedisCluster):
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            return super().pipeline(transaction, shard_hint)  # refused there, as in redis-py
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as redis-py does
+
+
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` (from :func:`redis_client`) talks to a Redis Cluster, where every
+    multi-key command and script must touch keys of one hash slot only."""
+    return isinstance(redis, RedisCluster)
 
 
 def _redis_ca_file(url: str, ca_certs: Path) -> Path:

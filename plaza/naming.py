@@ -121,16 +121,20 @@ class Names:
 
     # -- Redis ---------------------------------------------------------------------------
     def result_key(self, correlation_id: str) -> str:
-        """Holds one request's result (first write wins); polled by async clients."""
-        return f"{self.key_prefix}result:{correlation_id}"
+        """Holds one request's result (first write wins); polled by async clients.
+
+        The correlation id is the key's hash tag (``{...}``), as in ``job_key``: on a Redis
+        Cluster both keys of one request live in one hash slot."""
+        return f"{self.key_prefix}result:{{{correlation_id}}}"
 
     def job_key(self, correlation_id: str) -> str:
         """Marks a submitted async job as known (so polling can say 'pending')."""
-        return f"{self.key_prefix}job:{correlation_id}"
+        return f"{self.key_prefix}job:{{{correlation_id}}}"
 
     def response_cache_key(self, model: str, slot: int) -> str:
-        """One of a model's response cache slots (``plaza.response_cache``): no hash tag, as
-        the result and job keys, since every cache command touches this one key."""
+        """One of a model's response cache slots (``plaza.response_cache``): no hash tag,
+        since every cache command touches this one key (and the slots of a model should
+        spread over a Redis Cluster's nodes)."""
         return f"{self.key_prefix}cache:{check_model_name(model)}:{slot}"
 
     def reply_stream(self, gateway_id: str) -> str:
@@ -156,8 +160,11 @@ class Names:
         return f"{self.key_prefix}models"
 
     def model_stats_key(self, model: str, version: str) -> str:
-        """Hash of one model version's cumulative statistics, summed over its workers."""
-        return f"{self.key_prefix}stats:{check_model_name(model)}:{version}"
+        """Hash of one model version's cumulative statistics, summed over its workers.
+
+        The model name is the hash tag: a worker flushes all its versions' hashes in one
+        script call, which on a Redis Cluster must touch keys of one hash slot."""
+        return f"{self.key_prefix}stats:{{{check_model_name(model)}}}:{version}"
 
     def reply_stream_prefixes(self) -> tuple[str, ...]:
         """Where a request may ask for its answer to go: a reply stream (``reply_stream``)

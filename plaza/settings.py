@@ -57,6 +57,9 @@ class RedisSettings(_Section):
     """How to reach Redis and how long results live there."""
 
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (rediss:// for TLS)")
+    cluster: bool = Field(
+        False, description="Redis Cluster: url names any one node (db 0); see docs/deploy.md"
+    )
     password: SecretStr | None = Field(None, description="Redis password (secret)")
     ssl_ca_certs: Path | None = Field(None, description="CA bundle for Redis TLS")
     key_prefix: str = Field("plaza:", description="prefix of every Redis key and stream")

@@ -41,7 +41,8 @@ REQUEST_PHASES = (
 COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
 """The entries of each ``batch_stats`` element."""
 
-# KEYS: one statistics hash per model version.
+# KEYS: one statistics hash per model version, all of one model (a worker's versions, or one
+# hash): they share the model's hash tag, so on a Redis Cluster the call stays in one slot.
 # ARGV: ttl, then per key: last inference (epoch ms), n, then n (field, increment) pairs.
 FLUSH_SCRIPT = """
 local ttl = ARGV[1]

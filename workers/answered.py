@@ -10,6 +10,10 @@ its offset committed like any other.
 The look costs one ``EXISTS`` over the batch's keys (one round trip per batch); only when
 some exist does a second, pipelined call tell which. Redis not answering is not a reason
 to hold a batch back: the batch then runs whole, as it would without this check.
+
+On a Redis Cluster (``redis.cluster``) the batch's keys lie in many hash slots; redis-py's
+cluster client splits that ``EXISTS`` by slot and sends the parts to their nodes at once,
+so the code here is the same for both.
 """
 
 from __future__ import annotations

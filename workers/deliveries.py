@@ -14,6 +14,11 @@ Redis, across workers and restarts, breaks that loop:
 Each record's counts live in one small hash under the deployment's key prefix, with a TTL;
 the counters of answered records are deleted in the next script call, so the keys held are
 those of records in flight, not of every record ever served.
+
+On a Redis Cluster the records of a fetch have keys in many hash slots, where one script
+call may not reach: there the same commands go in one non-transactional pipeline, one key
+per command (still one round trip; counting loses only its atomicity, which it never
+needed, since each record's counter belongs to one partition's owner at a time).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
+from plaza.connections import is_cluster
 from plaza.naming import Names
 
 log = logging.getLogger(__name__)
@@ -44,6 +50,7 @@ end
 return counts
 """
 _TRIAL = "trials"
+_DELIVERIES = "deliveries"
 
 
 class DeliveryCounter:
@@ -54,6 +61,7 @@ class DeliveryCounter:
         self._names = names
         self._ttl_s = ttl_s
         self._script = redis.register_script(_COUNT_SCRIPT)
+        self._cluster = is_cluster(redis)
         self._finished: list[str] = []
 
     def _key(self, record: RecordId) -> str:
@@ -70,12 +78,26 @@ class DeliveryCounter:
         finished, self._finished = self._finished, []
         keys = [self._key(r) for r in records]
         try:
-            counts = await self._script(keys=[*keys, *finished], args=[self._ttl_s, len(keys)])
+            counts = await self._count(keys, finished)
         except Exception as exc:  # Redis away: the writer's retries will notice too
             log.warning("counting %d deliveries failed: %s", len(keys), exc)
             self._finished = finished + self._finished
             return [1] * len(records)
-        return [int(c) for c in counts]
+        return counts
+
+    async def _count(self, keys: list[str], finished: list[str]) -> list[int]:
+        """Count a delivery on each of ``keys``, delete ``finished``: one round trip."""
+        if not self._cluster:
+            counts = await self._script(keys=[*keys, *finished], args=[self._ttl_s, len(keys)])
+            return [int(c) for c in counts]
+        pipe = self._redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.hincrby(key, _DELIVERIES, 1)
+            pipe.expire(key, self._ttl_s)
+        for key in finished:
+            pipe.delete(key)
+        replies = await pipe.execute()
+        return [int(c) for c in replies[: 2 * len(keys) : 2]]
 
     async def trial(self, record: RecordId) -> int:
         """Count one run alone of a suspect; its number (1 the first time).
@@ -102,6 +124,6 @@ class DeliveryCounter:
         if not finished:
             return
         try:
-            await self._script(keys=finished, args=[self._ttl_s, 0])
+            await self._count([], finished)
         except Exception as exc:
             log.warning("dropping %d delivery counters failed: %s", len(finished), exc)

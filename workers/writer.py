@@ -12,6 +12,19 @@ the results wire format has one definition. Each XADD runs under ``pcall``: a re
 that cannot take an entry (a key of another type at that name) loses only its own results,
 never a batch-mate's. Every XADD also (re)sets the stream's idle expiry, so a stream whose
 reader went away, and that late results recreate, still expires.
+
+On a Redis Cluster (``redis.cluster``) one script cannot span the result keys of many
+requests and their reply streams: they live in different hash slots. There the batch is
+written in two pipelined steps, each command touching one key: a claim script per result
+key (``SET NX EX``; a key that already holds this very payload, stored by an earlier try of
+this same write, counts as claimed too), then, for each stream, one single-key script that
+adds the claimed results (XADD under ``pcall``, then EXPIRE). Redis Cluster's client sends
+each step to all nodes at once, so a batch costs two round trips instead of one. First
+write wins as before: a replay encodes a different payload (its own timings) and claims
+nothing. What the cluster loses is the atomicity of the two steps: a worker that dies
+between them leaves results stored (pollable) but not on their reply stream; and a write
+retried after a step failed midway (a node away) adds its results to the streams again,
+so a stream may then hold the same answer twice (byte for byte the same).
 """
 
 from __future__ import annotations
@@ -22,7 +35,8 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from plaza.codec import encode_result
+from plaza.codec import encode_result, join_results
+from plaza.connections import is_cluster
 from plaza.contract import InferResult
 from plaza.naming import Names
 from plaza.settings import RedisSettings
@@ -59,6 +73,28 @@ for s, payloads in pairs(per_stream) do
 end
 return {written, lost, last_error}
 """
+# Cluster mode, step 1: KEYS: one result key. ARGV: payload, ttl. Returns 1 when the key
+# holds this payload now (stored by this call, or by an earlier try of the same write).
+_CLAIM_SCRIPT = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  return 1
+end
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  return 1
+end
+return 0
+"""
+# Cluster mode, step 2: KEYS: one stream. ARGV: maxlen, stream ttl, count, joined results.
+# Returns '' or the XADD error.
+_STREAM_SCRIPT = """
+local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*',
+                          'n', ARGV[3], 'r', ARGV[4])
+if type(added) == 'table' and added.err then
+  return added.err
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return ''
+"""
 _MAX_PER_CALL = 8192  # results per script call: Redis serves nothing else while one runs
 
 
@@ -69,6 +105,7 @@ class ResultWriter:
         self._redis = redis
         self._settings = settings
         self._names = names
+        self._cluster = is_cluster(redis)
         self._script = redis.register_script(_WRITE_SCRIPT)
 
     async def write(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
@@ -79,6 +116,8 @@ class ResultWriter:
         return written
 
     async def _write_chunk(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+        if self._cluster:
+            return await self._write_chunk_by_slot(results)
         streams: dict[str, int] = {}
         keys: list[str] = []
         args: list[bytes | int | str] = [
@@ -97,6 +136,36 @@ class ResultWriter:
             # Their result keys hold the answers (pollable); only the stream copy is gone.
             log.warning("%d results not added to their reply stream: %r", lost, error)
         return int(written)
+
+    async def _write_chunk_by_slot(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+        """The cluster path: every command of it touches one key (see the module doc)."""
+        ttl = self._settings.result_ttl_s
+        payloads = [encode_result(result) for result, _ in results]
+        pipe = self._redis.pipeline(transaction=False)
+        for (result, _), payload in zip(results, payloads, strict=True):
+            pipe.eval(_CLAIM_SCRIPT, 1, self._names.result_key(result.id), payload, ttl)
+        won = [int(claimed) for claimed in await pipe.execute()]
+        per_stream: dict[str, list[bytes]] = {}
+        for (_, stream), payload, first in zip(results, payloads, won, strict=True):
+            if first and stream:
+                per_stream.setdefault(stream, []).append(payload)
+        if per_stream:
+            await self._add_to_streams(per_stream)
+        return sum(1 for first in won if first)
+
+    async def _add_to_streams(self, per_stream: dict[str, list[bytes]]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for stream, payloads in per_stream.items():
+            args = [self._settings.stream_maxlen, self._settings.reply_stream_ttl_s]
+            pipe.eval(_STREAM_SCRIPT, 1, stream, *args, len(payloads), join_results(payloads))
+        errors = await pipe.execute()
+        for (stream, payloads), error in zip(per_stream.items(), errors, strict=True):
+            if error:
+                log.warning(
+                    "%d results not added to their reply stream: %r",
+                    len(payloads),
+                    f"{stream}: {error!r}",
+                )
 
     async def write_until_done(
         self, results: Sequence[tuple[InferResult, str | None]], stop: asyncio.Event | None = None

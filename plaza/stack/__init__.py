@@ -27,6 +27,7 @@ from plaza.stack.members import (
 )
 from plaza.stack.ports import HOST, free_port
 from plaza.stack.process import ChildProcess, ProcessGroup
+from plaza.stack.redis_cluster import RedisClusterNodes
 from plaza.stack.redis_server import RedisServer
 from plaza.stack.services import Services
 from plaza.stack.waiting import wait_for
@@ -39,6 +40,7 @@ __all__ = [
     "HostProcess",
     "KafkaCluster",
     "ProcessGroup",
+    "RedisClusterNodes",
     "RedisServer",
     "ServiceError",
     "Services",

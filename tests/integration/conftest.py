@@ -5,13 +5,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from plaza.settings import PlazaSettings
+from plaza.stack import RedisClusterNodes, free_port
 from tests.support import make_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,3 +74,22 @@ def settings_for(
         )
 
     return make
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A real 3-node Redis Cluster (masters only, slots split evenly), formed once per
+    session and stopped at its end (tests/integration/test_redis_cluster.py)."""
+    nodes = RedisClusterNodes(
+        tmp_path_factory.mktemp("redis-cluster"), port=free_port(count=6), nodes=3
+    )
+    with nodes:
+        yield nodes
+
+
+@pytest.fixture
+def cluster_settings(
+    kafka_bootstrap: str, redis_cluster: RedisClusterNodes, unique_id: str
+) -> PlazaSettings:
+    """Settings on the session's Kafka and the 3-node Redis Cluster, this test's prefixes."""
+    return make_settings(kafka_bootstrap, redis_cluster.url, unique_id, redis={"cluster": True})

@@ -1,0 +1,226 @@
+"""Plaza on a real 3-node Redis Cluster (``redis.cluster``): SDK -> Kafka -> worker -> Redis.
+
+A batch's requests have keys in many hash slots, on all three nodes, so each test here
+would fail with CROSSSLOT (or redis-py's "keys must map to the same slot") if the writer,
+the delivery counter, the answered check or the statistics flush sent one multi-key
+command or script across slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis.asyncio
+from redis.crc import key_slot
+
+from plaza.client import PlazaClient, make_request
+from plaza.codec import decode_result
+from plaza.connections import is_cluster, redis_client
+from plaza.contract import InferResult
+from plaza.naming import Names
+from plaza.settings import PlazaSettings
+from plaza.stack import RedisClusterNodes
+from plaza.workers.answered import AnsweredCheck
+from plaza.workers.deliveries import DeliveryCounter
+from plaza.workers.runner import WorkItem
+from plaza.workers.writer import ResultWriter
+from tests.integration.test_gateway_http import add_sub_json, http, outputs_by_name, poll_until
+from tests.support import REPOSITORY, make_settings, running_worker, wait_for
+
+
+@pytest.fixture
+async def cluster_client(cluster_settings: PlazaSettings) -> AsyncIterator[redis.asyncio.Redis]:
+    client = redis_client(cluster_settings.redis)
+    assert is_cluster(client)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def nodes_holding(cluster: RedisClusterNodes, keys: list[str]) -> set[int]:
+    """Which nodes (by index) own the slots of ``keys``."""
+    ranges = [cluster.slot_range(i) for i in range(cluster.nodes)]
+    return {
+        i for key in keys for i, (lo, hi) in enumerate(ranges) if lo <= key_slot(key.encode()) <= hi
+    }
+
+
+async def test_the_cluster_has_three_masters_sharing_every_slot(
+    redis_cluster: RedisClusterNodes,
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_cluster.url)
+    try:
+        info = await client.cluster("INFO")
+        slots = await client.execute_command("CLUSTER SLOTS")
+    finally:
+        await client.aclose()
+    assert info["cluster_state"] == "ok" and info["cluster_known_nodes"] == "3"
+    assert sorted((int(s[0]), int(s[1])) for s in slots) == [
+        redis_cluster.slot_range(i) for i in range(3)
+    ]
+
+
+async def test_sync_infer_async_job_and_result_stream_on_a_cluster(
+    cluster_settings: PlazaSettings, redis_cluster: RedisClusterNodes
+) -> None:
+    names = cluster_settings.names
+    async with running_worker(cluster_settings, "add_sub"), PlazaClient(cluster_settings) as sdk:
+        a = np.arange(32, dtype=np.int32).reshape(2, 16)
+        calls = [sdk.infer("add_sub", {"INPUT0": a, "INPUT1": a * 0 + i}) for i in range(24)]
+        answers = await asyncio.gather(*calls)
+        for i, result in enumerate(answers):
+            np.testing.assert_array_equal(result.as_numpy()["OUTPUT0"], a + i)
+            np.testing.assert_array_equal(result.as_numpy()["OUTPUT1"], a - i)
+        # the answers' result keys are spread over the nodes: the writer crossed slots
+        assert len(nodes_holding(redis_cluster, [names.result_key(r.id) for r in answers])) > 1
+
+        job = await sdk.submit("add_sub", {"INPUT0": a, "INPUT1": a})
+        done = await sdk.result(job, timeout_s=60)
+        np.testing.assert_array_equal(done.as_numpy()["OUTPUT0"], a * 2)
+        assert (await sdk.poll(job)).state == "done"
+        assert (await sdk.poll("never-submitted")).state == "unknown"
+
+        stream = sdk.results_stream("cluster")
+        ids = await sdk.publish_many(
+            make_request(
+                "add_sub",
+                {"INPUT0": a, "INPUT1": np.full_like(a, i)},
+                reply_stream=stream,
+            )
+            for i in range(40)
+        )
+        seen: dict[str, int] = {}
+        async for entry_id, results in sdk.consume(stream, "g", "c1", block_ms=500):
+            for res in results:
+                seen[res.id] = int(res.as_numpy()["OUTPUT1"][0, 0])
+            await sdk.ack(stream, "g", entry_id)
+            if len(seen) == len(ids):
+                break
+        assert seen == {rid: -i for i, rid in enumerate(ids)}
+
+
+async def test_the_worker_flushes_statistics_to_the_cluster(
+    cluster_settings: PlazaSettings, cluster_client: redis.asyncio.Redis
+) -> None:
+    """The heartbeat's statistics script touches one model's version hashes in one call."""
+    key = cluster_settings.names.model_stats_key("identity", "1")
+    async with running_worker(cluster_settings, "identity"), PlazaClient(cluster_settings) as sdk:
+        x = np.ones((1, 4), np.float32)
+        await asyncio.gather(*(sdk.infer("identity", {"INPUT0": x}) for _ in range(5)))
+
+        async def flushed() -> bool:
+            return int(await cluster_client.hget(key, "success.count") or 0) >= 5
+
+        await wait_for(flushed, 30, "the statistics hash on the cluster")
+
+
+def repository_of(root: Path, *models: str) -> Path:
+    """A repository holding only ``models``, copied from the sample repository (a gateway
+    loads every model of its repository, and is ready only when each has a worker)."""
+    for model in models:
+        shutil.copytree(REPOSITORY / model, root / "repo" / model)
+    return root / "repo"
+
+
+def _result(names: Names, i: int, worker: str = "w1") -> InferResult:
+    return InferResult(f"cluster-{names.key_prefix}{i}", "identity", "1", worker=worker)
+
+
+async def test_writer_first_write_wins_on_a_cluster(
+    cluster_settings: PlazaSettings, cluster_client: redis.asyncio.Redis
+) -> None:
+    names = cluster_settings.names
+    writer = ResultWriter(cluster_client, cluster_settings.redis, names)
+    stream = names.reply_stream("w")
+    assert await writer.write([(_result(names, i), stream) for i in range(10)]) == 10
+    # a replay (another worker's answers for the first ten) changes none of them
+    replay = [(_result(names, i, worker="w2"), stream) for i in range(30)]
+    assert await writer.write(replay) == 20
+    entries = await cluster_client.xrange(stream)
+    assert [int(fields[b"n"]) for _, fields in entries] == [10, 20]
+    for i in (0, 9, 10, 29):
+        stored = decode_result(await cluster_client.get(names.result_key(_result(names, i).id)))
+        assert stored.worker == ("w1" if i < 10 else "w2")
+    # the same write tried again (as after a step that failed midway) claims its own answers
+    # again, and adds them to the stream again: the same bytes, never a different answer
+    assert await writer.write(replay[10:]) == 20
+    again = (await cluster_client.xrange(stream))[-1][1]
+    assert again[b"r"] == entries[-1][1][b"r"]
+    # a reply stream that is not a stream loses its own results only
+    await cluster_client.set(names.reply_stream("not-a-stream"), b"x")
+    mixed = [
+        (_result(names, 100), names.reply_stream("not-a-stream")),
+        (_result(names, 101), stream),
+    ]
+    assert await writer.write(mixed) == 2
+    assert int((await cluster_client.xrange(stream))[-1][1][b"n"]) == 1
+    assert await cluster_client.exists(names.result_key(_result(names, 100).id)) == 1
+
+
+async def test_delivery_counts_and_answered_check_on_a_cluster(
+    cluster_settings: PlazaSettings, cluster_client: redis.asyncio.Redis
+) -> None:
+    names = cluster_settings.names
+    counter = DeliveryCounter(cluster_client, names, ttl_s=60)
+    records = [("topic", p, o) for p in range(3) for o in range(10)]
+    assert await counter.count(records) == [1] * 30
+    assert await counter.count(records[:5]) == [2] * 5
+    assert await counter.trial(records[0]) == 1
+    counter.finished(records)
+    await counter.flush()
+    keys = [names.delivery_key(*r) for r in records]
+    assert await cluster_client.exists(*keys) == 0
+
+    check = AnsweredCheck(cluster_client, names)
+    ids = [f"answered-{names.key_prefix}{i}" for i in range(12)]
+    for rid in ids[::3]:
+        await cluster_client.set(names.result_key(rid), b"x")
+    items = [
+        WorkItem(request=make_request("identity", {}, correlation_id=rid), rows=1, version=1)
+        for rid in ids
+    ]
+    run, answered = await check.split(items)
+    assert [it.request.id for it in answered] == ids[::3]
+    assert len(run) == 8
+
+
+async def test_the_gateway_on_a_cluster(
+    kafka_bootstrap: str,
+    redis_cluster: RedisClusterNodes,
+    unique_id: str,
+    tmp_path: Path,
+) -> None:
+    """Readiness (its pipelined registry look), sync infer, a job, and statistics."""
+    settings = make_settings(
+        kafka_bootstrap,
+        redis_cluster.url,
+        unique_id,
+        repository=repository_of(tmp_path, "add_sub"),
+        redis={"cluster": True},
+    )
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    async with running_worker(settings, "add_sub"), http(settings) as client:
+
+        async def ready() -> bool:
+            return (await client.get("/v2/health/ready")).status_code == 200
+
+        await wait_for(ready, 30, "the gateway on the cluster to be ready")
+        response = await client.post("/v2/models/add_sub/infer", json=add_sub_json(a, a))
+        assert response.status_code == 200, response.text
+        assert outputs_by_name(response.json())["OUTPUT0"]["data"] == (2 * a).reshape(-1).tolist()
+        job = await client.post("/v2/models/add_sub/jobs", json=add_sub_json(a, a * 0))
+        assert job.status_code == 202, job.text
+        done = await poll_until(client, job.json()["job_id"], "done")
+        assert outputs_by_name(done)["OUTPUT1"]["data"] == a.reshape(-1).tolist()
+
+        async def counted() -> bool:
+            stats = (await client.get("/v2/models/add_sub/stats")).json()["model_stats"]
+            return bool(stats) and stats[0]["inference_stats"]["success"]["count"] >= 2
+
+        await wait_for(counted, 30, "statistics read back from the cluster")
