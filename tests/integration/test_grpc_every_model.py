@@ -1,5 +1,6 @@
 """Every sample model answers the same over gRPC as over HTTP (tritonclient's aio clients,
-one gateway serving both fronts, one in-process worker per model)."""
+one gateway serving both fronts, one in-process worker per model). A BYTES input (the
+text_embed tokenizer's TEXT) gets sentences, not loadgen's synthetic numbers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import np_to_triton_dtype
 
-from plaza.loadgen.inputs import make_inputs
+from plaza.loadgen.inputs import make_inputs, sentences
+from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
 
@@ -28,6 +30,16 @@ def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
     return out
 
 
+def feeds_for(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]]:
+    """Two rows of inputs for ``spec``; sentences for each BYTES input."""
+    feeds = make_inputs(spec, 2, 8, rng)
+    for tensor in spec.inputs:
+        if tensor.datatype == "BYTES":
+            texts = [[s.encode()] for s in sentences(2, seed=len(tensor.name))]
+            feeds[tensor.name] = np.array(texts, dtype=np.object_)
+    return feeds
+
+
 async def test_every_sample_model_answers_the_same_on_both_fronts(
     kafka_bootstrap: str, redis_url: str, unique_id: str, redis_client: Any
 ) -> None:
@@ -36,7 +48,7 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
     assert len(names) >= 6, names
     settings = make_settings(kafka_bootstrap, redis_url, unique_id, gateway={"metrics_port": -1})
     rng = np.random.default_rng(7)
-    feeds = {name: make_inputs(repo.spec(name), 2, 8, rng) for name in names}
+    feeds = {name: feeds_for(repo.spec(name), rng) for name in names}
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
             await stack.enter_async_context(running_worker(settings, name))
