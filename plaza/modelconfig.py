@@ -88,6 +88,29 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimitResource:
+    """A resource an execution of an instance takes from its host while it runs."""
+
+    name: str
+    count: int
+    shared: bool = False
+    """Triton's ``global``: one budget per machine rather than per device (Plaza's hosts have
+    one device each, so both kinds come from the host's budget)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """One ``instance_group`` entry: ``count`` instances of one kind, and their rate limiter."""
+
+    count: int = 1
+    kind: str = "KIND_AUTO"
+    resources: tuple[RateLimitResource, ...] = ()
+    """What each execution of one of these instances needs (``rate_limiter.resources``)."""
+    priority: int = 1
+    """``rate_limiter.priority``: a weight on the fair share; 2 gets half the turns of 1."""
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """What Plaza needs to know about one model, taken from its config.pbtxt."""
 
@@ -105,6 +128,11 @@ class ModelSpec:
     """The parsed message itself (served by the /config endpoint)."""
     response_cache: bool = False
     """``response_cache { enable: true }``: answers are cached (``plaza.response_cache``)."""
+    instance_groups: tuple[InstanceGroup, ...] = (InstanceGroup(),)
+    """The instance groups (one of count 1 when the config has none)."""
+    max_concurrency: int = 0
+    """Parameter ``max_concurrency``: executions of this model running at once on a host,
+    at most (0: no cap beyond the instance count)."""
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -260,6 +288,43 @@ def _response_cache(config: mc.ModelConfig, source: str) -> bool:
     return bool(enabled)
 
 
+def _instance_groups(config: mc.ModelConfig, source: str) -> tuple[InstanceGroup, ...]:
+    groups: list[InstanceGroup] = []
+    for i, g in enumerate(config.instance_group):
+        resources: list[RateLimitResource] = []
+        for j, r in enumerate(g.rate_limiter.resources):
+            where = f"instance_group[{i}].rate_limiter.resources[{j}]"
+            if not r.name:
+                raise _fail(source, f"{where}.name", "is required")
+            if r.name in {x.name for x in resources}:
+                raise _fail(source, f"{where}.name", f"duplicate resource {r.name!r}")
+            resources.append(RateLimitResource(r.name, int(r.count), bool(getattr(r, "global"))))
+        groups.append(
+            InstanceGroup(
+                count=max(1, int(g.count)),
+                kind=mc.ModelInstanceGroup.Kind.Name(g.kind),
+                resources=tuple(resources),
+                priority=max(1, int(g.rate_limiter.priority)),
+            )
+        )
+    return tuple(groups) or (InstanceGroup(),)
+
+
+def _max_concurrency(config: mc.ModelConfig, source: str) -> int:
+    raw = (
+        config.parameters["max_concurrency"].string_value
+        if ("max_concurrency" in config.parameters)
+        else "0"
+    )
+    try:
+        value = int(raw or "0")
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise _fail(source, "parameters.max_concurrency", f"{raw!r} is not a count >= 0")
+    return value
+
+
 def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str) -> ModelSpec:
     name = config.name or default_name
     if config.name and config.name != default_name:
@@ -273,7 +338,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         raise _fail(source, "max_batch_size", "must be >= 0")
     platform = _platform(config, source)
     batching = config.max_batch_size > 0
-    count = sum(max(1, g.count) for g in config.instance_group) or 1
+    groups = _instance_groups(config, source)
     return ModelSpec(
         name=name,
         platform=platform,
@@ -282,9 +347,11 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         outputs=_tensor_specs(config.output, "output", source, batching),
         batching=_batching(config, source),
         version_policy=_version_policy(config, source),
-        instance_count=count,
+        instance_count=sum(g.count for g in groups),
         default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(platform, ""),
         parameters={k: v.string_value for k, v in config.parameters.items()},
         config=config,
         response_cache=_response_cache(config, source),
+        instance_groups=groups,
+        max_concurrency=_max_concurrency(config, source),
     )

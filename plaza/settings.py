@@ -108,7 +108,9 @@ class ResponseCacheSettings(_Section):
 class WorkerSettings(_Section):
     """One worker process."""
 
-    model: str = Field("", description="the model this worker serves (required)")
+    model: str = Field(
+        "", description="the model this worker serves (required unless host.models is set)"
+    )
     model_config_json: str = Field(
         "",
         description="a config override in Triton's JSON form (a load's parameters.config); "
@@ -146,6 +148,32 @@ class WorkerSettings(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: the GPU with most free memory, else cpu"
     )
+
+
+class HostSettings(_Section):
+    """A model host: one worker process serving several models on one device."""
+
+    models: str = Field(
+        "",
+        description="comma-separated models this process serves, each with its own batcher "
+        "and consumer-group membership ('*': every model in the repository); empty: "
+        "worker.model alone",
+    )
+    execution_slots: int = Field(
+        0,
+        ge=0,
+        description="executions the device runs at once, over all models; 0: the largest "
+        "instance_group count of the models served",
+    )
+    resources: str = Field(
+        "",
+        description="rate limiter budget, NAME:COUNT[,NAME:COUNT]; a resource not named "
+        "gets the largest count any served model asks for",
+    )
+
+    def model_names(self) -> list[str]:
+        """``models`` as a list."""
+        return [m.strip() for m in self.models.split(",") if m.strip()]
 
 
 class GatewaySettings(_Section):
@@ -209,6 +237,7 @@ class PlazaSettings(BaseSettings):
     producer: ProducerSettings = ProducerSettings()
     response_cache: ResponseCacheSettings = ResponseCacheSettings()
     worker: WorkerSettings = WorkerSettings()
+    host: HostSettings = HostSettings()
     gateway: GatewaySettings = GatewaySettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
 

@@ -1,4 +1,4 @@
-"""``plaza worker``: run one worker process until SIGINT/SIGTERM."""
+"""``plaza worker``: run one worker process (a host of one or more models) until a signal."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import logging
 import signal
 
 from plaza.settings import PlazaSettings
-from plaza.workers.worker import Worker
+from plaza.workers.host import Host
 
 
 async def serve(settings: PlazaSettings) -> None:
-    """Start a worker, serve until a stop signal, then drain and stop."""
+    """Start a host, serve until a stop signal, then drain and stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    worker = Worker(settings)
-    await worker.start()
-    await worker.run_until_stopped(stop)
+    host = Host(settings)
+    await host.start()
+    await host.run_until_stopped(stop)
 
 
 def run_worker(settings: PlazaSettings) -> None:

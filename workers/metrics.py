@@ -13,6 +13,11 @@ collector on the worker's own registry (served by ``plaza.metrics.MetricsServer`
 ``worker.metrics_port``), and the heartbeat adds what changed since the last beat to the
 model version's statistics hash in Redis (``flush_with``), where the gateway's statistics
 API reads the sum over all workers.
+
+A host (several models in one process) serves one /metrics for all of them: its workers'
+``WorkerMetrics`` join one ``MetricsHub``, whose registry holds one collector that renders
+every family once, with a sample per model (label ``model``), and one GPU collector. A
+worker on its own makes a private hub, so both cases are the same code.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _NS_PER_US = 1000
 
 Answer = tuple[InferResult, str | None]
+_Versions = list[tuple[str, ModelStatistics]]
 
 RECORD_OUTCOMES = (
     "fetched",
@@ -92,6 +98,7 @@ class WorkerMetrics:
         *,
         stats_ttl_s: int,
         gpu: GpuCollector | None = None,
+        hub: MetricsHub | None = None,
     ) -> None:
         self.model = model
         self._names = names
@@ -106,16 +113,20 @@ class WorkerMetrics:
         self.records: dict[str, int] = dict.fromkeys(RECORD_OUTCOMES, 0)
         """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
         self._pending: Callable[[], int] = lambda: 0
-        self.gpu = gpu if gpu is not None else GpuCollector()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))
-        self.registry.register(self.gpu)
-        self._server: MetricsServer | None = None
+        self._own_hub = hub is None
+        self.hub = hub if hub is not None else MetricsHub(settings, gpu=gpu)
+        self.hub.join(self)
+        self.gpu = self.hub.gpu
+        self.registry = self.hub.registry
+
+    @property
+    def _server(self) -> MetricsServer | None:
+        return self.hub.server
 
     @property
     def port(self) -> int | None:
         """Where /metrics is served (None before ``start`` or with ``metrics_port`` -1)."""
-        return self._server.port if self._server is not None else None
+        return self.hub.port
 
     def start(self, versions: Sequence[int], pending: Callable[[], int]) -> None:
         """Know the served versions and the pending count; serve /metrics unless it is off."""
@@ -124,15 +135,7 @@ class WorkerMetrics:
         if not self.stats:
             self.stats[""] = ModelStatistics()
         self._pending = pending
-        if self._settings.metrics_port >= 0 and self._server is None:
-            try:
-                self._server = MetricsServer(
-                    self.registry, self._settings.metrics_host, self._settings.metrics_port
-                )
-            except ConfigError as exc:  # a port taken: serve the model all the same
-                log.error("%s: worker serves no metrics: %s", self.model, exc.message)
-                return
-            log.info("%s metrics at %s", self.model, self._server.url)
+        self.hub.serve(self.model)
 
     def version(self, version: str) -> ModelStatistics:
         """The totals of ``version``; "" and versions not served count as the default."""
@@ -245,9 +248,55 @@ class WorkerMetrics:
             await self.flush_with(redis.pipeline(transaction=False))
         except Exception as exc:
             log.warning("%s: last statistics flush failed: %s", self.model, exc)
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self.hub.leave(self)
+        if self._own_hub:
+            self.hub.close()
+
+
+class MetricsHub:
+    """One process's /metrics: the registry, its server and the GPU collector, shared by
+    the WorkerMetrics of every model the process serves."""
+
+    def __init__(self, settings: WorkerSettings, *, gpu: GpuCollector | None = None) -> None:
+        self._settings = settings
+        self.members: list[WorkerMetrics] = []
+        self.gpu = gpu if gpu is not None else GpuCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+        self.registry.register(self.gpu)
+        self.server: MetricsServer | None = None
+        self._failed = False
+
+    @property
+    def port(self) -> int | None:
+        return self.server.port if self.server is not None else None
+
+    def join(self, metrics: WorkerMetrics) -> None:
+        self.members.append(metrics)
+
+    def leave(self, metrics: WorkerMetrics) -> None:
+        if metrics in self.members:
+            self.members.remove(metrics)
+
+    def serve(self, who: str) -> None:
+        """Serve /metrics (once) unless ``metrics_port`` is -1 or the port was taken."""
+        if self._settings.metrics_port < 0 or self.server is not None or self._failed:
+            return
+        try:
+            self.server = MetricsServer(
+                self.registry, self._settings.metrics_host, self._settings.metrics_port
+            )
+        except ConfigError as exc:  # a port taken: serve the models all the same
+            self._failed = True
+            log.error("%s: worker serves no metrics: %s", who, exc.message)
+            return
+        log.info("%s metrics at %s", who, self.server.url)
+
+    def close(self) -> None:
+        """Stop serving /metrics and release NVML (idempotent)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         with contextlib.suppress(Exception):
             self.gpu.close()
 
@@ -257,46 +306,49 @@ def _labels(model: str, version: str) -> list[str]:
 
 
 class _Collector:
-    """Renders a WorkerMetrics' numbers as Prometheus families at scrape time."""
+    """Renders the numbers of a hub's WorkerMetrics as Prometheus families at scrape time:
+    each family once, one sample per model (and version)."""
 
-    def __init__(self, metrics: WorkerMetrics) -> None:
-        self._m = metrics
+    def __init__(self, hub: MetricsHub) -> None:
+        self._hub = hub
 
     def collect(self) -> Iterator[Metric]:
-        m = self._m
-        versions = [(v, s) for v, s in dict(m.stats).items() if v]
-        yield from self._counters(m.model, versions)
-        yield self._failures(m.model, versions)
-        yield self._batch_sizes(m.model, versions)
+        members = list(self._hub.members)
+        served = [(m, [(v, s) for v, s in dict(m.stats).items() if v]) for m in members]
+        yield from self._counters(served)
+        yield self._failures(served)
+        yield self._batch_sizes(served)
         pending = GaugeMetricFamily(
             METRIC_PENDING_REQUESTS,
             "Instantaneous number of pending requests awaiting execution per-model.",
             labels=[LABEL_MODEL, LABEL_VERSION],
         )
-        # The batcher holds requests of every served version together.
-        pending.add_metric(
-            _labels(m.model, versions[0][0] if len(versions) == 1 else ""), m._pending()
-        )
+        for m, versions in served:
+            # The batcher holds requests of every served version together.
+            version = versions[0][0] if len(versions) == 1 else ""
+            pending.add_metric(_labels(m.model, version), m._pending())
         yield pending
         lag = GaugeMetricFamily(
             METRIC_CONSUMER_LAG,
             "Records in the partition not yet fetched by this worker (high-water mark - position).",
             labels=[LABEL_MODEL, LABEL_TOPIC, LABEL_PARTITION],
         )
-        for tp, value in dict(m.lags).items():
-            lag.add_metric([m.model, str(tp.topic), str(tp.partition)], value)
+        for m in members:
+            for tp, value in dict(m.lags).items():
+                lag.add_metric([m.model, str(tp.topic), str(tp.partition)], value)
         yield lag
         records = CounterMetricFamily(
             METRIC_WORKER_RECORDS,
             "Records this worker fetched, and what became of them",
             labels=[LABEL_MODEL, LABEL_OUTCOME],
         )
-        for outcome, count in dict(m.records).items():
-            records.add_metric([m.model, outcome], count)
+        for m in members:
+            for outcome, count in dict(m.records).items():
+                records.add_metric([m.model, outcome], count)
         yield records
 
     @staticmethod
-    def _counters(model: str, versions: list[tuple[str, ModelStatistics]]) -> Iterator[Metric]:
+    def _counters(served: list[tuple[WorkerMetrics, _Versions]]) -> Iterator[Metric]:
         specs: list[tuple[str, str, Callable[[ModelStatistics], int]]] = [
             (
                 METRIC_REQUEST_SUCCESS,
@@ -341,30 +393,32 @@ class _Collector:
         ]
         for name, doc, read in specs:
             family = CounterMetricFamily(name, doc, labels=[LABEL_MODEL, LABEL_VERSION])
-            for version, stats in versions:
-                family.add_metric(_labels(model, version), read(stats))
+            for m, versions in served:
+                for version, stats in versions:
+                    family.add_metric(_labels(m.model, version), read(stats))
             yield family
 
     @staticmethod
-    def _failures(model: str, versions: list[tuple[str, ModelStatistics]]) -> Metric:
+    def _failures(served: list[tuple[WorkerMetrics, _Versions]]) -> Metric:
         family = CounterMetricFamily(
             METRIC_REQUEST_FAILURE,
             "Number of failed inference requests, all batch sizes",
             labels=[LABEL_MODEL, LABEL_VERSION, LABEL_REASON],
         )
-        for version, stats in versions:
-            for reason, count in sorted(dict(stats.failures).items()):
-                family.add_metric([model, version, reason], count)
+        for m, versions in served:
+            for version, stats in versions:
+                for reason, count in sorted(dict(stats.failures).items()):
+                    family.add_metric([m.model, version, reason], count)
         return family
 
     @staticmethod
-    def _batch_sizes(model: str, versions: list[tuple[str, ModelStatistics]]) -> Metric:
+    def _batch_sizes(served: list[tuple[WorkerMetrics, _Versions]]) -> Metric:
         family = HistogramMetricFamily(
             METRIC_BATCH_SIZE,
             "Rows per model execution (the batch sizes the dynamic batcher formed)",
             labels=[LABEL_MODEL, LABEL_VERSION],
         )
-        for version, stats in versions:
+        for m, version, stats in ((m, v, s) for m, vs in served for v, s in vs):
             counts = {size: b.compute_infer.count for size, b in dict(stats.batches).items()}
             buckets = [
                 (str(float(le)), sum(n for size, n in counts.items() if size <= le))
@@ -372,5 +426,5 @@ class _Collector:
             ]
             buckets.append(("+Inf", sum(counts.values())))
             total = sum(size * n for size, n in counts.items())
-            family.add_metric(_labels(model, version), buckets, total)
+            family.add_metric(_labels(m.model, version), buckets, total)
         return family

@@ -1,13 +1,20 @@
 """The worker: one model, one consumer-group member, four cooperating tasks.
 
+A worker runs alone in its process or as one of the models of a host
+(``plaza.workers.host``), sharing the device, its scheduler, /metrics, Redis and the
+dead-letter producer (``HostServices``); either way every batch asks the device scheduler
+for a grant (one of the model's ``instance_group`` instances, an execution slot, the rate
+limiter's resources) before it runs, so up to instance-count batches run at once.
+
 - intake: fetches records (bounded by ``max_pending`` records and ``max_pending_bytes``),
   counts their deliveries, admits them into the batcher, answers invalid ones at once and
   dead-letters unreadable ones and poison records (delivered ``max_deliveries`` times
   without an answer: each worker that took them died);
 - scheduler: runs suspects (records delivered before, maybe the reason a worker died) alone,
   one per batch, so only the culprit of a crash keeps failing; otherwise asks the batcher for
-  the next batch (depth = pending + consumer lag) and runs it on the executor thread, so
-  fetching and writing go on while the model computes;
+  the next batch (depth = pending + consumer lag), waits for a grant and runs it on the
+  granted instance's executor thread (a task per execution), so fetching, writing and the
+  next batch go on while the model computes;
 - writer: writes each batch's results to Redis in one round trip, then commits the offsets
   that became safe (only after the results are durable);
 - heartbeat: keeps this worker in the model's registry, which the gateway's readiness reads.
@@ -33,7 +40,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from plaza.batching import BatchingPolicy, DynamicBatcher
-from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
+from plaza.connections import ensure_topics, kafka_consumer
 from plaza.contract import InferResult
 from plaza.errors import (
     ConfigError,
@@ -58,7 +65,8 @@ from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadl
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
 from plaza.workers.deliveries import DeliveryCounter
-from plaza.workers.device import select_device
+from plaza.workers.device_scheduler import Grant, instance_specs
+from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.runner import BatchRunner, WorkItem, error_result
@@ -76,6 +84,7 @@ class KafkaClients:
     """The worker's Kafka clients, made in ``Worker.start`` (they need the running loop)."""
 
     producer: AIOKafkaProducer
+    """The host's (shared by its workers: dead letters only)."""
     consumer: AIOKafkaConsumer
 
 
@@ -120,9 +129,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class Worker:
-    """Serves one model from its Kafka topic(s) until stopped."""
+    """Serves one model from its Kafka topic(s) until stopped.
 
-    def __init__(self, settings: PlazaSettings) -> None:
+    ``services``: the host's shared ones; without, the worker makes its own (a host of one).
+    """
+
+    def __init__(self, settings: PlazaSettings, services: HostServices | None = None) -> None:
         if not settings.worker.model:
             raise ConfigError("worker.model is required (--worker.model NAME)")
         self.settings = settings
@@ -131,8 +143,14 @@ class Worker:
         self.id = settings.worker.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
+        self._owns_services = services is None
+        self.services = services if services is not None else HostServices.create(settings)
         self.metrics = WorkerMetrics(
-            self.model, self.names, settings.worker, stats_ttl_s=settings.redis.stats_ttl_s
+            self.model,
+            self.names,
+            settings.worker,
+            stats_ttl_s=settings.redis.stats_ttl_s,
+            hub=self.services.metrics,
         )
         self.offsets = OffsetTracker()
         self._fetched: dict[TopicPartition, int] = {}
@@ -148,6 +166,10 @@ class Worker:
         ours (a new assignment fetches again from the committed offset)."""
         self._in_flight = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._failed: asyncio.Future[None] | None = None
+        """Fails with the exception of an execution task that raised (a bug: stop)."""
+        self._executions: set[asyncio.Task[None]] = set()
+        """Batches running now (at most the instance count)."""
         # The task's signals: stop asked, records arrived, room to fetch, nothing running.
         self._stopping = asyncio.Event()
         self._arrived = asyncio.Event()
@@ -160,16 +182,27 @@ class Worker:
         config = settings.worker.model_config_json  # a load request's override, if any
         self.spec: ModelSpec = model_spec(self._repo, self.model, config)
         self.versions = [mv.version for mv in self._repo.served_versions(self.model, self.spec)]
-        self._backends: dict[int, Backend] = {}
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{self.model}")
+        # One runner per instance (instance_group count), each with its own copy of the
+        # model's backends and its own executor thread, as Triton's model instances.
+        self._executors = [
+            ThreadPoolExecutor(1, thread_name_prefix=f"infer-{self.model}-{i}")
+            for i in range(self.spec.instance_count)
+        ]
+        self.instances = [
+            BatchRunner(self.spec, {}, ex, self.id, observer=self.metrics.executed)
+            for ex in self._executors
+        ]
+        self.runner = self.instances[0]
+        self._backends: dict[int, Backend] = self.runner.backends
         self.policy = BatchingPolicy.from_spec(self.spec)
         self.batcher: DynamicBatcher[WorkItem] = DynamicBatcher(self.policy)
-        self.runner = BatchRunner(
-            self.spec, self._backends, self._executor, self.id, observer=self.metrics.executed
-        )
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
+        self.device = self.services.scheduler
+        self.device.add_model(
+            self.model, instance_specs(self.spec.instance_groups), self.spec.max_concurrency
+        )
         # Redis clients connect on first use; Kafka's need the running loop (``start``).
-        self.redis = redis_client(settings.redis)
+        self.redis = self.services.redis
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
         self.answered = AnsweredCheck(self.redis, self.names)
         ttl_s = min(settings.worker.delivery_ttl_s, settings.redis.result_ttl_s)
@@ -199,9 +232,9 @@ class Worker:
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
         )
-        producer = kafka_producer(self.settings.kafka)
-        await producer.start()
-        self._kafka = KafkaClients(producer, self._make_consumer())
+        await self.services.start()
+        self._failed = asyncio.get_running_loop().create_future()
+        self._kafka = KafkaClients(self.services.producer, self._make_consumer())
         self.consumer.subscribe(self.topics, listener=_Rebalance(self))
         await self.consumer.start()
         self.metrics.start(self.versions, pending=self._pending)
@@ -241,24 +274,28 @@ class Worker:
         return len(self.batcher) + len(self._suspects) + self._in_flight
 
     async def _load_backends(self, repo: ModelRepository) -> None:
-        device = select_device(self.settings.worker.device)
+        device = self.services.device
         loop = asyncio.get_running_loop()
-        for mv in repo.served_versions(self.model, self.spec):
-            backend = create_backend(
-                mv, device, self.settings.worker.intra_op_threads, settings=self.settings
-            )
-            await loop.run_in_executor(self._executor, backend.load)
-            self._backends[mv.version] = backend
+        for runner, executor in zip(self.instances, self._executors, strict=True):
+            for mv in repo.served_versions(self.model, self.spec):
+                backend = create_backend(
+                    mv, device, self.settings.worker.intra_op_threads, settings=self.settings
+                )
+                await loop.run_in_executor(executor, backend.load)
+                runner.backends[mv.version] = backend
 
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a task fails (then re-raise after stopping)."""
         waiter = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([waiter, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        watched: list[asyncio.Future[Any]] = [waiter, *self._tasks]
+        if self._failed is not None:
+            watched.append(self._failed)
+        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
-        failed = [t for t in done if t is not waiter and t.exception() is not None]
+        failed = [t.exception() for t in done if t is not waiter and t.exception() is not None]
         await self.stop()
         if failed:
-            raise failed[0].exception()  # type: ignore[misc]
+            raise failed[0]  # type: ignore[misc]
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         """Stop fetching, finish what is pending, commit, leave the group."""
@@ -270,25 +307,30 @@ class Worker:
         self._arrived.set()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
             await asyncio.wait_for(scheduler, drain_timeout_s)
+        if self._executions:
+            await asyncio.wait(set(self._executions), timeout=drain_timeout_s)
         log.debug("%s: stop: scheduler done=%s", self.id, scheduler.done())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._results.join(), drain_timeout_s)
         log.debug("%s: stop: results written", self.id)
         await self._commit()
         log.debug("%s: stop: committed", self.id)
-        for task in (writer, heartbeat, scheduler, intake):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task in (writer, heartbeat, scheduler, intake, *self._executions):
+            task.cancel()  # an execution still running after the drain timeout goes too
+        await asyncio.gather(*self._tasks, *self._executions, return_exceptions=True)
         self._tasks = []
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
             await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
         await self.consumer.stop()
-        await self.producer.stop()
-        await self.redis.aclose()
-        for backend in self._backends.values():
-            backend.unload()
-        self._executor.shutdown(wait=False)
+        self.device.remove_model(self.model)
+        if self._owns_services:
+            await self.services.close()
+        for runner in self.instances:
+            for backend in runner.backends.values():
+                backend.unload()
+        for executor in self._executors:
+            executor.shutdown(wait=False)
         log.info("worker %s stopped", self.id)
 
     # -- intake ----------------------------------------------------------------------------
@@ -466,7 +508,7 @@ class Worker:
             if decision.expired:
                 await self._results.put(self._timeouts(decision.expired))
             if decision.batch:
-                await self._run(decision.batch)
+                await self._launch(decision.batch)
                 continue
             if self._stopping.is_set() and not len(self.batcher):
                 return
@@ -477,18 +519,55 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout)
 
-    async def _run(self, batch: list[WorkItem]) -> None:
+    async def _unanswered(self, batch: list[WorkItem]) -> list[WorkItem]:
+        """The items of ``batch`` to run: those already answered (cancelled by their
+        callers, or replays of answered requests) are finished here, unrun."""
         batch, answered = await self.answered.split(batch)
-        if answered:  # cancelled by their callers, or replays of answered requests
+        if answered:
             self.metrics.count("skipped", len(answered))
-            await self._results.put(
-                Completed(records=[(it.partition, it.offset) for it in answered])
-            )
+            done = [(it.partition, it.offset) for it in answered]
+            await self._results.put(Completed(records=done))
+        return batch
+
+    async def _launch(self, batch: list[WorkItem]) -> None:
+        """Wait for a grant (the batch counts as in flight meanwhile), then run the batch
+        as a task of its own, so the next one forms while this one computes."""
+        batch = await self._unanswered(batch)
         if not batch:
             return
         self._in_flight += len(batch)
         self._idle.clear()
-        results = await self.runner.run(batch)
+        try:
+            grant = await self.device.acquire(self.model)
+        except BaseException:
+            self._in_flight -= len(batch)
+            if self._in_flight == 0:
+                self._idle.set()
+            raise
+        task = asyncio.create_task(self._run(batch, grant, counted=True), name="execution")
+        self._executions.add(task)
+        task.add_done_callback(self._execution_done)
+
+    def _execution_done(self, task: asyncio.Task[None]) -> None:
+        self._executions.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None and self._failed is not None and not self._failed.done():
+            self._failed.set_exception(exc)
+
+    async def _run(
+        self, batch: list[WorkItem], grant: Grant | None = None, *, counted: bool = False
+    ) -> None:
+        """Run ``batch`` on a granted instance (waiting for a grant if none is given)."""
+        if not counted:
+            self._in_flight += len(batch)
+            self._idle.clear()
+        if grant is None:
+            grant = await self.device.acquire(self.model)
+        started = time.monotonic()
+        try:
+            results = await self.instances[grant.instance].run(batch)
+        finally:
+            self.device.finish(grant, time.monotonic() - started)
         await self._results.put(
             Completed(
                 answers=[
@@ -507,7 +586,8 @@ class Worker:
         item, tp = suspect.item, suspect.item.partition
         trials = await self.deliveries.trial((tp.topic, tp.partition, item.offset))
         if trials < self.settings.worker.max_deliveries:
-            await self._run([item])
+            if await self._unanswered([item]):
+                await self._run([item])
             return
         req = item.request
         err = PoisonRecord(

@@ -1,7 +1,7 @@
 """The ``plaza`` console command: one entry point, one subcommand per job.
 
-    plaza up                      Kafka + Redis + one worker per model instance + gateway
-    plaza worker --worker.model M one worker process
+    plaza up                      Kafka + Redis + one model host for all models + gateway
+    plaza worker --worker.model M one worker process (--host.models A,B: a host of several)
     plaza gateway                 the HTTP gateway
     plaza services up             only Kafka and Redis
     plaza loadgen -m M ...        load sweeps (concurrency / request rate), reports, plots
@@ -25,7 +25,8 @@ from plaza.settings import PlazaSettings
 
 COMMANDS = {
     "up": "bring up Kafka, Redis, the workers and the gateway on the sample repository",
-    "worker": "run one worker process for --model NAME (alias of --worker.model)",
+    "worker": "run one worker process for --model NAME (alias of --worker.model), or a host "
+    "of several models (--host.models A,B or '*')",
     "gateway": "run the KServe v2 HTTP gateway",
     "services": "run only Kafka and Redis (plaza services up)",
     "settings": "print every setting with its default, environment variable and flag",

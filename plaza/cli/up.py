@@ -1,9 +1,11 @@
 """``plaza up``: the whole engine on this machine, stopped together on Ctrl-C.
 
-Starts Kafka (KRaft) and Redis on 127.0.0.1, one worker process per model instance
-(instance_group count) for every model in the repository, and the gateway; waits until the
-gateway is ready; prints where to send requests; on Ctrl-C or SIGTERM stops everything it
-started, workers and gateway first (they drain and commit), services last.
+Starts Kafka (KRaft) and Redis on 127.0.0.1, one host process serving every model in the
+repository (each with its own batcher and consumer group, instance_group count parallel
+executions, sharing the device fairly; ``--process-per-model``: one worker process per
+model), and the gateway; waits until the gateway is ready; prints where
+to send requests; on Ctrl-C or SIGTERM stops everything it started, workers and gateway
+first (they drain and commit), services last.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from plaza.stack import (
     HOST,
     Deployment,
     GatewayProcess,
+    HostProcess,
     ProcessGroup,
     Services,
     WorkerProcess,
@@ -64,6 +67,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode")
     p.add_argument("--ready-timeout", type=float, default=180.0)
+    p.add_argument(
+        "--process-per-model",
+        action="store_true",
+        help="mode none: one worker process per model instead of one host for all",
+    )
     return p.parse_args(argv)
 
 
@@ -112,9 +120,9 @@ def _start_models(args: argparse.Namespace) -> set[str]:
 def _start_parts(
     dep: Deployment, plan: list[tuple[str, int]], group: ProcessGroup, args: argparse.Namespace
 ) -> GatewayProcess:
-    """Mode none: one worker per model instance, then the gateway. Modes explicit and
-    poll: only the gateway (the supervisor starts the workers the model table asks for).
-    Returns the gateway."""
+    """Mode none: one host for every model (or, ``--process-per-model``, one worker per
+    model instance), then the gateway. Modes explicit and poll: only the gateway (the
+    supervisor starts the workers the model table asks for). Returns the gateway."""
     # The gateway serves exactly what gets workers (a subset, or without skipped models).
     settings = {
         **_forwarded_settings(dep),
@@ -123,10 +131,7 @@ def _start_parts(
         "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
     }
     if args.model_control_mode == "none":
-        for model, count in plan:
-            for i in range(count):
-                name = f"worker-{model}-{i}"
-                group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
+        _start_workers(dep, plan, group, settings, per_model=args.process_per_model)
     gateway = GatewayProcess(
         dep,
         args.http_port,
@@ -136,6 +141,25 @@ def _start_parts(
         env=settings,
     )
     return group.start(gateway)
+
+
+def _start_workers(
+    dep: Deployment,
+    plan: list[tuple[str, int]],
+    group: ProcessGroup,
+    settings: dict[str, str],
+    *,
+    per_model: bool,
+) -> None:
+    """One host serving the whole plan, or one worker process per model (each runs its
+    instance_group count of executions in parallel, as the host does)."""
+    if not per_model:
+        models = [m for m, _ in plan]
+        group.start(HostProcess(dep, models, group.log_dir, name="host", env=settings))
+        return
+    for model, _ in plan:
+        name = f"worker-{model}"
+        group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
 
 
 async def _ready_or_stopping(
@@ -231,9 +255,7 @@ def run_up(argv: list[str]) -> int:
                 env = _forwarded_settings(dep)
                 supervisor = ModelSupervisor(dep, args.repository, group, env=env)
             print(
-                f"starting {sum(c for _, c in plan)} workers for {[m for m, _ in plan]} "
-                f"and the gateway (model control {args.model_control_mode}; logs in "
-                f"{group.log_dir}) ...",
+                f"starting {_layout(plan, args)} and the gateway (logs in {group.log_dir}) ...",
                 flush=True,
             )
             models = [m for m, _ in plan]
@@ -246,6 +268,15 @@ def run_up(argv: list[str]) -> int:
             group.stop_all(STOP_TIMEOUT_S)
             services.stop()
             print("stopped.", flush=True)
+
+
+def _layout(plan: list[tuple[str, int]], args: argparse.Namespace) -> str:
+    models = [m for m, _ in plan]
+    if args.model_control_mode != "none":
+        return f"workers as the model table asks (model control {args.model_control_mode})"
+    if args.process_per_model:
+        return f"{len(models)} worker processes for {models}"
+    return f"one host process for {models}"
 
 
 def _print_banner(base: str, grpc: str, kafka: str, redis: str, models: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""Running Plaza's parts on this machine: Kafka, Redis, workers and gateways as processes.
+"""Running Plaza's parts on this machine: Kafka, Redis, hosts and gateways as processes.
 
 One process class (:class:`ChildProcess`: parent-death signal, log file, SIGTERM then
 SIGKILL by pid) and one deployment description (:class:`Deployment`: addresses, prefixes,
@@ -16,6 +16,7 @@ from plaza.stack.install import ensure_kafka_jars, ensure_redis_server, find_jav
 from plaza.stack.kafka_cluster import KafkaCluster, new_cluster_id
 from plaza.stack.members import (
     GatewayProcess,
+    HostProcess,
     WorkerProcess,
     http_ok,
     http_url,
@@ -35,6 +36,7 @@ __all__ = [
     "ChildProcess",
     "Deployment",
     "GatewayProcess",
+    "HostProcess",
     "KafkaCluster",
     "ProcessGroup",
     "RedisServer",

@@ -1,9 +1,10 @@
-"""Plaza's own processes: a worker and a gateway of a deployment, with readiness waits.
+"""Plaza's own processes: a host (or worker) and a gateway of a deployment, with readiness.
 
 Both run ``python -m plaza.cli.main worker|gateway`` with :meth:`Deployment.env`; the stack
-never imports the workers or the gateway. A worker is ready when its heartbeat is in the
-model's registry (it is consuming by then); a gateway when ``/v2/health/live`` (or
-``/ready``) answers 200.
+never imports the workers or the gateway. A host serves several models in one process
+(``--host.models``), a worker is a host of one; either is ready when the heartbeat of each
+of its models is in that model's registry (it is consuming by then); a gateway when
+``/v2/health/live`` (or ``/ready``) answers 200.
 """
 
 from __future__ import annotations
@@ -37,7 +38,64 @@ def plaza_argv(*args: str) -> list[str]:
     return [sys.executable, *PLAZA_MAIN, *args]
 
 
-class WorkerProcess(ChildProcess):
+class HostProcess(ChildProcess):
+    """``plaza worker --host.models A,B,...`` of a deployment: one process, several models.
+
+    Its id (default ``<name>``) names it; each model's worker id is ``<id>.<model>``
+    (``unit_id``), found in the model's registry and in result entries. ``env`` adds
+    settings (``PLAZA_HOST__EXECUTION_SLOTS``); the id set here wins over it.
+    """
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        models: Sequence[str],
+        log_dir: Path,
+        *,
+        name: str | None = None,
+        host_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not models:
+            raise ValueError("a host serves at least one model")
+        name = name or f"{deployment.prefix}-host"
+        self.deployment = deployment
+        self.models = list(models)
+        self.host_id = host_id or name
+        own = {"PLAZA_WORKER__WORKER_ID": self.host_id}
+        full_env = deployment.env(**{**(env or {}), **own})
+        argv = plaza_argv("worker", *self._model_args())
+        super().__init__(name, argv, log_dir / f"{name}.log", env=full_env)
+
+    def _model_args(self) -> list[str]:
+        return ["--host.models", ",".join(self.models)]
+
+    def unit_id(self, model: str) -> str:
+        """The worker id of ``model`` in this host (the host's own when it serves one)."""
+        return self.host_id if len(self.models) == 1 else f"{self.host_id}.{model}"
+
+    async def wait_registered(self, limit_s: float = READY_LIMIT_S) -> None:
+        """Until every model's heartbeat is in its registry; fails at once if it exits."""
+        client = _redis(self.deployment)
+        names = self.deployment.names
+
+        async def registered() -> bool:
+            self.check()
+            for model in self.models:
+                key = names.worker_registry_key(model)
+                score = await client.zscore(key, self.unit_id(model))
+                if score is None or score <= time.time():
+                    return False
+            return True
+
+        try:
+            what = f"{self.host_id} in the registries of {self.models}"
+            await wait_for(registered, limit_s, what, self.tail)
+        finally:
+            await client.aclose()
+
+
+class WorkerProcess(HostProcess):
     """``plaza worker --worker.model M`` of a deployment, with a worker id chosen here.
 
     The id (default ``<name>``) is how the worker is found in the registry and in result
@@ -56,13 +114,12 @@ class WorkerProcess(ChildProcess):
         env: Mapping[str, str] | None = None,
     ) -> None:
         name = name or f"{deployment.prefix}-worker-{model}"
-        self.deployment = deployment
         self.model = model
         self.worker_id = worker_id or name
-        own = {"PLAZA_WORKER__WORKER_ID": self.worker_id}
-        full_env = deployment.env(**{**(env or {}), **own})
-        argv = plaza_argv("worker", "--worker.model", model)
-        super().__init__(name, argv, log_dir / f"{name}.log", env=full_env)
+        super().__init__(deployment, [model], log_dir, name=name, host_id=self.worker_id, env=env)
+
+    def _model_args(self) -> list[str]:
+        return ["--worker.model", self.model]
 
     def assignment(self) -> set[int] | None:
         """Partitions it owns now, read from its log; None while it is rebalancing."""
@@ -73,21 +130,6 @@ class WorkerProcess(ChildProcess):
             elif _REVOKED.search(line):
                 current = None
         return current
-
-    async def wait_registered(self, limit_s: float = READY_LIMIT_S) -> None:
-        """Until its heartbeat is in the model's registry; fails at once if it exits."""
-        key = self.deployment.names.worker_registry_key(self.model)
-        client = _redis(self.deployment)
-
-        async def registered() -> bool:
-            self.check()
-            score = await client.zscore(key, self.worker_id)
-            return score is not None and score > time.time()
-
-        try:
-            await wait_for(registered, limit_s, f"{self.worker_id} in {key}", self.tail)
-        finally:
-            await client.aclose()
 
 
 class GatewayProcess(ChildProcess):

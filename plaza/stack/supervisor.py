@@ -2,8 +2,9 @@
 
 The gateway decides what is loaded and writes it to the deployment's model table
 (``plaza.model_control``); the supervisor makes it so on this machine. Each round
-(:meth:`ModelSupervisor.reconcile`) it starts ``instance_group`` count workers for a
-model that is loaded and has none, restarts them when the model's generation changed (a
+(:meth:`ModelSupervisor.reconcile`) it starts a worker process for a model that is loaded
+and has none (a host of that one model: its ``instance_group`` count of executions run in
+parallel inside it, docs/hosts.md), restarts them when the model's generation changed (a
 reload: a new config or version folder), and retires the workers of an unloaded model:
 they keep serving until the model's queue is drained (the gateway accepts no new requests
 for it), then get SIGTERM, so requests already queued are answered.
@@ -91,14 +92,13 @@ class ModelSupervisor:
             return
         env = {**self._env, "PLAZA_WORKER__MODEL_CONFIG_JSON": desired.config}
         running = _Running(desired.generation)
-        for i in range(count):
-            worker_name = f"worker-{name}-{desired.generation % 100_000}-{i}"
-            worker = WorkerProcess(
-                self._deployment, name, self._group.log_dir, name=worker_name, env=env
-            )
-            running.workers.append(self._group.start(worker))
+        worker_name = f"worker-{name}-{desired.generation % 100_000}-0"
+        worker = WorkerProcess(
+            self._deployment, name, self._group.log_dir, name=worker_name, env=env
+        )
+        running.workers.append(self._group.start(worker))
         self.running[name] = running
-        log.info("supervisor: started %d worker(s) of %s", count, name)
+        log.info("supervisor: started a worker of %s (%d instances)", name, count)
 
     async def _retire(self, name: str, running: _Running, *, drain: bool) -> None:
         if drain:

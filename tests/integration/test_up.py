@@ -119,6 +119,9 @@ def test_up_serves_the_models_asked_for_and_stops_everything_on_ctrl_c(tmp_path:
         assert grpc_answer == ([3] * 16, [-1] * 16)
         started = _children(proc.pid)
         assert len(started) >= 4  # Kafka, Redis, a worker, the gateway
+        logs = tmp_path / "up" / "logs"
+        assert (logs / "host.log").is_file()  # one host process serves the models
+        assert list(logs.glob("worker-*.log")) == []
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)

@@ -38,16 +38,28 @@ def test_compose_file_is_valid() -> None:
 def test_compose_has_the_four_services() -> None:
     done = _compose("config", "--services")
     assert done.returncode == 0, done.stderr
-    assert set(done.stdout.split()) >= {"kafka", "redis", "gateway", "worker"}
+    assert set(done.stdout.split()) >= {"kafka", "redis", "gateway", "host"}
 
 
-def test_worker_can_scale() -> None:
-    """``--scale worker=N`` needs a worker without container_name or published ports."""
+def test_host_can_scale() -> None:
+    """``--scale host=N`` needs a host without container_name or published ports."""
     done = _compose("config", "--format", "json")
     assert done.returncode == 0, done.stderr
-    worker = json.loads(done.stdout)["services"]["worker"]
-    assert "container_name" not in worker
-    assert not worker.get("ports")
+    host = json.loads(done.stdout)["services"]["host"]
+    assert "container_name" not in host
+    assert not host.get("ports")
+
+
+def test_one_host_serves_what_the_gateway_serves() -> None:
+    """One host process for the sample models (not one service per model), and the gateway
+    serves exactly those, so it becomes ready."""
+    done = _compose("config", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    models = services["host"]["environment"]["PLAZA_HOST__MODELS"].split(",")
+    assert len(models) >= 3 and "mlp_torch" not in models  # the image has no torch
+    assert services["gateway"]["environment"]["PLAZA_GATEWAY__MODELS"].split(",") == models
+    assert [name for name in services if name.startswith("worker")] == []
 
 
 def test_published_ports_are_bound_to_loopback_only() -> None:

@@ -17,7 +17,7 @@ from plaza.settings import WorkerSettings
 from plaza.statistics import ModelStatistics, flush_arguments, increments
 from plaza.workers.device import list_gpus
 from plaza.workers.gpu_metrics import GpuCollector
-from plaza.workers.metrics import WorkerMetrics
+from plaza.workers.metrics import MetricsHub, WorkerMetrics
 from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
 
@@ -307,3 +307,22 @@ class _Registry:
 
     def collect(self) -> list[Any]:
         return self.families
+
+
+def test_a_hubs_models_share_one_registry_and_each_family_appears_once() -> None:
+    """A host's /metrics: one family per name, a sample per model (no duplicate families)."""
+    hub = MetricsHub(OFF, gpu=GpuCollector(nvml=_NoDriver()))
+    a = WorkerMetrics("a", Names(), OFF, stats_ttl_s=60, hub=hub)
+    b = WorkerMetrics("b", Names(), OFF, stats_ttl_s=60, hub=hub)
+    a.start([1], pending=lambda: 3)
+    b.start([2], pending=lambda: 5)
+    a.answered([(ok(), None)])
+    text = render(hub.registry).decode()
+    types = [line for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types))
+    got = samples(text)
+    assert value(got, "nv_inference_pending_request_count", model="a", version="1") == 3
+    assert value(got, "nv_inference_pending_request_count", model="b", version="2") == 5
+    assert value(got, "nv_inference_request_success", model="a", version="1") == 1
+    assert value(got, "nv_inference_request_success", model="b", version="2") == 0
+    assert a.registry is b.registry is hub.registry

@@ -1,0 +1,217 @@
+"""The host's device scheduler with fake costs: order and grants, never durations."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from plaza.errors import ConfigError
+from plaza.modelconfig import InstanceGroup, RateLimitResource
+from plaza.workers.device_scheduler import (
+    DeviceScheduler,
+    Grant,
+    InstanceSpec,
+    instance_specs,
+    parse_budget,
+)
+
+ONE = [InstanceSpec()]
+
+
+def run_one(s: DeviceScheduler, cost: float = 1.0) -> Grant:
+    """Grant the next execution (exactly one must be grantable), then finish it."""
+    granted = s.dispatch()
+    assert len(granted) == 1, granted
+    s.release(granted[0], cost)
+    return granted[0]
+
+
+def test_a_quiet_model_goes_before_a_flooded_ones_queue() -> None:
+    s = DeviceScheduler(slots=1)
+    s.add_model("flood", ONE)
+    s.add_model("quiet", ONE)
+    for _ in range(10):
+        s.submit("flood")
+    order = [run_one(s).model for _ in range(3)]
+    s.submit("quiet")  # arrives while flood has 7 waiting
+    order += [run_one(s).model for _ in range(2)]
+    assert order == ["flood", "flood", "flood", "quiet", "flood"]
+
+
+def test_a_joining_model_goes_next_even_when_the_running_execution_was_cheap() -> None:
+    """The flood's running batch costs less than its mean: the quiet one still goes next."""
+    s = DeviceScheduler(slots=1)
+    s.add_model("flood", ONE)
+    s.add_model("quiet", ONE)
+    for _ in range(10):
+        s.submit("flood")
+    for _ in range(3):
+        run_one(s, cost=1.0)
+    running = s.dispatch()
+    assert [g.model for g in running] == ["flood"]
+    s.submit("quiet")
+    s.release(running[0], 0.25)
+    assert [g.model for g in s.dispatch()] == ["quiet"]
+
+
+def test_two_backlogged_models_alternate() -> None:
+    s = DeviceScheduler(slots=1)
+    s.add_model("a", ONE)
+    s.add_model("b", ONE)
+    for _ in range(6):
+        s.submit("a")
+        s.submit("b")
+    order = [run_one(s).model for _ in range(12)]
+    assert order.count("a") == order.count("b") == 6
+    assert all(x != y for x, y in itertools.pairwise(order))  # round robin
+
+
+def test_device_time_decides_not_execution_count() -> None:
+    """A model whose executions take 3x as long gets about a third of the turns."""
+    s = DeviceScheduler(slots=1)
+    s.add_model("slow", ONE)
+    s.add_model("fast", ONE)
+    for _ in range(40):
+        s.submit("slow")
+        s.submit("fast")
+    turns = {"slow": 0, "fast": 0}
+    for _ in range(40):
+        granted = s.dispatch()
+        assert len(granted) == 1
+        g = granted[0]
+        s.release(g, 3.0 if g.model == "slow" else 1.0)
+        turns[g.model] += 1
+    assert 8 <= turns["slow"] <= 12 and turns["fast"] == 40 - turns["slow"]
+
+
+def test_priority_weights_the_share() -> None:
+    """Triton's rate limiter priority: priority 2 gets half the turns of priority 1."""
+    s = DeviceScheduler(slots=1)
+    s.add_model("p1", instance_specs([InstanceGroup(priority=1)]))
+    s.add_model("p2", instance_specs([InstanceGroup(priority=2)]))
+    for _ in range(30):
+        s.submit("p1")
+        s.submit("p2")
+    order = [run_one(s).model for _ in range(30)]
+    assert order.count("p1") in (19, 20, 21) and order.count("p2") == 30 - order.count("p1")
+
+
+def test_an_idle_model_earns_no_credit() -> None:
+    """Idle for 20 of the other's turns, it then shares equally: no burst of 20 turns."""
+    s = DeviceScheduler(slots=1)
+    s.add_model("a", ONE)
+    s.add_model("b", ONE)
+    for _ in range(40):
+        s.submit("a")
+    assert {run_one(s).model for _ in range(20)} == {"a"}
+    for _ in range(10):
+        s.submit("b")
+    order = [run_one(s).model for _ in range(10)]
+    assert order.count("a") == order.count("b") == 5
+
+
+def test_instance_count_is_parallel_executions_of_one_model() -> None:
+    s = DeviceScheduler()  # slots 0: the largest instance count (3)
+    s.add_model("m", instance_specs([InstanceGroup(count=3)]))
+    for _ in range(5):
+        s.submit("m")
+    granted = s.dispatch()
+    assert sorted(g.instance for g in granted) == [0, 1, 2]
+    assert s.dispatch() == [] and s.waiting("m") == 2
+    s.release(granted[1], 1.0)
+    assert [g.instance for g in s.dispatch()] == [1]
+
+
+def test_max_concurrency_caps_a_model_below_its_instances() -> None:
+    s = DeviceScheduler(slots=8)
+    s.add_model("m", instance_specs([InstanceGroup(count=4)]), max_concurrency=2)
+    for _ in range(4):
+        s.submit("m")
+    assert len(s.dispatch()) == 2 and s.running("m") == 2 and s.waiting("m") == 2
+
+
+def test_slots_bound_the_device() -> None:
+    s = DeviceScheduler(slots=2)
+    s.add_model("a", instance_specs([InstanceGroup(count=2)]))
+    s.add_model("b", instance_specs([InstanceGroup(count=2)]))
+    for _ in range(2):
+        s.submit("a")
+        s.submit("b")
+    granted = s.dispatch()
+    assert len(granted) == 2 and s.running() == 2
+    assert {g.model for g in granted} == {"a", "b"}  # the second slot goes to the other model
+
+
+def test_an_execution_starts_only_when_its_resources_are_free() -> None:
+    r2 = (RateLimitResource("R", 2),)
+    r1 = (RateLimitResource("R", 1),)
+    s = DeviceScheduler(slots=8)  # budget of R: the largest count asked for, 2
+    s.add_model("big", instance_specs([InstanceGroup(count=2, resources=r2)]))
+    s.add_model("small", instance_specs([InstanceGroup(count=2, resources=r1)]))
+    assert s.budget() == {"R": 2}
+    s.submit("small")
+    first = s.dispatch()
+    assert [g.model for g in first] == ["small"]
+    s.submit("big")  # needs 2, only 1 free
+    s.submit("small")
+    assert [g.model for g in s.dispatch()] == ["small"]  # R now 2 of 2
+    assert s.dispatch() == []
+    s.release(first[0], 1.0)
+    assert s.dispatch() == []  # 1 free still: big waits
+    assert s.waiting("big") == 1
+
+
+def test_a_resource_budget_from_settings() -> None:
+    r1 = (RateLimitResource("GPU_SLOT", 1),)
+    s = DeviceScheduler(slots=8, budget=parse_budget("GPU_SLOT:3"))
+    s.add_model("m", instance_specs([InstanceGroup(count=5, resources=r1)]))
+    for _ in range(5):
+        s.submit("m")
+    assert len(s.dispatch()) == 3
+
+
+def test_a_budget_below_what_an_execution_needs_is_a_config_error() -> None:
+    s = DeviceScheduler(budget={"R": 1})
+    with pytest.raises(ConfigError, match="needs 2 of resource 'R'") as info:
+        s.add_model("m", instance_specs([InstanceGroup(resources=(RateLimitResource("R", 2),))]))
+    assert info.value.code == "bad_config"
+
+
+@pytest.mark.parametrize("bad", ["R", "R:x", ":2", "R:-1"])
+def test_bad_budget_text(bad: str) -> None:
+    with pytest.raises(ConfigError, match="NAME:COUNT"):
+        parse_budget(bad)
+
+
+def test_acquire_waits_and_a_cancelled_wait_leaves_nothing() -> None:
+    async def scenario() -> None:
+        s = DeviceScheduler(slots=1)
+        s.add_model("a", ONE)
+        s.add_model("b", ONE)
+        first = await s.acquire("a")
+        waiter = asyncio.create_task(s.acquire("b"))
+        cancelled = asyncio.create_task(s.acquire("a"))
+        await asyncio.sleep(0)
+        assert not waiter.done() and s.waiting("b") == 1
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        assert s.waiting("a") == 0
+        s.finish(first, 1.0)
+        assert (await waiter).model == "b" and s.running() == 1
+
+    asyncio.run(scenario())
+
+
+def test_peak_counts_executions_at_once() -> None:
+    s = DeviceScheduler(slots=4)
+    s.add_model("m", instance_specs([InstanceGroup(count=3)]))
+    for _ in range(3):
+        s.submit("m")
+    granted = s.dispatch()
+    for g in granted:
+        s.release(g, 1.0)
+    s.submit("m")
+    s.dispatch()
+    assert s.peak == {"m": 3}

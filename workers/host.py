@@ -1,0 +1,123 @@
+"""A model host: one worker process serving several models (and their versions) on one device.
+
+Each model gets a ``Worker`` of its own: its own consumer-group membership (the group
+``plaza.naming`` names for the model), batcher, instances (``instance_group`` count, each
+with its own backends and executor thread), intake and writer. What the process has once is
+shared (``HostServices``): the device, the device scheduler that grants executions fairly
+between the models (``plaza.workers.device_scheduler``), one /metrics port whose samples
+carry a ``model`` label, the Redis client and the dead-letter producer.
+
+``plaza worker --worker.model M`` is a host of one model (its worker id is the host's);
+``plaza worker --host.models a,b,c`` (or ``'*'``: the whole repository) serves several, and
+each model's worker id is ``<host id>.<model>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+
+from plaza.errors import ConfigError
+from plaza.modelconfig import PLATFORM_TORCH
+from plaza.repository import ModelRepository
+from plaza.settings import PlazaSettings
+from plaza.workers.host_services import HostServices
+from plaza.workers.worker import Worker
+
+log = logging.getLogger(__name__)
+
+ALL_MODELS = "*"
+
+
+def host_models(settings: PlazaSettings) -> list[str]:
+    """The models a host serves: ``host.models`` ('*': the repository's, without the torch
+    ones when torch is missing), else ``worker.model``; ConfigError when neither is set."""
+    names = settings.host.model_names()
+    if names == [ALL_MODELS]:
+        repo = ModelRepository(settings.repository)
+        torch_ok = importlib.util.find_spec("torch") is not None
+        names = []
+        for name in repo.model_names():
+            if repo.spec(name).platform == PLATFORM_TORCH and not torch_ok:
+                log.warning("host: skipping %s: needs the torch extra", name)
+                continue
+            names.append(name)
+    elif not names and settings.worker.model:
+        names = [settings.worker.model]
+    if not names:
+        raise ConfigError("a host needs models: --host.models A,B (or '*') or --worker.model M")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"host.models names a model twice: {names}")
+    return names
+
+
+def worker_id(host_id: str, model: str, models: Sequence[str]) -> str:
+    """A model's worker id on a host: the host's own when it serves one model."""
+    return host_id if len(models) == 1 else f"{host_id}.{model}"
+
+
+class Host:
+    """Serves ``models`` (default: ``host_models(settings)``) in this process until stopped."""
+
+    def __init__(self, settings: PlazaSettings, models: Sequence[str] | None = None) -> None:
+        self.models = list(models) if models is not None else host_models(settings)
+        self.id = settings.worker.worker_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.services = HostServices.create(settings)
+        self.workers = [
+            Worker(self._settings_of(settings, model), self.services) for model in self.models
+        ]
+        self._started: list[Worker] = []
+
+    def _settings_of(self, settings: PlazaSettings, model: str) -> PlazaSettings:
+        update = {"model": model, "worker_id": worker_id(self.id, model, self.models)}
+        if len(self.models) > 1:  # a load's config override names one model
+            update["model_config_json"] = ""
+        return settings.model_copy(update={"worker": settings.worker.model_copy(update=update)})
+
+    async def start(self) -> None:
+        """Load every model and join every group; on a failure, stop what started."""
+        try:
+            for worker in self.workers:
+                await worker.start()
+                self._started.append(worker)
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "host %s serving %s on %s (%d execution slots)",
+            self.id,
+            self.models,
+            self.services.device,
+            self.services.scheduler.slots,
+        )
+
+    async def run_until_stopped(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set or a worker fails; then stop them all (re-raise)."""
+        inner = asyncio.Event()
+        tasks = [asyncio.create_task(w.run_until_stopped(inner)) for w in self._started]
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        inner.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        self._started = []
+        await self.stop()
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        if errors:
+            raise errors[0]
+
+    async def stop(self) -> None:
+        """Drain and stop every worker (together), then close what they shared."""
+        started, self._started = self._started, []
+        await asyncio.gather(*(w.stop() for w in started), return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self.services.close()
+        log.info("host %s stopped", self.id)
