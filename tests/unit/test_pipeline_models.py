@@ -180,3 +180,14 @@ def test_combine_is_softmax_then_features(built: Path) -> None:
     assert out.shape == (3, 522)
     np.testing.assert_allclose(out[:, :10], e / e.sum(1, keepdims=True), atol=1e-6)
     np.testing.assert_array_equal(out[:, 10:], features)
+
+
+def test_the_benchmarks_in_process_pipeline_computes_the_same_embedding(built: Path) -> None:
+    """``make bench``'s text_embed baseline runs the same three stages, one request a call."""
+    from plaza.loadgen.bench.pipeline import InProcessPipeline, text_inputs
+
+    local = InProcessPipeline(built, threads=1)
+    pool = [{"TEXT": np.array([[s.encode()]], dtype=np.object_)} for s in SENTENCES]
+    embedding = np.vstack([local.embed(inputs) for inputs in pool])
+    assert cosines(embedding, sentence_embeddings(SENTENCES)).min() > 1 - 1e-4
+    assert local.items_per_s(text_inputs(4), 0.01) > 0
