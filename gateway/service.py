@@ -180,7 +180,8 @@ class GatewayService:
         return self.model(name, version).spec.config_json()
 
     async def model_ready(self, name: str, version: str = "") -> bool:
-        """The model is loaded and at least one of its workers is alive."""
+        """The model is loaded and at least one of its workers is alive (an ensemble: a
+        runner, and a worker of each step's model)."""
         try:
             self.model(name, version)
         except ModelNotFound:
@@ -308,12 +309,31 @@ class GatewayService:
         return ok, reason
 
     async def _live_workers(self, models: list[str], *, ping: bool = False) -> list[int]:
-        """Live worker counts per model (heartbeat expiry in the future), one round trip."""
+        """Live worker counts per model (heartbeat expiry in the future), one round trip.
+
+        An ensemble counts as its live runners while each of its steps' models has a live
+        worker, and as 0 while one has none."""
         pipe = self._require(self._redis).pipeline(transaction=False)
         if ping:
             pipe.ping()
         now = time.time()  # registry scores are epoch seconds
-        for name in models:
-            pipe.zcount(self.names.worker_registry_key(name), now, "+inf")
-        replies = await pipe.execute()
-        return [int(n) for n in replies[1 if ping else 0 :]]
+        needed = [self._serving_models(name) for name in models]
+        for group in needed:
+            for name in group:
+                pipe.zcount(self.names.worker_registry_key(name), now, "+inf")
+        replies = iter(await pipe.execute())
+        if ping:
+            next(replies)
+        counts = []
+        for group in needed:
+            live = [int(next(replies)) for _ in group]
+            counts.append(live[0] if all(live) else 0)
+        return counts
+
+    def _serving_models(self, name: str) -> list[str]:
+        """Whose workers serve ``name``: itself, and for an ensemble its steps' models."""
+        model = self.models.get(name)
+        if model is None or not model.spec.is_ensemble:
+            return [name]
+        steps = dict.fromkeys(s.model_name for s in model.spec.ensemble_steps)
+        return [name, *steps]

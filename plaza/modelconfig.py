@@ -15,6 +15,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.datatypes import from_config_type
+from plaza.ensembles import EnsembleStep, check_graph
 from plaza.errors import ConfigError
 from plaza.naming import check_model_name
 
@@ -23,6 +24,8 @@ PLATFORM_TORCH = "pytorch_libtorch"
 BACKEND_SIMULATED = "plaza_simulated"
 BACKEND_PYTHON = "python"
 """Triton's Python backend: ``<version>/model.py`` defines ``TritonPythonModel``."""
+PLATFORM_ENSEMBLE = "ensemble"
+"""Runs no backend: an ensemble runner (``workers/ensemble.py``) calls its steps' models."""
 _BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
 DEFAULT_FILENAMES = {
     PLATFORM_ONNX: "model.onnx",
@@ -133,6 +136,13 @@ class ModelSpec:
     max_concurrency: int = 0
     """Parameter ``max_concurrency``: executions of this model running at once on a host,
     at most (0: no cap beyond the instance count)."""
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+    """``ensemble_scheduling.step`` of a ``platform: "ensemble"`` model (``plaza.ensembles``)."""
+
+    @property
+    def is_ensemble(self) -> bool:
+        """An ensemble: served by an ensemble runner, not by a backend."""
+        return self.platform == PLATFORM_ENSEMBLE
 
     def input(self, name: str) -> TensorSpec | None:
         return next((t for t in self.inputs if t.name == name), None)
@@ -187,15 +197,42 @@ def _platform(config: mc.ModelConfig, source: str) -> str:
     if config.backend == BACKEND_PYTHON:
         return BACKEND_PYTHON
     platform = config.platform or _BACKEND_PLATFORM.get(config.backend, "")
-    if platform not in (PLATFORM_ONNX, PLATFORM_TORCH):
+    if platform not in (PLATFORM_ONNX, PLATFORM_TORCH, PLATFORM_ENSEMBLE):
         raise _fail(
             source,
             "platform",
             f"unsupported platform/backend {config.platform or config.backend!r} "
-            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, backends {BACKEND_PYTHON}, "
-            f"{BACKEND_SIMULATED})",
+            f"(supported: {PLATFORM_ONNX}, {PLATFORM_TORCH}, {PLATFORM_ENSEMBLE}, backends "
+            f"{BACKEND_PYTHON}, {BACKEND_SIMULATED})",
         )
     return platform
+
+
+def _ensemble_steps(
+    config: mc.ModelConfig, platform: str, source: str, name: str
+) -> tuple[EnsembleStep, ...]:
+    """The checked steps of an ensemble; () for any other model (which may not have any)."""
+    scheduling = config.HasField("ensemble_scheduling")
+    if platform != PLATFORM_ENSEMBLE:
+        if scheduling:
+            raise _fail(
+                source, "ensemble_scheduling", f'is only for platform "{PLATFORM_ENSEMBLE}"'
+            )
+        return ()
+    steps = tuple(
+        EnsembleStep(
+            index=i,
+            model_name=step.model_name,
+            model_version=int(step.model_version),
+            input_map=dict(step.input_map),
+            output_map=dict(step.output_map),
+        )
+        for i, step in enumerate(config.ensemble_scheduling.step)
+    )
+    inputs = [t.name for t in config.input]
+    outputs = [t.name for t in config.output]
+    check_graph(steps, inputs, outputs, source=source, ensemble=name)
+    return steps
 
 
 def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[TensorSpec, ...]:
@@ -339,12 +376,14 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     platform = _platform(config, source)
     batching = config.max_batch_size > 0
     groups = _instance_groups(config, source)
+    inputs = _tensor_specs(config.input, "input", source, batching)
+    outputs = _tensor_specs(config.output, "output", source, batching)
     return ModelSpec(
         name=name,
         platform=platform,
         max_batch_size=int(config.max_batch_size),
-        inputs=_tensor_specs(config.input, "input", source, batching),
-        outputs=_tensor_specs(config.output, "output", source, batching),
+        inputs=inputs,
+        outputs=outputs,
         batching=_batching(config, source),
         version_policy=_version_policy(config, source),
         instance_count=sum(g.count for g in groups),
@@ -354,4 +393,5 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         response_cache=_response_cache(config, source),
         instance_groups=groups,
         max_concurrency=_max_concurrency(config, source),
+        ensemble_steps=_ensemble_steps(config, platform, source, name),
     )

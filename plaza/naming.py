@@ -71,6 +71,13 @@ def check_model_name(name: str) -> str:
     return name
 
 
+def step_request_id(ensemble_request_id: str, step_index: int) -> str:
+    """The correlation id of an ensemble request's step: ``<request id>.<step index>``.
+
+    Deterministic, so a replayed ensemble request finds its steps' stored answers."""
+    return f"{ensemble_request_id}.{step_index}"
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     """Names for one deployment, built from its topic and key prefixes."""
@@ -135,7 +142,8 @@ class Names:
         return f"{self.key_prefix}stream:{name}"
 
     def worker_registry_key(self, model: str) -> str:
-        """Sorted set of a model's live workers, scored by when their heartbeat expires."""
+        """Sorted set of a model's live workers (an ensemble's: its runners), scored by when
+        their heartbeat expires."""
         return f"{self.key_prefix}workers:{check_model_name(model)}"
 
     def worker_info_key(self, worker_id: str) -> str:

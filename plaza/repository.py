@@ -69,8 +69,8 @@ class ModelRepository:
 
     def _version(self, spec: ModelSpec, version: int) -> ModelVersion:
         folder = self.root / spec.name / str(version)
-        if spec.platform == BACKEND_SIMULATED:
-            return ModelVersion(spec, version, folder)
+        if spec.platform == BACKEND_SIMULATED or spec.is_ensemble:
+            return ModelVersion(spec, version, folder)  # no model file (may be an empty folder)
         path = folder / spec.default_model_filename
         if not path.is_file():
             raise ConfigError(

@@ -7,6 +7,10 @@ shared (``HostServices``): the device, the device scheduler that grants executio
 between the models (``plaza.workers.device_scheduler``), one /metrics port whose samples
 carry a ``model`` label, the Redis client and the dead-letter producer.
 
+An ensemble (``platform: "ensemble"``) runs no backend: its unit on the host is an
+``EnsembleRunner`` (``workers/ensemble.py``) instead of a ``Worker``, with the same
+lifecycle, sharing the host's /metrics.
+
 ``plaza worker --worker.model M`` is a host of one model (its worker id is the host's);
 ``plaza worker --host.models a,b,c`` (or ``'*'``: the whole repository) serves several, and
 each model's worker id is ``<host id>.<model>``.
@@ -27,8 +31,12 @@ from plaza.errors import ConfigError
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+from plaza.workers.ensemble import EnsembleRunner
 from plaza.workers.host_services import HostServices
 from plaza.workers.worker import Worker
+
+Unit = Worker | EnsembleRunner
+"""What serves one model on a host."""
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +79,15 @@ class Host:
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.services = HostServices.create(settings)
-        self.workers = [
-            Worker(self._settings_of(settings, model), self.services) for model in self.models
-        ]
-        self._started: list[Worker] = []
+        repo = ModelRepository(settings.repository)
+        self.workers = [self._unit(repo, settings, model) for model in self.models]
+        self._started: list[Unit] = []
+
+    def _unit(self, repo: ModelRepository, settings: PlazaSettings, model: str) -> Unit:
+        mine = self._settings_of(settings, model)
+        if repo.spec(model).is_ensemble:
+            return EnsembleRunner(mine, hub=self.services.metrics)
+        return Worker(mine, self.services)
 
     def _settings_of(self, settings: PlazaSettings, model: str) -> PlazaSettings:
         update = {"model": model, "worker_id": worker_id(self.id, model, self.models)}

@@ -1,0 +1,636 @@
+"""The ensemble runner: serves a ``platform: "ensemble"`` model by calling its steps' models.
+
+An ensemble is a model like any other to its callers: it has its own request topic
+(``Names.request_topic``), and HTTP, gRPC, the SDK and raw Kafka producers publish to it
+and read the answer from its result key or reply stream. What consumes that topic is not a
+worker with a backend but an ``EnsembleRunner``, a member of the ensemble's consumer group.
+For each request it runs the step graph (``plaza.ensembles``):
+
+- a step starts as soon as every ensemble tensor it reads exists (steps that do not depend
+  on each other run at once; one step's output may feed several steps);
+- a step is a normal request to its model's topic, published through the producer core
+  (``plaza.producer.Producer``) with the runner's own reply stream, so each step model
+  batches on its own worker's queue depth, across every ensemble request in flight.
+  Intermediate tensors travel through Kafka and Redis, never through a gateway;
+- a step request inherits the ensemble request's ``deadline_ms``, priority and parameters;
+  its correlation id is ``<ensemble request id>.<step index>`` (``step_request_id``);
+- a step's error answers the ensemble request, code kept, message prefixed with the step
+  (``step 1 (model 'mlp'): ...``); the steps still running are no longer waited for.
+
+Replay after a crash. The ensemble record's offset is committed only after its final
+answer is written (``ResultWriter``: first write wins), as a worker's. A runner that dies
+leaves its uncommitted requests to the next member of the group, which runs them again
+with the same step ids: before publishing a step it looks up the step's result key and
+uses a stored answer, and a step it publishes again is skipped by the step's worker if
+answered meanwhile (``workers/answered.py``); the runner then finds that answer on the
+result key, which it polls while it waits. A request whose own answer is stored already
+(a replay, or cancelled by its caller) is skipped. So a crash costs time, never an
+answer, and never a second one.
+
+Bounds: at most ``worker.max_pending`` ensemble requests (and ``worker.max_pending_bytes``
+of their records) are in flight; a step waits at most until the request's deadline (plus
+``DEADLINE_GRACE_S``) or ``STEP_WAIT_S`` without one. Step answers live under their result
+keys for ``redis.result_ttl_s``, like any answer.
+
+Liveness: the runner heartbeats in the ensemble's worker registry (``worker_registry_key``)
+and flushes the ensemble's statistics there (success, failure, request time), as a worker;
+the gateway reports the ensemble ready when a runner and every step model's workers live.
+
+Run one with ``python -m plaza.workers.ensemble --worker.model NAME`` (the settings of
+``plaza worker``); ``EnsembleRunner`` has a worker's lifecycle (``start``,
+``run_until_stopped``, ``stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Coroutine, Mapping
+from dataclasses import replace
+from typing import Any, TypeAlias
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+from pydantic import ValidationError
+
+from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
+from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.ensembles import EnsembleStep, runnable
+from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
+from plaza.model_control import model_spec
+from plaza.modelconfig import ModelSpec
+from plaza.naming import (
+    HEADER_ERROR_CODE,
+    HEADER_ERROR_MESSAGE,
+    HEADER_SOURCE_OFFSET,
+    HEADER_SOURCE_PARTITION,
+    HEADER_SOURCE_TOPIC,
+    step_request_id,
+)
+from plaza.producer import Producer
+from plaza.repository import ModelRepository
+from plaza.settings import PlazaSettings
+from plaza.tensors import Tensor
+from plaza.workers.admission import DeadLetter, Rejected, admit
+from plaza.workers.metrics import MetricsHub, WorkerMetrics
+from plaza.workers.offsets import OffsetTracker
+from plaza.workers.result_lookup import ResultLookup
+from plaza.workers.runner import WorkItem, error_result
+from plaza.workers.writer import ResultWriter
+
+log = logging.getLogger(__name__)
+Answer = tuple[InferResult, str | None]
+RecordKey = tuple[TopicPartition, int]
+Finished = tuple[RecordKey, Answer | None]
+"""A record done: its answer to write, or None (answered already, or dead-lettered)."""
+Record: TypeAlias = ConsumerRecord[Any, Any]
+
+STEP_WAIT_S = 300.0
+"""How long a step of a request without a deadline is waited for."""
+DEADLINE_GRACE_S = 5.0
+"""A step of a request with a deadline is waited for until then, plus this (the step's
+worker answers an expired step with a timeout when it fetches it)."""
+RESULT_POLL_S = 1.0
+"""While waiting for a step's reply, its result key is looked at this often (a replayed
+step that its worker skipped is answered only there)."""
+COMMIT_INTERVAL_S = 0.05
+"""Commits of finished requests are gathered this long (one commit, many answers)."""
+WRITE_BATCH = 256
+"""Answers written by one call of the result writer (one Redis round trip)."""
+
+
+class StepFailed(Exception):
+    """A step answered with an error (or not at all): the ensemble request's answer."""
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+def step_request(
+    req: InferRequest,
+    step: EnsembleStep,
+    tensors: Mapping[str, Tensor],
+    *,
+    reply_stream: str,
+    priority: int,
+) -> InferRequest:
+    """The request of ``step`` for ensemble request ``req``: its inputs taken from the
+    ensemble ``tensors`` (renamed to the step model's input names), its deadline and
+    parameters inherited, its correlation id ``<req.id>.<step.index>``."""
+    return InferRequest(
+        id=step_request_id(req.id, step.index),
+        model=step.model_name,
+        version=step.version,
+        inputs=tuple(replace(tensors[t], name=key) for key, t in step.input_map.items()),
+        outputs=tuple(step.output_map),
+        reply=ReplyTo(stream=reply_stream),
+        deadline_ms=req.deadline_ms,
+        priority=priority,
+        parameters=dict(req.parameters),
+        created_ms=int(time.time() * 1000),
+    )
+
+
+def step_outputs(step: EnsembleStep, result: InferResult) -> dict[str, Tensor]:
+    """A step's answer as ensemble tensors; StepFailed for an error or a missing output."""
+    if result.error is not None:
+        raise StepFailed(ErrorInfo(result.error.code, f"{step.label}: {result.error.message}"))
+    out: dict[str, Tensor] = {}
+    for key, name in step.output_map.items():
+        try:
+            out[name] = replace(result.output(key), name=name)
+        except KeyError:
+            message = f"{step.label}: its answer has no output {key!r}"
+            raise StepFailed(ErrorInfo("model_error", message)) from None
+    return out
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, runner: EnsembleRunner) -> None:
+        self._runner = runner
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._runner._on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._runner.offsets.assign(assigned)
+        log.info(
+            "%s: assigned %s", self._runner.id, sorted(f"{t.topic}:{t.partition}" for t in assigned)
+        )
+
+
+class EnsembleRunner:
+    """Serves one ensemble from its Kafka topic(s) until stopped."""
+
+    def __init__(self, settings: PlazaSettings, hub: MetricsHub | None = None) -> None:
+        """``hub``: the /metrics of the host it runs in (default: one of its own)."""
+        if not settings.worker.model:
+            raise ConfigError("worker.model is required (--worker.model NAME)")
+        self.settings = settings
+        self.model = settings.worker.model
+        self.names = settings.names
+        self.id = settings.worker.worker_id or (
+            f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        repo = ModelRepository(settings.repository)
+        self.spec: ModelSpec = model_spec(repo, self.model, settings.worker.model_config_json)
+        if not self.spec.is_ensemble:
+            raise ConfigError(
+                f"model {self.model!r} is not an ensemble (platform {self.spec.platform!r}): "
+                "run a worker for it"
+            )
+        self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
+        self.step_specs = _step_specs(repo, self.spec)
+        self.topics = self.names.request_topics(self.model, self.spec.batching.priority_levels)
+        self.redis = redis_client(settings.redis)
+        self.writer = ResultWriter(self.redis, settings.redis, self.names)
+        self.lookup = ResultLookup(self.redis, self.names)
+        self.reply_stream = self.names.reply_stream(f"ensemble-{self.id}")
+        """Where the steps' answers come back (the runner's own, as a gateway's)."""
+        self.producer = Producer(
+            settings,
+            self.redis,
+            reply_stream=self.reply_stream,
+            validate=False,  # each step's worker validates; its error names the step
+        )
+        self.metrics = WorkerMetrics(
+            self.model,
+            self.names,
+            settings.worker,
+            stats_ttl_s=settings.redis.stats_ttl_s,
+            hub=hub,
+        )
+        self.offsets = OffsetTracker()
+        self._inflight: dict[RecordKey, asyncio.Task[None]] = {}
+        self._inflight_bytes: dict[RecordKey, int] = {}
+        self.held_bytes = 0
+        """Bytes of the records in flight (``worker.max_pending_bytes`` bounds them)."""
+        self._to_write: asyncio.Queue[Finished] = asyncio.Queue(maxsize=settings.worker.max_pending)
+        self._space = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._dead_letters: AIOKafkaProducer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            raise RuntimeError(f"ensemble runner {self.id} is not started")
+        return self._consumer
+
+    @property
+    def in_flight(self) -> int:
+        """Ensemble requests taken in and not answered yet."""
+        return len(self._inflight)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Create the topics, start the producer core, join the group; returns once serving."""
+        await ensure_topics(
+            self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
+        )
+        await self.producer.start()
+        await self.producer.replies()
+        self._dead_letters = kafka_producer(self.settings.kafka)
+        await self._dead_letters.start()
+        self._consumer = kafka_consumer(self.settings.kafka, self.names.consumer_group(self.model))
+        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+        await self._consumer.start()
+        self.metrics.start(self.versions, pending=lambda: self.in_flight)
+        self.lookup.start()
+        await self._beat()
+        spawn = asyncio.create_task
+        self._tasks = [
+            spawn(self._intake_loop(), name="ensemble-intake"),
+            spawn(self._write_loop(), name="ensemble-writer"),
+            spawn(self._commit_loop(), name="ensemble-commit"),
+            spawn(self._heartbeat_loop(), name="ensemble-heartbeat"),
+        ]
+        steps = ", ".join(s.label for s in self.spec.ensemble_steps)
+        log.info(
+            "ensemble runner %s serving %s (%s) from %s", self.id, self.model, steps, self.topics
+        )
+
+    async def run_until_stopped(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set or a task fails (then re-raise after stopping)."""
+        waiter = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([waiter, *self._tasks], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        failed = [t for t in done if t is not waiter and t.exception() is not None]
+        await self.stop()
+        if failed:
+            raise failed[0].exception()  # type: ignore[misc]
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop fetching, finish the requests in flight, commit, leave the group."""
+        if not self._tasks:
+            return
+        intake = self._tasks[0]
+        intake.cancel()
+        running = [t for t in self._inflight.values() if not t.done()]
+        if running:
+            await asyncio.wait(running, timeout=drain_timeout_s)
+        for task in running:
+            task.cancel()  # not answered in time: the next member of the group replays it
+        await asyncio.gather(*running, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._to_write.join(), drain_timeout_s)
+        await self._commit()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self.lookup.stop()
+        await self.metrics.close(self.redis)
+        with contextlib.suppress(Exception):
+            await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
+        await self.consumer.stop()
+        if self._dead_letters is not None:
+            await self._dead_letters.stop()
+        await self.producer.stop()
+        await self.redis.aclose()
+        log.info("ensemble runner %s stopped", self.id)
+
+    # -- intake ----------------------------------------------------------------------------
+    async def _intake_loop(self) -> None:
+        ws = self.settings.worker
+        while True:
+            room = ws.max_pending - self.in_flight
+            if room <= 0 or self.held_bytes >= ws.max_pending_bytes:
+                self._space.clear()
+                await self._space.wait()
+                continue
+            limit = min(room, ws.fetch_max_records)
+            fetched = await self.consumer.getmany(timeout_ms=200, max_records=limit)
+            for tp, records in fetched.items():
+                for record in records:
+                    await self._take(tp, record)
+
+    async def _take(self, tp: TopicPartition, record: Record) -> None:
+        if not self.offsets.started(tp, record.offset):
+            return  # revoked meanwhile: the partition's next owner replays it
+        verdict = admit(
+            record.value,
+            self.spec,
+            self.versions,
+            max_bytes=self.settings.kafka.max_request_bytes,
+            names=self.names,
+            worker_id=self.id,
+            partition=tp,
+            offset=record.offset,
+        )
+        key = (tp, record.offset)
+        if isinstance(verdict, DeadLetter):
+            await self._dead_letter(tp, record, verdict.error)
+            self._spawn(key, 0, _ready(None))
+        elif isinstance(verdict, Rejected):
+            self._spawn(key, 0, _ready((verdict.result, verdict.reply_stream)))
+        else:
+            priority = verdict.request.priority or self.names.topic_level(self.model, tp.topic)
+            self._spawn(key, len(record.value or b""), self._answer(verdict, priority))
+
+    def _spawn(
+        self, key: RecordKey, nbytes: int, answer: Coroutine[Any, Any, Answer | None]
+    ) -> None:
+        if key in self._inflight:  # the same record again (a replay within one assignment)
+            answer.close()
+            return
+        self._inflight_bytes[key] = nbytes
+        self.held_bytes += nbytes
+        self._inflight[key] = asyncio.create_task(self._finish(key, answer))
+
+    async def _finish(self, key: RecordKey, answer: Coroutine[Any, Any, Answer | None]) -> None:
+        """Answer one record and hand the answer to the writer."""
+        try:
+            await self._to_write.put((key, await answer))
+        except asyncio.CancelledError:
+            self._forget(key)  # revoked or stopping: the next owner replays it
+            raise
+
+    async def _write_loop(self) -> None:
+        """Write finished answers, many a round trip; then their offsets may be committed."""
+        while True:
+            batch = [await self._to_write.get()]
+            while len(batch) < WRITE_BATCH and not self._to_write.empty():
+                batch.append(self._to_write.get_nowait())
+            try:
+                answers = [answer for _, answer in batch if answer is not None]
+                if answers:
+                    await self.writer.write_until_done(answers)
+                    self.metrics.answered(answers)
+                for key, _ in batch:
+                    self.offsets.done(*key)
+                    self._forget(key)
+                self._finished.set()
+            finally:
+                for _ in batch:
+                    self._to_write.task_done()
+
+    def _forget(self, key: RecordKey) -> None:
+        self._inflight.pop(key, None)
+        self.held_bytes -= self._inflight_bytes.pop(key, 0)
+        self._space.set()
+
+    async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
+        headers = [
+            *(record.headers or ()),
+            (HEADER_ERROR_CODE, error.code.encode()),
+            (HEADER_ERROR_MESSAGE, error.message.encode()[:1024]),
+            (HEADER_SOURCE_TOPIC, tp.topic.encode()),
+            (HEADER_SOURCE_PARTITION, str(tp.partition).encode()),
+            (HEADER_SOURCE_OFFSET, str(record.offset).encode()),
+        ]
+        log.warning(
+            "%s: dead-lettering %s:%d:%d: %s",
+            self.id,
+            tp.topic,
+            tp.partition,
+            record.offset,
+            error.message,
+        )
+        assert self._dead_letters is not None
+        await self._dead_letters.send_and_wait(
+            self.names.dead_letter_topic(self.model),
+            value=record.value,
+            key=record.key,
+            headers=headers,
+        )
+
+    # -- one ensemble request --------------------------------------------------------------
+    async def _answer(self, item: WorkItem, priority: int) -> Answer | None:
+        """The ensemble request's answer; None when it is answered already (not run)."""
+        req = item.request
+        if await self.lookup.get(req.id) is not None:
+            return None  # a replay of an answered request, or cancelled by its caller
+        version = str(item.version)
+        if req.deadline_ms is not None and req.deadline_ms <= time.time() * 1000:
+            late = DeadlineExceeded("the request's deadline passed before its first step ran")
+            return error_result(req, late, version=version, worker=self.id), req.reply.stream
+        started = time.monotonic()
+        try:
+            tensors = await self._run_graph(req, priority)
+            wanted = req.outputs or tuple(o.name for o in self.spec.outputs)
+            outputs = tuple(_output(tensors, name, self.spec) for name in wanted)
+        except StepFailed as exc:
+            result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
+            return result, req.reply.stream
+        except Exception as exc:  # a bug: answer it, or its offset would hold every later one
+            log.exception("%s: ensemble request %s failed", self.id, req.id)
+            err = PlazaError(f"ensemble {self.model!r} failed: {type(exc).__name__}: {exc}")
+            return error_result(req, err, version=version, worker=self.id), req.reply.stream
+        timing = {
+            "queue": int((started - item.received) * 1e6),
+            "compute_infer": int((time.monotonic() - started) * 1e6),
+        }
+        result = InferResult(req.id, self.model, version, outputs, timing_us=timing, worker=self.id)
+        return result, req.reply.stream
+
+    async def _run_graph(self, req: InferRequest, priority: int) -> dict[str, Tensor]:
+        """Every ensemble tensor the steps produce: each step starts once its inputs exist."""
+        have: dict[str, Tensor] = {t.name: t for t in req.inputs}
+        started: set[int] = set()
+        running: dict[asyncio.Task[dict[str, Tensor]], EnsembleStep] = {}
+        try:
+            while True:
+                for step in runnable(self.spec.ensemble_steps, have, started):
+                    started.add(step.index)
+                    running[asyncio.create_task(self._step(req, step, have, priority))] = step
+                if not running:
+                    return have
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    running.pop(task)
+                    have.update(task.result())  # StepFailed ends the request
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _step(
+        self, req: InferRequest, step: EnsembleStep, have: Mapping[str, Tensor], priority: int
+    ) -> dict[str, Tensor]:
+        sreq = step_request(req, step, have, reply_stream=self.reply_stream, priority=priority)
+        return step_outputs(step, await self._call(sreq, step))
+
+    async def _call(self, sreq: InferRequest, step: EnsembleStep) -> InferResult:
+        """The step's answer: stored already (a replay), or published and awaited."""
+        stored = await self.lookup.get(sreq.id)
+        if stored is not None:
+            return stored
+        mux = await self.producer.replies()
+        fut = mux.expect(sreq.id)  # before publishing: the reply may beat the ack
+        try:
+            try:
+                await self.producer.publish_many([(sreq, self.step_specs.get(step.model_name))])
+            except PlazaError as exc:
+                raise StepFailed(ErrorInfo(exc.code, f"{step.label}: {exc.message}")) from exc
+            return await self._await_step(fut, sreq, step)
+        finally:
+            mux.forget(sreq.id)
+
+    async def _await_step(
+        self, fut: asyncio.Future[InferResult], sreq: InferRequest, step: EnsembleStep
+    ) -> InferResult:
+        limit_s = STEP_WAIT_S
+        if sreq.deadline_ms is not None:
+            limit_s = max(0.0, sreq.deadline_ms / 1000 - time.time()) + DEADLINE_GRACE_S
+        give_up = time.monotonic() + limit_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(asyncio.shield(fut), RESULT_POLL_S)
+            stored = await self.lookup.get(sreq.id)
+            if stored is not None:
+                return stored
+            if time.monotonic() > give_up:
+                message = f"{step.label}: no answer within {limit_s:g} s"
+                raise StepFailed(ErrorInfo(DeadlineExceeded.code, message))
+
+    # -- committing ------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._finished.wait()
+            await asyncio.sleep(COMMIT_INTERVAL_S)  # gather the answers finishing meanwhile
+            self._finished.clear()
+            await self._commit()
+
+    async def _commit(self) -> None:
+        assigned = self.consumer.assignment()
+        offsets = {tp: off for tp, off in self.offsets.to_commit().items() if tp in assigned}
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:  # rebalancing: the replay is idempotent
+            log.warning("%s: commit of %d partitions failed: %s", self.id, len(offsets), exc)
+            return
+        self.offsets.committed(offsets)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Commit what is answered; requests still running go to the next owner."""
+        if not revoked or not self._tasks:
+            return
+        moved = [task for (tp, _), task in self._inflight.items() if tp in revoked]
+        for task in moved:
+            task.cancel()
+        await asyncio.gather(*moved, return_exceptions=True)
+        await self._commit()
+        self.offsets.forget(revoked)
+        log.info(
+            "%s: revoked %d partitions, %d requests left for the next owner",
+            self.id,
+            len(revoked),
+            len(moved),
+        )
+
+    # -- registry --------------------------------------------------------------------------
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.worker.heartbeat_interval_s)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        ttl = 3 * self.settings.worker.heartbeat_interval_s
+        now = time.time()
+        key = self.names.worker_registry_key(self.model)
+        info = json.dumps(
+            {
+                "model": self.model,
+                "kind": "ensemble",
+                "steps": [s.model_name for s in self.spec.ensemble_steps],
+                "versions": self.versions,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "pending": self.in_flight,
+                "metrics_port": self.metrics.port,
+            }
+        )
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(key, {self.id: now + ttl})
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.expire(key, int(ttl) + 1)
+            pipe.set(self.names.worker_info_key(self.id), info, ex=max(1, int(ttl)))
+            await self.metrics.flush_with(pipe)
+        except Exception as exc:  # Redis restarting: the next beat tries again
+            log.warning("%s: heartbeat failed: %s", self.id, exc)
+
+
+async def _ready(answer: Answer | None) -> Answer | None:
+    return answer
+
+
+def _output(tensors: Mapping[str, Tensor], name: str, spec: ModelSpec) -> Tensor:
+    tensor = tensors.get(name)
+    if tensor is None:  # an optional input left out, and the steps that need it never ran
+        err = InvalidInput(f"ensemble {spec.name!r}: no step could produce output {name!r}")
+        raise StepFailed(ErrorInfo(err.code, err.message))
+    return tensor
+
+
+def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
+    """Each step model's config (its priority levels and queue policy); ConfigError naming
+    the step for a model that is not in the repository, or a tensor it does not have."""
+    specs: dict[str, ModelSpec] = {}
+    for step in spec.ensemble_steps:
+        try:
+            step_spec = specs.get(step.model_name) or repo.spec(step.model_name)
+        except PlazaError as exc:
+            raise ConfigError(f"ensemble {spec.name!r}: {step.label}: {exc.message}") from exc
+        for kind, names, known in (
+            ("input", step.input_map, {t.name for t in step_spec.inputs}),
+            ("output", step.output_map, {t.name for t in step_spec.outputs}),
+        ):
+            unknown = sorted(set(names) - known)
+            if unknown:
+                raise ConfigError(
+                    f"ensemble {spec.name!r}: {step.label}: the model has no {kind} {unknown} "
+                    f"(it has {sorted(known)})"
+                )
+        specs[step.model_name] = step_spec
+    return specs
+
+
+async def serve(settings: PlazaSettings) -> None:
+    """Start a runner, serve until SIGINT/SIGTERM, then drain and stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = EnsembleRunner(settings)
+    await runner.start()
+    await runner.run_until_stopped(stop)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m plaza.workers.ensemble --worker.model NAME [settings flags]``."""
+    try:
+        settings = PlazaSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
+        logging.basicConfig(
+            level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        asyncio.run(serve(settings))
+    except PlazaError as exc:
+        print(f"plaza ensemble: error: {exc.message}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:
+        for problem in exc.errors():
+            where = ".".join(str(part) for part in problem["loc"])
+            print(f"plaza ensemble: error: {where}: {problem['msg']}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
