@@ -23,6 +23,7 @@ from typing import Any
 from plaza.errors import PlazaError
 from plaza.modelconfig import ModelSpec, load_model_config
 from plaza.repository import CONFIG_FILENAME
+from plaza.samples.ensembles import ENSEMBLE_NAMES, prepare_ensemble
 from plaza.samples.errors import BuildError
 from plaza.samples.files import atomic_write, sha256_file
 from plaza.samples.graph import IR_VERSION, OPSET
@@ -171,15 +172,26 @@ def build_repository(
     models: Sequence[str] | None = None,
     source: Path | None = None,
 ) -> list[BuildResult]:
-    """Build the selected sample models (all by default) into ``repository``.
+    """Build the selected sample models (all by default) into ``repository``; the sample
+    ensembles get their config and version folder (status 'ready').
 
     ``source`` is where a missing config.pbtxt is copied from (default: the checkout's
     model_repository). BuildError for an unknown model name.
     """
-    wanted = list(models) if models else list(MODEL_NAMES)
-    unknown = sorted(set(wanted) - set(MODEL_NAMES))
+    known = (*MODEL_NAMES, *ENSEMBLE_NAMES)
+    wanted = list(models) if models else list(known)
+    unknown = sorted(set(wanted) - set(known))
     if unknown:
-        raise BuildError(f"unknown model(s) {unknown}; known: {', '.join(MODEL_NAMES)}")
+        raise BuildError(f"unknown model(s) {unknown}; known: {', '.join(known)}")
     repository.mkdir(parents=True, exist_ok=True)
     origin = source if source is not None else default_source()
-    return [build_model(repository, r, force, origin) for r in RECIPES if r.name in wanted]
+    results = [build_model(repository, r, force, origin) for r in RECIPES if r.name in wanted]
+    return results + [_ensemble(repository, n, origin) for n in ENSEMBLE_NAMES if n in wanted]
+
+
+def _ensemble(repository: Path, name: str, source: Path | None) -> BuildResult:
+    """An ensemble's config and version folder ('ready'), or 'failed' with the cause."""
+    try:
+        return BuildResult(name, "ready", prepare_ensemble(repository, name, source))
+    except BuildError as exc:
+        return BuildResult(name, "failed", exc.message)

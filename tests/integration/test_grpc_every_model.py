@@ -1,10 +1,12 @@
 """Every sample model answers the same over gRPC as over HTTP (tritonclient's aio clients,
-one gateway serving both fronts, one in-process worker per model). A BYTES input (the
-text_embed tokenizer's TEXT) gets sentences, not loadgen's synthetic numbers."""
+one gateway serving both fronts, one in-process worker per model, and an ensemble runner
+per ensemble: text_embed and numeric_dag, whose steps are sample models too). A BYTES
+input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,9 @@ from tritonclient.utils import np_to_triton_dtype
 from plaza.loadgen.inputs import make_inputs, sentences
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
-from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
+from plaza.settings import PlazaSettings
+from plaza.workers.ensemble import EnsembleRunner
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, with_model
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,6 +44,16 @@ def feeds_for(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray
     return feeds
 
 
+@contextlib.asynccontextmanager
+async def running_runner(settings: PlazaSettings, ensemble: str) -> AsyncIterator[None]:
+    runner = EnsembleRunner(with_model(settings, ensemble))
+    await runner.start()
+    try:
+        yield
+    finally:
+        await runner.stop()
+
+
 async def test_every_sample_model_answers_the_same_on_both_fronts(
     kafka_bootstrap: str, redis_url: str, unique_id: str, redis_client: Any
 ) -> None:
@@ -51,7 +65,9 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
     feeds = {name: feeds_for(repo.spec(name), rng) for name in names}
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
-            await stack.enter_async_context(running_worker(settings, name))
+            spec = repo.spec(name)
+            serve = running_runner if spec.is_ensemble else running_worker
+            await stack.enter_async_context(serve(settings, name))
         gw = await stack.enter_async_context(gateway_fronts(settings))
         http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)

@@ -191,3 +191,28 @@ def test_the_benchmarks_in_process_pipeline_computes_the_same_embedding(built: P
     embedding = np.vstack([local.embed(inputs) for inputs in pool])
     assert cosines(embedding, sentence_embeddings(SENTENCES)).min() > 1 - 1e-4
     assert local.items_per_s(text_inputs(4), 0.01) > 0
+
+
+def test_the_ensembles_get_their_config_and_an_empty_version_folder(tmp_path: Path) -> None:
+    results = build_repository(tmp_path, models=["text_embed", "numeric_dag"])
+    assert [(r.name, r.status) for r in results] == [
+        ("text_embed", "ready"),
+        ("numeric_dag", "ready"),
+    ]
+    repo = ModelRepository(tmp_path)
+    steps = {
+        "text_embed": ["text_embed_tokenizer", "text_embed_encoder", "text_embed_pool"],
+        "numeric_dag": ["preprocess", "mlp", "identity", "combine"],
+    }
+    for name, models in steps.items():
+        spec = repo.spec(name)
+        assert spec.is_ensemble and [s.model_name for s in spec.ensemble_steps] == models
+        assert [v.version for v in repo.served_versions(name)] == [1]
+        assert not any((tmp_path / name / "1").iterdir())
+    dag = repo.spec("numeric_dag").ensemble_steps
+    assert dag[1].input_map["input"] == dag[2].input_map["INPUT0"] == "features"  # fan-out
+    assert set(dag[3].input_map.values()) == {"logits", "passthrough"}  # fan-in
+    again = build_repository(tmp_path, models=["text_embed"], source=tmp_path / "none")
+    assert [r.status for r in again] == ["ready"]  # an existing config is kept
+    (missing,) = build_repository(tmp_path / "other", models=["text_embed"], source=tmp_path / "x")
+    assert missing.status == "failed" and "config.pbtxt is missing" in missing.detail
