@@ -137,7 +137,8 @@ def _build(folder: Path, recipe: Recipe, force: bool, note: str) -> BuildResult:
     model_file = version_dir / spec.default_model_filename
     stamp = version_dir / STAMP_FILENAME
     digest = recipe_digest(recipe, spec)
-    if not force and _is_up_to_date(model_file, stamp, digest):
+    companions_there = all((version_dir / f).is_file() for f in recipe.companions)
+    if not force and companions_there and _is_up_to_date(model_file, stamp, digest):
         return BuildResult(recipe.name, "up to date", f"{model_file}{note}")
     if recipe.needs_torch and import_torch() is None:
         reason = "torch is not importable (install the 'torch' extra to build it)"

@@ -14,6 +14,7 @@ from plaza.samples.files import atomic_write
 from plaza.samples.minilm import minilm_fingerprint, minilm_model, minilm_token_model
 from plaza.samples.mlp import mlp_fingerprint, mlp_model
 from plaza.samples.python_models import (
+    TOKENIZER_FILE,
     python_fingerprint,
     python_writer,
     tokenizer_fingerprint,
@@ -42,6 +43,8 @@ class Recipe:
     fingerprint: Fingerprint = _no_inputs
     """What else the file depends on (weights, seeds), recorded in the build stamp."""
     needs_torch: bool = False
+    companions: tuple[str, ...] = ()
+    """Files the writer puts next to the model file; one missing means a rebuild."""
 
 
 def onnx_writer(make: Callable[[ModelSpec], Any]) -> Writer:
@@ -60,7 +63,14 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("minilm", PLATFORM_ONNX, onnx_writer(minilm_model), 1, minilm_fingerprint),
     Recipe("mlp_torch", PLATFORM_TORCH, write_mlp_torch, 1, mlp_fingerprint, needs_torch=True),
     # the steps of the sample pipelines (their ensembles have no file)
-    Recipe("text_embed_tokenizer", BACKEND_PYTHON, write_tokenizer_model, 1, tokenizer_fingerprint),
+    Recipe(
+        "text_embed_tokenizer",
+        BACKEND_PYTHON,
+        write_tokenizer_model,
+        1,
+        tokenizer_fingerprint,
+        companions=(TOKENIZER_FILE,),
+    ),
     Recipe(
         "text_embed_encoder", PLATFORM_ONNX, onnx_writer(minilm_token_model), 1, minilm_fingerprint
     ),

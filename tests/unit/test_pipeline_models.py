@@ -216,3 +216,13 @@ def test_the_ensembles_get_their_config_and_an_empty_version_folder(tmp_path: Pa
     assert [r.status for r in again] == ["ready"]  # an existing config is kept
     (missing,) = build_repository(tmp_path / "other", models=["text_embed"], source=tmp_path / "x")
     assert missing.status == "failed" and "config.pbtxt is missing" in missing.detail
+
+
+def test_a_missing_tokenizer_json_rebuilds_the_tokenizer_step(tmp_path: Path) -> None:
+    (first,) = build_repository(tmp_path, models=["text_embed_tokenizer"])
+    (again,) = build_repository(tmp_path, models=["text_embed_tokenizer"])
+    assert (first.status, again.status) == ("built", "up to date")
+    (tmp_path / "text_embed_tokenizer" / "1" / "tokenizer.json").unlink()
+    (rebuilt,) = build_repository(tmp_path, models=["text_embed_tokenizer"])
+    assert rebuilt.status == "built"
+    assert (tmp_path / "text_embed_tokenizer" / "1" / "tokenizer.json").is_file()
