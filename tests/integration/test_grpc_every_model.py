@@ -1,9 +1,12 @@
 """Every sample model answers the same over gRPC as over HTTP (tritonclient's aio clients,
-one gateway serving both fronts, one in-process worker per model)."""
+one gateway serving both fronts, one in-process worker per model, and an ensemble runner
+per ensemble: text_embed and numeric_dag, whose steps are sample models too). A BYTES
+input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -12,9 +15,12 @@ import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import np_to_triton_dtype
 
-from plaza.loadgen.inputs import make_inputs
+from plaza.loadgen.inputs import make_inputs, sentences
+from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
-from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
+from plaza.settings import PlazaSettings
+from plaza.workers.ensemble import EnsembleRunner
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, with_model
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,6 +34,26 @@ def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
     return out
 
 
+def feeds_for(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]]:
+    """Two rows of inputs for ``spec``; sentences for each BYTES input."""
+    feeds = make_inputs(spec, 2, 8, rng)
+    for tensor in spec.inputs:
+        if tensor.datatype == "BYTES":
+            texts = [[s.encode()] for s in sentences(2, seed=len(tensor.name))]
+            feeds[tensor.name] = np.array(texts, dtype=np.object_)
+    return feeds
+
+
+@contextlib.asynccontextmanager
+async def running_runner(settings: PlazaSettings, ensemble: str) -> AsyncIterator[None]:
+    runner = EnsembleRunner(with_model(settings, ensemble))
+    await runner.start()
+    try:
+        yield
+    finally:
+        await runner.stop()
+
+
 async def test_every_sample_model_answers_the_same_on_both_fronts(
     kafka_bootstrap: str, redis_url: str, unique_id: str, redis_client: Any
 ) -> None:
@@ -36,10 +62,12 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
     assert len(names) >= 6, names
     settings = make_settings(kafka_bootstrap, redis_url, unique_id, gateway={"metrics_port": -1})
     rng = np.random.default_rng(7)
-    feeds = {name: make_inputs(repo.spec(name), 2, 8, rng) for name in names}
+    feeds = {name: feeds_for(repo.spec(name), rng) for name in names}
     async with contextlib.AsyncExitStack() as stack:
         for name in names:
-            await stack.enter_async_context(running_worker(settings, name))
+            spec = repo.spec(name)
+            serve = running_runner if spec.is_ensemble else running_worker
+            await stack.enter_async_context(serve(settings, name))
         gw = await stack.enter_async_context(gateway_fronts(settings))
         http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
