@@ -8,6 +8,10 @@
 - **memory**: the sample repository served by one host process vs one worker process per
   model, each warmed with requests: the RSS sum (and the PSS sum, which counts shared pages
   once) after loading.
+- **scale**: throughput of 1, 2 and 4 hosts of one simulated model on a 4-partition topic
+  (one consumer group), under the same closed-loop load: the device, not the 2 CPUs, bounds
+  each host, so the figure shows what more consumer-group members add (up to the partition
+  count: a fifth host would own no partition).
 
 It starts its own Kafka and Redis (free loopback ports, under ``--work-dir``) like the suite,
 prints the ratios and writes ``results/bench/hosts.json``.
@@ -40,7 +44,14 @@ from plaza.loadgen.stack import chain, fresh_dir, set_parameters, warm_up
 from plaza.loadgen.sweep import environment
 from plaza.loadgen.targets import KafkaTarget, StatsSnapshot
 from plaza.repository import ModelRepository
-from plaza.stack import Deployment, HostProcess, ProcessGroup, Services, WorkerProcess
+from plaza.stack import (
+    Deployment,
+    HostProcess,
+    ProcessGroup,
+    Services,
+    WorkerProcess,
+    wait_assignment,
+)
 
 Report = dict[str, Any]
 QUIET_RATE = 20.0
@@ -246,7 +257,58 @@ async def memory(ctx: Context) -> Report:
     }
 
 
-BENCHMARKS = {"fairness": fairness, "memory": memory}
+# -- scale -------------------------------------------------------------------------------------
+
+SCALE_HOSTS = (1, 2, 4)
+SCALE_PARTITIONS = 4
+SCALE_CLIENTS = 256
+SCALE_DEVICE = {"latency_a_us": 0, "latency_b_us": 20000}
+"""20 ms a batch of up to 16 rows, one execution at a time: at most 800 rows/s a host."""
+
+
+async def scale(ctx: Context) -> Report:
+    """Throughput of 1, 2, 4 hosts of one model (one consumer group, 4 partitions)."""
+    edit = chain(set_parameters(**SCALE_DEVICE), _sixteen)
+    dep = ctx.deployment("hosts-scale", {"simulated": edit}, partitions=SCALE_PARTITIONS)
+    pool = input_pool(spec_of(dep, "simulated"))
+    env = {"PLAZA_WORKER__DEVICE": "cpu"}
+    target = KafkaTarget(dep.settings(), "simulated", pool, label="simulated")
+    load = Load("concurrency", SCALE_CLIENTS)
+    cfg = ctx.window()
+    hosts: list[WorkerProcess] = []
+    points: dict[int, list[PointResult]] = {}
+    await target.start()
+    try:
+        for count in SCALE_HOSTS:
+            while len(hosts) < count:
+                name = f"scale-{len(hosts)}"
+                proc = WorkerProcess(
+                    dep, "simulated", ctx.procs.log_dir, name=name, worker_id=name, env=env
+                )
+                hosts.append(ctx.procs.start(proc))
+            for host in hosts:
+                await host.wait_registered()
+            await wait_assignment(hosts, SCALE_PARTITIONS)
+            await warm_up(dep, "simulated", pool)
+            points[count] = [await measure_logged(target, load, cfg) for _ in range(ctx.rounds)]
+    finally:
+        await target.stop()
+        ctx.procs.stop(hosts)
+    throughput = {n: statistics.median(p.throughput for p in ps) for n, ps in points.items()}
+    ratios: dict[str, Any] = {f"infer_per_s_{n}_hosts": t for n, t in throughput.items()}
+    for n in SCALE_HOSTS[1:]:
+        ratios[f"throughput_{n}_hosts_vs_1"] = throughput[n] / throughput[SCALE_HOSTS[0]]
+    return {
+        "command": "python -m plaza.loadgen.bench.hosts --only scale",
+        "device": SCALE_DEVICE,
+        "partitions": SCALE_PARTITIONS,
+        "clients": SCALE_CLIENTS,
+        "points": {str(n): [point_summary(p) for p in ps] for n, ps in points.items()},
+        "ratios": ratios,
+    }
+
+
+BENCHMARKS = {"fairness": fairness, "memory": memory, "scale": scale}
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
