@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import redis.asyncio
 
 from plaza.client import PlazaClient
+from plaza.gateway.main import serving as gateway_serving
 from plaza.model_control import ModelTable
 from plaza.settings import PlazaSettings
 from plaza.workers.host import Host
@@ -184,3 +187,48 @@ async def test_lazy_models_under_a_budget_that_fits_two_of_three(
         assert loads == evictions + len(watch.state.running)  # every unload was an eviction
         assert value(got, "plaza_host_memory_budget_bytes") == budget
         assert value(got, "plaza_host_memory_bytes") <= budget
+
+
+async def test_the_gateway_loads_a_lazy_model_ready_and_the_first_request_loads_it(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    repo = repository(tmp_path, ("lz",), lazy=True, nbytes=MB)
+    base = make_settings(
+        kafka_bootstrap,
+        redis_url,
+        unique_id,
+        repository=repo,
+        gateway={"model_control_mode": "explicit", "metrics_port": -1},
+    )
+    settings = following(base)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        async with (
+            serving(settings) as (host, _),
+            gateway_serving(settings, http_socket=sock, grpc_port=0) as gw,
+            httpx.AsyncClient(base_url=gw.http_url, trust_env=False, timeout=120) as http,
+        ):
+            watch = follower(host)
+            loaded = await http.post("/v2/repository/models/lz/load")
+            assert loaded.status_code == 200, loaded.text  # the host's standby entry counts
+            assert "lz" not in watch.state.running  # lazy: not loaded before a request
+            index = (await http.post("/v2/repository/index")).json()
+            assert {"name": "lz", "version": "1", "state": "READY"} in index
+            assert (await http.get("/v2/health/ready")).status_code == 200
+            body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                "data": [1.0, 2.0, 3.0, 4.0]}]}  # fmt: skip
+            answer = await http.post("/v2/models/lz/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
+            assert "lz" in watch.state.running  # the request loaded it
+            assert (await http.post("/v2/repository/models/lz/unload")).status_code == 200
+            await wait_for(lambda: "lz" not in watch.state.running, 60, "lz to unload")
+            key = settings.names.worker_registry_key("lz")
+
+            async def no_entry() -> bool:
+                return int(await host.services.redis.zcard(key)) == 0
+
+            await wait_for(no_entry, 30, "lz to leave its worker registry")
+    finally:
+        sock.close()
