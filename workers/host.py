@@ -93,6 +93,11 @@ class Host:
                 )
             self.models = []
         else:
+            if settings.host.memory_budget_bytes:
+                raise ConfigError(
+                    "host.memory_budget_bytes needs host.follow_model_table (a host with a "
+                    "fixed list of models loads them all)"
+                )
             self.models = list(models) if models is not None else host_models(settings)
         self.id = settings.worker.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.25
 STANDBY_SUFFIX = "~standby"
+STANDBY_TTL_S = 15.0
+"""How long a standby entry counts without being refreshed."""
 
 
 @dataclass(slots=True)
@@ -108,6 +110,8 @@ class ModelFollower:
         self._scope = None if scope in ([], ["*"]) else set(scope)
         self.state = FollowerState()
         self._standby: set[str] = set()
+        self._draining: dict[str, asyncio.Task[None]] = {}
+        """Units of unloaded models serving their queues before they stop."""
         self.memory_samples: list[int] = []
         """The accounted bytes after every change of the budget (bounded)."""
 
@@ -120,12 +124,17 @@ class ModelFollower:
         }
         running = self.state.running
         for name, item in list(running.items()):
+            if name in self._draining:
+                continue
             if item.task.done():  # the unit failed on its own
                 await self._forget(name, item, why="failed")
                 continue
             desired = table.get(name)
             if desired is None or not desired.loaded:
-                await self._retire(name, drain=True, why="unloaded")
+                if name not in self._draining:  # drains in the background: rounds go on
+                    self._draining[name] = asyncio.create_task(
+                        self._retire(name, drain=True, why="unloaded"), name=f"drain-{name}"
+                    )
             elif desired.generation != item.desired.generation:
                 await self._retire(name, drain=False, why="reloaded")
                 self.state.evicted.discard(name)
@@ -133,8 +142,11 @@ class ModelFollower:
             if name not in table or not table[name].loaded:
                 self.state.evicted.discard(name)
         self._touch_used()
+        for name, task in list(self._draining.items()):
+            if task.done():
+                del self._draining[name]
         for name, desired in sorted(table.items()):
-            if not desired.loaded or name in running:
+            if not desired.loaded or name in running or name in self._draining:
                 continue
             if self.state.given_up.get(name) == desired.generation:
                 continue
@@ -298,8 +310,8 @@ class ModelFollower:
 
     async def _busy(self) -> set[str]:
         """Running models holding or owing work: never evicted."""
-        busy = set()
-        for name, item in self.state.running.items():
+        busy = set(self._draining)
+        for name, item in list(self.state.running.items()):
             if self._pending(item.unit) > 0 or await self._queued(name, item.spec):
                 busy.add(name)
         return busy
@@ -343,7 +355,8 @@ class ModelFollower:
         if not waiting:
             return
         s = self._settings
-        ttl = 3 * max(s.worker.heartbeat_interval_s, s.host.follow_interval_s)
+        # Outlives a round that loads a model (seconds); a dead host's entry goes after it.
+        ttl = max(STANDBY_TTL_S, 3 * s.host.follow_interval_s)
         now = time.time()
         pipe = self._host.services.redis.pipeline(transaction=False)
         for name in sorted(waiting):
@@ -372,6 +385,10 @@ class ModelFollower:
 
     async def close(self) -> None:
         """Stop every unit (draining what each holds) and drop the standby entries."""
+        for task in list(self._draining.values()):
+            with contextlib.suppress(Exception):
+                await task
+        self._draining.clear()
         for name in list(self.state.running):
             await self._retire(name, drain=False, why="host stopping")
         for name in list(self._standby):
