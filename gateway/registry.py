@@ -4,7 +4,8 @@ In mode ``none`` the registry is read once from the repository. In ``explicit`` 
 ``poll`` it follows the deployment's model table (``plaza.model_control``): a load or
 unload made through any gateway is written there, and every gateway re-reads the table
 every ``FOLLOW_INTERVAL_S``, so they all serve the same models. Whoever runs the workers
-watches the same table (``plaza up``'s supervisor).
+watches the same table (model hosts with ``host.follow_model_table``, or ``plaza up``'s
+supervisor with ``--process-per-model``).
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ Triton's model control modes, for a deployment of many processes:
 The decision lives in one Redis hash, the *model table* (``Names.model_table_key``): a field
 per model holding what should happen to it (loaded or not, an optional config override, a
 generation that changes with every load). Gateways write it and read it back (so several
-gateways agree), and whoever runs workers watches it: ``plaza up``'s supervisor starts a
-model's workers when it is loaded, restarts them when its generation changes (a new
-config or version folder), and drains then stops them when it is unloaded. The table has
+gateways agree), and whoever runs workers watches it: a model host with
+``host.follow_model_table`` (``workers/model_watch.py``; what ``plaza up`` runs) or, with
+``plaza up --process-per-model``, its supervisor starts a model's workers when it is
+loaded, restarts them when its generation changes (a new config or version folder), and
+drains then stops them when it is unloaded. The table has
 one field per model ever loaded, so it is bounded by the repository.
 """
 

@@ -185,6 +185,35 @@ class HostSettings(_Section):
         description="rate limiter budget, NAME:COUNT[,NAME:COUNT]; a resource not named "
         "gets the largest count any served model asks for",
     )
+    follow_model_table: bool = Field(
+        False,
+        description="serve what the model table says is loaded (modes explicit and poll), "
+        "among host.models ('*': any model of the repository): start a model's unit when it "
+        "is loaded, reload it when its generation changes, drain and stop it when unloaded",
+    )
+    follow_interval_s: float = Field(
+        1.0, gt=0, description="how often a host following the model table re-reads it"
+    )
+    memory_budget_bytes: int = Field(
+        0,
+        ge=0,
+        description="bytes the models on this host may hold (parameter memory_bytes, else "
+        "their files, corrected by the measured growth at load); a load that does not fit "
+        "evicts the least recently used idle model first; 0: no budget. Needs "
+        "follow_model_table",
+    )
+    load_wait_s: float = Field(
+        60.0,
+        gt=0,
+        description="how long a load waits for room in the memory budget before it is "
+        "given up with an error (a later load of the model tries again)",
+    )
+    drain_limit_s: float = Field(
+        60.0,
+        gt=0,
+        description="an unloaded model's unit serves its queued requests this long at most "
+        "before it stops",
+    )
 
     def model_names(self) -> list[str]:
         """``models`` as a list."""

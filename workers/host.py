@@ -14,6 +14,10 @@ lifecycle, sharing the host's /metrics.
 ``plaza worker --worker.model M`` is a host of one model (its worker id is the host's);
 ``plaza worker --host.models a,b,c`` (or ``'*'``: the whole repository) serves several, and
 each model's worker id is ``<host id>.<model>``.
+
+With ``host.follow_model_table`` the host starts with no unit and serves what the model
+table says is loaded, among ``host.models`` (``'*'``: any model), within
+``host.memory_budget_bytes``: ``workers/model_watch.py``.
 """
 
 from __future__ import annotations
@@ -28,11 +32,16 @@ import uuid
 from collections.abc import Sequence
 
 from plaza.errors import ConfigError
+from plaza.model_control import ModelTable, model_spec
 from plaza.modelconfig import PLATFORM_TORCH
+from plaza.queueing import BacklogProbe
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
 from plaza.workers.host_services import HostServices
+from plaza.workers.memory_budget import MemoryBudget, meter_for
+from plaza.workers.metrics import HostMetrics
+from plaza.workers.model_watch import ModelFollower
 from plaza.workers.worker import Worker
 
 Unit = Worker | EnsembleRunner
@@ -74,14 +83,41 @@ class Host:
     """Serves ``models`` (default: ``host_models(settings)``) in this process until stopped."""
 
     def __init__(self, settings: PlazaSettings, models: Sequence[str] | None = None) -> None:
-        self.models = list(models) if models is not None else host_models(settings)
+        self.settings = settings
+        self.follows = settings.host.follow_model_table
+        if self.follows:
+            if not settings.host.model_names():
+                raise ConfigError(
+                    "host.follow_model_table needs host.models: the models it may serve "
+                    "('*': any model of the repository)"
+                )
+            self.models = []
+        else:
+            if settings.host.memory_budget_bytes:
+                raise ConfigError(
+                    "host.memory_budget_bytes needs host.follow_model_table (a host with a "
+                    "fixed list of models loads them all)"
+                )
+            self.models = list(models) if models is not None else host_models(settings)
         self.id = settings.worker.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.services = HostServices.create(settings)
-        repo = ModelRepository(settings.repository)
-        self.workers = [self._unit(repo, settings, model) for model in self.models]
+        self._repo = ModelRepository(settings.repository)
+        self.workers = [self._unit(self._repo, settings, model) for model in self.models]
         self._started: list[Unit] = []
+        self.follower: ModelFollower | None = None
+        self._probe: BacklogProbe | None = None
+
+    def make_unit(self, model: str, config: str = "") -> Unit:
+        """A unit for ``model`` (following the table: with the load's config override)."""
+        update = {"model": model, "worker_id": f"{self.id}.{model}", "model_config_json": config}
+        mine = self.settings.model_copy(
+            update={"worker": self.settings.worker.model_copy(update=update)}
+        )
+        if model_spec(self._repo, model, config).is_ensemble:
+            return EnsembleRunner(mine, hub=self.services.metrics)
+        return Worker(mine, self.services)
 
     def _unit(self, repo: ModelRepository, settings: PlazaSettings, model: str) -> Unit:
         mine = self._settings_of(settings, model)
@@ -96,7 +132,11 @@ class Host:
         return settings.model_copy(update={"worker": settings.worker.model_copy(update=update)})
 
     async def start(self) -> None:
-        """Load every model and join every group; on a failure, stop what started."""
+        """Load every model and join every group; on a failure, stop what started.
+        Following the table: connect to it and run the first round."""
+        if self.follows:
+            await self._start_following()
+            return
         try:
             for worker in self.workers:
                 await worker.start()
@@ -112,8 +152,53 @@ class Host:
             self.services.scheduler.slots,
         )
 
+    async def _start_following(self) -> None:
+        hs = self.settings.host
+        await self.services.start()
+        self.services.metrics.serve(f"host {self.id}")
+        metrics = HostMetrics(hs.memory_budget_bytes)
+        self.services.metrics.registry.register(metrics)
+        self._probe = BacklogProbe(self.settings.kafka, self.settings.names)
+        await self._probe.start()
+        device = self.services.device
+        self.follower = ModelFollower(
+            self,
+            ModelTable(self.services.redis, self.settings.names),
+            self._probe,
+            MemoryBudget(hs.memory_budget_bytes),
+            meter_for(device.kind, device.index),
+            metrics,
+        )
+        log.info(
+            "host %s follows the model table (models %s, memory budget %s) on %s",
+            self.id,
+            hs.models,
+            hs.memory_budget_bytes or "none",
+            device,
+        )
+        await self.follower.step()
+
+    async def _follow(self, stop: asyncio.Event) -> None:
+        assert self.follower is not None
+        interval = self.settings.host.follow_interval_s
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+            if stop.is_set():
+                break
+            try:
+                await self.follower.step()
+            except Exception as exc:  # Redis or Kafka restarting: the next round tries again
+                log.warning("host %s: model table round failed: %s", self.id, exc)
+
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a worker fails; then stop them all (re-raise)."""
+        if self.follows:
+            try:
+                await self._follow(stop)
+            finally:
+                await self.stop()
+            return
         inner = asyncio.Event()
         tasks = [asyncio.create_task(w.run_until_stopped(inner)) for w in self._started]
         waiter = asyncio.create_task(stop.wait())
@@ -131,6 +216,14 @@ class Host:
         """Drain and stop every worker (together), then close what they shared."""
         started, self._started = self._started, []
         await asyncio.gather(*(w.stop() for w in started), return_exceptions=True)
+        if self.follower is not None:
+            with contextlib.suppress(Exception):
+                await self.follower.close()
+            self.follower = None
+        if self._probe is not None:
+            with contextlib.suppress(Exception):
+                await self._probe.stop()
+            self._probe = None
         with contextlib.suppress(Exception):
             await self.services.close()
         log.info("host %s stopped", self.id)

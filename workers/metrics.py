@@ -428,3 +428,55 @@ class _Collector:
             total = sum(size * n for size, n in counts.items())
             family.add_metric(_labels(m.model, version), buckets, total)
         return family
+
+
+METRIC_HOST_LOADS = "plaza_host_model_loads"
+METRIC_HOST_UNLOADS = "plaza_host_model_unloads"
+METRIC_HOST_EVICTIONS = "plaza_host_model_evictions"
+METRIC_HOST_MEMORY = "plaza_host_memory_bytes"
+METRIC_HOST_MEMORY_BUDGET = "plaza_host_memory_budget_bytes"
+
+
+class HostMetrics:
+    """A host's model lifecycle counters and memory gauges (``workers/model_watch.py``),
+    a collector on the host's /metrics registry (``MetricsHub.registry``)."""
+
+    def __init__(self, budget_bytes: int = 0) -> None:
+        self.loads: dict[str, int] = {}
+        self.unloads: dict[str, int] = {}
+        self.evictions: dict[str, int] = {}
+        self.memory_bytes = 0
+        self.budget_bytes = budget_bytes
+
+    @staticmethod
+    def count(counts: dict[str, int], model: str) -> None:
+        counts[model] = counts.get(model, 0) + 1
+
+    def collect(self) -> Iterator[Metric]:
+        for name, doc, counts in (
+            (METRIC_HOST_LOADS, "Models loaded on this host.", self.loads),
+            (
+                METRIC_HOST_UNLOADS,
+                "Models unloaded (drained and stopped) on this host.",
+                self.unloads,
+            ),
+            (
+                METRIC_HOST_EVICTIONS,
+                "Idle models unloaded to fit the memory budget.",
+                self.evictions,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=[LABEL_MODEL])
+            for model, n in sorted(dict(counts).items()):
+                family.add_metric([model], n)
+            yield family
+        yield GaugeMetricFamily(
+            METRIC_HOST_MEMORY,
+            "Bytes accounted to the models loaded on this host.",
+            value=self.memory_bytes,
+        )
+        yield GaugeMetricFamily(
+            METRIC_HOST_MEMORY_BUDGET,
+            "The host's memory budget in bytes (0: none).",
+            value=self.budget_bytes,
+        )

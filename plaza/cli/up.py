@@ -3,7 +3,9 @@
 Starts Kafka (KRaft) and Redis on 127.0.0.1, one host process serving every model in the
 repository (each with its own batcher and consumer group, instance_group count parallel
 executions, sharing the device fairly; ``--process-per-model``: one worker process per
-model), and the gateway; waits until the gateway is ready; prints where
+model), and the gateway; in model control modes explicit and poll the host follows the
+model table (loads, reloads, drains and unloads as the gateway's lifecycle API says);
+waits until the gateway is ready; prints where
 to send requests; on Ctrl-C or SIGTERM stops everything it started, workers and gateway
 first (they drain and commit), services last.
 """
@@ -76,7 +78,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--process-per-model",
         action="store_true",
-        help="mode none: one worker process per model instead of one host for all",
+        help="one worker process per model instead of one host for all (modes explicit "
+        "and poll: started and stopped by a supervisor as the model table asks)",
     )
     return p.parse_args(argv)
 
@@ -127,8 +130,9 @@ def _start_parts(
     dep: Deployment, plan: list[tuple[str, int]], group: ProcessGroup, args: argparse.Namespace
 ) -> GatewayProcess:
     """Mode none: one host for every model (or, ``--process-per-model``, one worker per
-    model instance), then the gateway. Modes explicit and poll: only the gateway (the
-    supervisor starts the workers the model table asks for). Returns the gateway."""
+    model), then the gateway. Modes explicit and poll: one host following the model table
+    (or, ``--process-per-model``, nothing here: the supervisor starts the workers the
+    table asks for), then the gateway. Returns the gateway."""
     # The gateway serves exactly what gets workers (a subset, or without skipped models).
     settings = {
         **_forwarded_settings(dep),
@@ -140,6 +144,8 @@ def _start_parts(
         settings["PLAZA_GATEWAY__WORKERS"] = str(args.gateway_workers)
     if args.model_control_mode == "none":
         _start_workers(dep, plan, group, settings, per_model=args.process_per_model)
+    elif not args.process_per_model:
+        _start_following_host(dep, group, settings)
     gateway = GatewayProcess(
         dep,
         args.http_port,
@@ -168,6 +174,14 @@ def _start_workers(
     for model, _ in plan:
         name = f"worker-{model}"
         group.start(WorkerProcess(dep, model, group.log_dir, name=name, env=settings))
+
+
+def _start_following_host(dep: Deployment, group: ProcessGroup, settings: dict[str, str]) -> None:
+    """Modes explicit and poll: one host for any model of the repository that follows the
+    model table (``host.follow_model_table``): it starts, reloads and drains a unit per
+    loaded model (docs/hosts.md)."""
+    env = {**settings, "PLAZA_HOST__FOLLOW_MODEL_TABLE": "true"}
+    group.start(HostProcess(dep, ["*"], group.log_dir, name="host", env=env))
 
 
 async def _ready_or_stopping(
@@ -259,7 +273,7 @@ def run_up(argv: list[str]) -> int:
             dep = services.deployment(args.repository, heartbeat_interval_s=None)
             gateway = _start_parts(dep, plan, group, args)
             supervisor = None
-            if args.model_control_mode != "none":
+            if args.model_control_mode != "none" and args.process_per_model:
                 env = _forwarded_settings(dep)
                 supervisor = ModelSupervisor(dep, args.repository, group, env=env)
             print(
@@ -281,7 +295,9 @@ def run_up(argv: list[str]) -> int:
 def _layout(plan: list[tuple[str, int]], args: argparse.Namespace) -> str:
     models = [m for m, _ in plan]
     if args.model_control_mode != "none":
-        return f"workers as the model table asks (model control {args.model_control_mode})"
+        if args.process_per_model:
+            return f"workers as the model table asks (model control {args.model_control_mode})"
+        return f"one host following the model table (model control {args.model_control_mode})"
     if args.process_per_model:
         return f"{len(models)} worker processes for {models}"
     return f"one host process for {models}"

@@ -1,4 +1,6 @@
-"""Running the workers the model table asks for (``plaza up`` in modes explicit and poll).
+"""Running the workers the model table asks for (``plaza up --process-per-model`` in modes
+explicit and poll; without the flag ``plaza up`` runs one host that follows the table
+itself, ``workers/model_watch.py``).
 
 The gateway decides what is loaded and writes it to the deployment's model table
 (``plaza.model_control``); the supervisor makes it so on this machine. Each round

@@ -1,0 +1,395 @@
+"""A host that follows the model table: units start, reload, drain and stop as it says.
+
+With ``host.follow_model_table`` a host serves what the deployment's model table
+(``plaza.model_control``) says is loaded, among its scope (``host.models``; ``*``: any model
+of the repository). Every ``host.follow_interval_s`` one round (:meth:`ModelFollower.step`):
+
+- a model unloaded in the table: its unit serves what is already queued for it (the
+  gateway takes no new requests), bounded by ``host.drain_limit_s``, then stops;
+- a model whose generation changed (a new load: config override or version folders): its
+  unit restarts at once (what it holds is answered; the rest waits in Kafka for the new one);
+- a model loaded and not running: its unit starts, unless the model is *lazy* (config
+  parameter ``lazy: "true"``) or was evicted: then it starts once requests wait in its
+  topics (their consumer group's lag), and those requests are answered when it is up,
+  each within its own deadline. Meanwhile the host keeps the model in its worker registry
+  as a *standby* entry, so the gateway counts it ready (it is servable).
+
+Memory budget (``host.memory_budget_bytes``, ``workers/memory_budget.py``): before a load
+the model's estimated bytes are reserved; when they do not fit, the least recently used
+idle units (nothing held, nothing queued) are drained and unloaded first (evictions); when
+even that does not free enough, the load waits for a later round, and is given up with an
+error after ``host.load_wait_s``. After a load the reservation becomes
+``max(estimate, measured growth)``. Every load, unload and eviction is a log line and a
+counter on the host's /metrics (``HostMetrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from plaza.errors import PlazaError
+from plaza.model_control import DesiredModel, ModelTable, model_spec
+from plaza.modelconfig import ModelSpec
+from plaza.queueing import BacklogProbe
+from plaza.repository import ModelRepository
+from plaza.workers.memory_budget import MemoryBudget, MemoryMeter, estimate_bytes, is_lazy
+from plaza.workers.metrics import HostMetrics
+from plaza.workers.worker import Worker
+
+if TYPE_CHECKING:
+    from plaza.workers.host import Host, Unit
+
+log = logging.getLogger(__name__)
+
+DRAIN_POLL_S = 0.25
+STANDBY_SUFFIX = "~standby"
+STANDBY_TTL_S = 15.0
+"""How long a standby entry counts without being refreshed."""
+
+
+@dataclass(slots=True)
+class Running:
+    """One model's unit on the host."""
+
+    desired: DesiredModel
+    spec: ModelSpec
+    unit: Unit
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+    executions: int = 0
+
+
+@dataclass(slots=True)
+class _Waiting:
+    generation: int
+    since: float
+    logged: bool = False
+
+
+@dataclass(slots=True)
+class FollowerState:
+    """What the follower knows between rounds (read by tests and /metrics)."""
+
+    running: dict[str, Running] = field(default_factory=dict)
+    evicted: set[str] = field(default_factory=set)
+    """Models unloaded to make room: they come back on demand, as lazy ones."""
+    given_up: dict[str, int] = field(default_factory=dict)
+    """Models whose load failed or found no room in time, per generation."""
+    waiting: dict[str, _Waiting] = field(default_factory=dict)
+
+
+class ModelFollower:
+    """Makes one host's units match the model table; ``step`` is one round."""
+
+    def __init__(
+        self,
+        host: Host,
+        table: ModelTable,
+        probe: BacklogProbe,
+        budget: MemoryBudget,
+        meter: MemoryMeter,
+        metrics: HostMetrics,
+    ) -> None:
+        self._host = host
+        self._settings = host.settings
+        self._table = table
+        self._probe = probe
+        self.budget = budget
+        self._meter = meter
+        self.metrics = metrics
+        self._repo = ModelRepository(host.settings.repository)
+        scope = host.settings.host.model_names()
+        self._scope = None if scope in ([], ["*"]) else set(scope)
+        self.state = FollowerState()
+        self._standby: set[str] = set()
+        self._draining: dict[str, asyncio.Task[None]] = {}
+        """Units of unloaded models serving their queues before they stop."""
+        self.memory_samples: list[int] = []
+        """The accounted bytes after every change of the budget (bounded)."""
+
+    # -- one round -------------------------------------------------------------------------
+    async def step(self) -> None:
+        table = {
+            n: d
+            for n, d in (await self._table.read()).items()
+            if self._scope is None or n in self._scope
+        }
+        running = self.state.running
+        for name, item in list(running.items()):
+            if name in self._draining:
+                continue
+            if item.task.done():  # the unit failed on its own
+                await self._forget(name, item, why="failed")
+                continue
+            desired = table.get(name)
+            if desired is None or not desired.loaded:
+                if name not in self._draining:  # drains in the background: rounds go on
+                    self._draining[name] = asyncio.create_task(
+                        self._retire(name, drain=True, why="unloaded"), name=f"drain-{name}"
+                    )
+            elif desired.generation != item.desired.generation:
+                await self._retire(name, drain=False, why="reloaded")
+                self.state.evicted.discard(name)
+        for name in list(self.state.evicted):
+            if name not in table or not table[name].loaded:
+                self.state.evicted.discard(name)
+        self._touch_used()
+        for name, task in list(self._draining.items()):
+            if task.done():
+                del self._draining[name]
+        for name, desired in sorted(table.items()):
+            if not desired.loaded or name in running or name in self._draining:
+                continue
+            if self.state.given_up.get(name) == desired.generation:
+                continue
+            await self._consider(name, desired)
+        await self._beat_standby(table)
+        self.metrics.memory_bytes = self.budget.total
+
+    async def _consider(self, name: str, desired: DesiredModel) -> None:
+        try:
+            spec = model_spec(self._repo, name, desired.config)
+            need = estimate_bytes(self._repo, spec)
+        except PlazaError as exc:
+            log.error("host: model %s not loaded: %s", name, exc.message)
+            self.state.given_up[name] = desired.generation
+            return
+        on_demand = is_lazy(spec) or name in self.state.evicted
+        if on_demand and not await self._waiting_requests(name, spec):
+            return
+        if not self.budget.fits_alone(need):
+            log.error(
+                "host: model %s needs %d bytes, more than the whole memory budget (%d): not loaded",
+                name,
+                need,
+                self.budget.limit,
+            )
+            self.state.given_up[name] = desired.generation
+            return
+        victims = self.budget.plan(name, need, await self._busy())
+        if victims is None:
+            self._wait_for_room(name, desired, need)
+            return
+        for victim in victims:
+            await self._retire(victim, drain=True, why="evicted")
+        self.state.waiting.pop(name, None)
+        await self._load(name, desired, spec, need)
+
+    def _wait_for_room(self, name: str, desired: DesiredModel, need: int) -> None:
+        waiting = self.state.waiting.get(name)
+        if waiting is None or waiting.generation != desired.generation:
+            waiting = self.state.waiting[name] = _Waiting(desired.generation, time.monotonic())
+        if not waiting.logged:
+            waiting.logged = True
+            log.info(
+                "host: model %s waits for room: needs %d bytes, %d of %d held by busy models",
+                name,
+                need,
+                self.budget.total,
+                self.budget.limit,
+            )
+        if time.monotonic() - waiting.since > self._settings.host.load_wait_s:
+            log.error(
+                "host: model %s not loaded: no room in the memory budget (%d bytes) after "
+                "%.0f s; every loaded model stayed busy",
+                name,
+                self.budget.limit,
+                self._settings.host.load_wait_s,
+            )
+            self.state.given_up[name] = desired.generation
+            self.state.waiting.pop(name, None)
+
+    # -- load and unload -------------------------------------------------------------------
+    async def _load(self, name: str, desired: DesiredModel, spec: ModelSpec, need: int) -> None:
+        self.budget.add(name, need)  # reserved while it loads
+        self._sample()
+        before = self._meter.used()
+        unit = self._host.make_unit(name, desired.config)
+        try:
+            await unit.start()
+        except Exception as exc:
+            log.error("host: model %s failed to load: %s", name, exc)
+            self.budget.remove(name)
+            self._sample()
+            self.state.given_up[name] = desired.generation
+            return
+        grown = self._meter.used() - before
+        if grown > need:
+            log.info("host: model %s measured %d bytes (estimated %d)", name, grown, need)
+            self.budget.add(name, grown)
+            self._sample()
+            await self._shed(name)
+        stop = asyncio.Event()
+        task = asyncio.create_task(unit.run_until_stopped(stop), name=f"unit-{name}")
+        self.state.running[name] = Running(desired, spec, unit, task, stop, self._executions(unit))
+        self.state.evicted.discard(name)
+        await self._drop_standby(name)
+        HostMetrics.count(self.metrics.loads, name)
+        self.metrics.memory_bytes = self.budget.total
+        log.info(
+            "host: loaded %s (generation %d, %d bytes; %d of %d accounted)",
+            name,
+            desired.generation,
+            self.budget.held.get(name, 0),
+            self.budget.total,
+            self.budget.limit,
+        )
+
+    async def _shed(self, loaded: str) -> None:
+        """After a load measured more than its estimate: evict idle models until it fits."""
+        if self.budget.limit <= 0 or self.budget.total <= self.budget.limit:
+            return
+        victims = self.budget.plan(loaded, self.budget.held[loaded], await self._busy()) or []
+        for victim in victims:
+            await self._retire(victim, drain=True, why="evicted")
+        if self.budget.total > self.budget.limit:
+            log.warning(
+                "host: %d bytes accounted, over the budget of %d (%s measured more than "
+                "its estimate and the others are busy)",
+                self.budget.total,
+                self.budget.limit,
+                loaded,
+            )
+
+    async def _retire(self, name: str, *, drain: bool, why: str) -> None:
+        item = self.state.running.get(name)
+        if item is None:
+            return
+        if drain:
+            await self._drain(name, item.spec)
+        item.stop.set()
+        with contextlib.suppress(Exception):
+            await item.task
+        await self._forget(name, item, why=why)
+
+    async def _forget(self, name: str, item: Running, *, why: str) -> None:
+        self.state.running.pop(name, None)
+        freed = self.budget.remove(name)
+        self._sample()
+        if why == "failed":
+            exc = item.task.exception() if not item.task.cancelled() else None
+            log.error("host: unit of %s stopped on its own: %s", name, exc)
+            with contextlib.suppress(Exception):
+                await item.unit.stop()
+        if why == "evicted":
+            self.state.evicted.add(name)
+            HostMetrics.count(self.metrics.evictions, name)
+        HostMetrics.count(self.metrics.unloads, name)
+        self.metrics.memory_bytes = self.budget.total
+        log.info("host: unloaded %s (%s; %d bytes freed)", name, why, freed)
+
+    async def _drain(self, name: str, spec: ModelSpec) -> None:
+        """Until the model's queues are committed (every request answered), bounded."""
+        limit_s = self._settings.host.drain_limit_s
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if not await self._queued(name, spec):
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+        log.warning("host: %s still had queued requests after %.0f s", name, limit_s)
+
+    # -- what is busy ----------------------------------------------------------------------
+    async def _queued(self, name: str, spec: ModelSpec) -> bool:
+        topics = self._settings.names.request_topics(name, spec.batching.priority_levels)
+        try:
+            return sum([await self._probe.lag(name, t) for t in topics]) > 0
+        except Exception as exc:  # Kafka away: count it as busy
+            log.warning("host: lag of %s unknown: %s", name, exc)
+            return True
+
+    async def _waiting_requests(self, name: str, spec: ModelSpec) -> bool:
+        return await self._queued(name, spec)
+
+    async def _busy(self) -> set[str]:
+        """Running models holding or owing work: never evicted."""
+        busy = set(self._draining)
+        for name, item in list(self.state.running.items()):
+            if self._pending(item.unit) > 0 or await self._queued(name, item.spec):
+                busy.add(name)
+        return busy
+
+    def _touch_used(self) -> None:
+        """Models that executed or hold work since the last round become most recent."""
+        for name, item in self.state.running.items():
+            executions = self._executions(item.unit)
+            if executions != item.executions or self._pending(item.unit) > 0:
+                item.executions = executions
+                self.budget.touch(name)
+
+    @staticmethod
+    def _pending(unit: Unit) -> int:
+        return unit._pending() if isinstance(unit, Worker) else 0
+
+    @staticmethod
+    def _executions(unit: Unit) -> int:
+        return unit.metrics.executions() if isinstance(unit, Worker) else 0
+
+    def _sample(self) -> None:
+        self.memory_samples.append(self.budget.total)
+        del self.memory_samples[:-1000]
+        self.metrics.memory_bytes = self.budget.total
+
+    # -- standby entries -------------------------------------------------------------------
+    def standby_id(self, name: str) -> str:
+        return f"{self._host.id}.{name}{STANDBY_SUFFIX}"
+
+    async def _beat_standby(self, table: dict[str, DesiredModel]) -> None:
+        """Keep a registry entry for each model this host would load on demand (so the
+        gateway counts it ready), and drop those of models it no longer would."""
+        given_up = self.state.given_up
+        waiting = {
+            n
+            for n, d in table.items()
+            if d.loaded and n not in self.state.running and given_up.get(n) != d.generation
+        }
+        for name in self._standby - waiting:
+            await self._drop_standby(name)
+        if not waiting:
+            return
+        s = self._settings
+        # Outlives a round that loads a model (seconds); a dead host's entry goes after it.
+        ttl = max(STANDBY_TTL_S, 3 * s.host.follow_interval_s)
+        now = time.time()
+        pipe = self._host.services.redis.pipeline(transaction=False)
+        for name in sorted(waiting):
+            key = s.names.worker_registry_key(name)
+            pipe.zadd(key, {self.standby_id(name): now + ttl})
+            pipe.expire(key, int(ttl) + 1)
+            info = {
+                "model": name,
+                "standby": True,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+            }
+            info_key = s.names.worker_info_key(self.standby_id(name))
+            pipe.set(info_key, json.dumps(info), ex=int(ttl) + 1)
+        try:
+            await pipe.execute()
+        except Exception as exc:  # Redis restarting: the next round tries again
+            log.warning("host: standby heartbeat failed: %s", exc)
+        self._standby |= waiting
+
+    async def _drop_standby(self, name: str) -> None:
+        self._standby.discard(name)
+        with contextlib.suppress(Exception):
+            key = self._settings.names.worker_registry_key(name)
+            await self._host.services.redis.zrem(key, self.standby_id(name))
+
+    async def close(self) -> None:
+        """Stop every unit (draining what each holds) and drop the standby entries."""
+        for task in list(self._draining.values()):
+            with contextlib.suppress(Exception):
+                await task
+        self._draining.clear()
+        for name in list(self.state.running):
+            await self._retire(name, drain=False, why="host stopping")
+        for name in list(self._standby):
+            await self._drop_standby(name)
