@@ -271,7 +271,8 @@ async def scale(ctx: Context) -> Report:
     edit = chain(set_parameters(**SCALE_DEVICE), _sixteen)
     dep = ctx.deployment("hosts-scale", {"simulated": edit}, partitions=SCALE_PARTITIONS)
     pool = input_pool(spec_of(dep, "simulated"))
-    env = {"PLAZA_WORKER__DEVICE": "cpu"}
+    # INFO: wait_assignment reads each process's partitions from its log.
+    env = {"PLAZA_WORKER__DEVICE": "cpu", "PLAZA_LOG_LEVEL": "INFO"}
     target = KafkaTarget(dep.settings(), "simulated", pool, label="simulated")
     load = Load("concurrency", SCALE_CLIENTS)
     cfg = ctx.window()
