@@ -240,8 +240,13 @@ class Endpoints:
         return Response(status_code=200)
 
     async def unload_model(self, request: Request) -> Response:
-        await self._json_object(request)  # unload_dependents: no ensembles to unload yet
-        await self.service.unload_model(str(request.path_params["model"]))
+        params = (await self._json_object(request)).get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidInput("'parameters' must be a JSON object")
+        dependents = params.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidInput("'parameters.unload_dependents' must be true or false")
+        await self.service.unload_model(str(request.path_params["model"]), dependents)
         return Response(status_code=200)
 
     def routes(self) -> list[BaseRoute]:

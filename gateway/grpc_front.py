@@ -189,7 +189,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
         self._authorize(context)
-        await self.service.unload_model(request.model_name)
+        flag = request.parameters.get("unload_dependents")
+        dependents = flag is not None and flag.WhichOneof("parameter_choice") == "bool_param"
+        await self.service.unload_model(request.model_name, dependents and flag.bool_param)
         return pb.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------

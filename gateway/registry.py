@@ -138,14 +138,34 @@ class ModelRegistry:
         log.info("model %s loaded (versions %s)", name, list(model.versions))
         return model
 
-    async def unload(self, name: str) -> None:
-        """Stop serving ``name`` and mark it unloaded (its workers drain, then stop)."""
+    async def unload(self, name: str, dependents: bool = False) -> None:
+        """Stop serving ``name`` and mark it unloaded (its workers drain, then stop); with
+        ``dependents`` (Triton's ``unload_dependents``), the served ensembles that call it,
+        directly or through other ensembles, too."""
         table = self._changes_allowed()
         if name not in self.models and name not in self.repo.model_names():
             raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
-        self._drop(name)
-        await table.unload(name)
-        log.info("model %s unloaded", name)
+        for model in [name, *(self.dependents(name) if dependents else [])]:
+            self._drop(model)
+            await table.unload(model)
+            log.info("model %s unloaded", model)
+
+    def dependents(self, name: str) -> list[str]:
+        """The served ensembles that run ``name`` in a step, or run one that does."""
+        found: list[str] = []
+        callees = {name}
+        while True:
+            more = [
+                m
+                for m, loaded in sorted(self.models.items())
+                if m not in found
+                and m != name
+                and any(step.model_name in callees for step in loaded.spec.ensemble_steps)
+            ]
+            if not more:
+                return found
+            found += more
+            callees.update(more)
 
     async def poll(self) -> None:
         """Poll mode: load what appeared or changed in the repository, unload what left."""

@@ -213,10 +213,11 @@ class GatewayService:
             await asyncio.sleep(LOAD_POLL_S)
         return model
 
-    async def unload_model(self, name: str) -> None:
-        """Triton's unload: stop accepting requests for ``name``; its workers answer what
-        is already queued, then stop (whoever runs them watches the model table)."""
-        await self.registry.unload(name)
+    async def unload_model(self, name: str, dependents: bool = False) -> None:
+        """Triton's unload: stop accepting requests for ``name`` (and, with ``dependents``,
+        for the ensembles that call it); their workers answer what is already queued, then
+        stop (whoever runs them watches the model table)."""
+        await self.registry.unload(name, dependents)
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Triton's repository index: every model of the repository, with its state."""

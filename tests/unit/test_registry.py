@@ -66,3 +66,30 @@ async def test_mode_none_refuses_load_and_unload_with_tritons_message(repo: Path
     for change in (reg.load("simulated"), reg.unload("simulated")):
         with pytest.raises(Unavailable, match=MODEL_CONTROL_DISABLED):
             await change
+
+
+def _ensemble(root: Path, name: str, step_model: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f"""
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 16
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+ensemble_scheduling {{ step [ {{
+  model_name: "{step_model}" model_version: -1
+  input_map {{ key: "INPUT0" value: "INPUT0" }} output_map {{ key: "OUTPUT0" value: "OUTPUT0" }}
+}} ] }}
+"""
+    )
+
+
+def test_unload_dependents_finds_the_ensembles_that_call_a_model(repo: Path) -> None:
+    _ensemble(repo, "inner", "simulated")  # calls it
+    _ensemble(repo, "outer", "inner")  # calls it through inner
+    _ensemble(repo, "apart", "add_sub")  # does not (and add_sub failed here anyway)
+    reg = registry(repo)
+    assert {"simulated", "inner", "outer", "apart"} <= set(reg.models)
+    assert reg.dependents("simulated") == ["inner", "outer"]
+    assert reg.dependents("outer") == []
