@@ -42,7 +42,13 @@ write_input_data(input_pool(spec), Path(sys.argv[2]))
 PY
 threads() { for t in /proc/$1/task/*; do echo "$(cat $t/comm | tr ' ' _) $(awk '{print $14+$15}' $t/stat)"; done | sort; }
 threads $G > "$O/threads0.txt"
+# perf_analyzer's own CPU (user + system seconds, over its whole run, warm-up included)
+PA=$(.venv/bin/python -c "from plaza.loadgen import perf_analyzer as p; print(p.binary_path())")
+printf '#!/bin/bash\nexec /usr/bin/time -o %s -f "%%U %%S" %s "$@"\n' "$PWD/$O/pa_cpu.txt" "$PA" > "$O/pa.sh"
+chmod +x "$O/pa.sh"; export PLAZA_PERF_ANALYZER=$PWD/$O/pa.sh
 w0=$(cpu $W); g0=$(cpu $G); n0=$(count)
+# PERF=1: `perf record` the gateway's main thread for 6 s of the run (perf report -i ...)
+[ "${PERF:-0}" = 1 ] && (sleep 3; perf record -q -t $G -o "$O/perf.data" -- sleep 6 > /dev/null 2>&1) &
 .venv/bin/python - "$MODEL" "$ADDR" "$PROTO" "$C" "$O/input.json" > "$O/pa.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
@@ -61,5 +67,6 @@ join -a1 <(awk '{a[$1]+=$2} END {for (k in a) print k, a[k]}' "$O/threads1.txt" 
   | tee "$O/threads.txt"
 echo "requests $n worker_us_per_req $(( (w1-w0)*10000 / (n>0?n:1) )) gateway_us_per_req $(( (g1-g0)*10000 / (n>0?n:1) ))" | tee "$O/cpu.txt"
 cat "$O/pa.txt"
+awk -v n=$n '{printf "perf_analyzer cpu %.1f s (%d us/request counted)\n", $1+$2, ($1+$2)*1e6/(n>0?n:1)}' "$O/pa_cpu.txt" 2>/dev/null
 kill -TERM $W; kill -INT $G; wait
 trap - EXIT
