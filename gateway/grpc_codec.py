@@ -61,10 +61,12 @@ def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None
     name, datatype = item.name, item.datatype
     if datatype not in DATATYPES:
         raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}", tensor=name)
-    shape = tuple(int(d) for d in item.shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(item.shape)  # int64 values: Python ints already
+    if shape and min(shape) < 0:
         raise InvalidInput(f"input {name!r}: negative dimension in shape {list(shape)}")
-    refuse_unsupported(decode_parameters(item.parameters, f"input {name!r}"), f"input {name!r}")
+    if item.parameters:  # most inputs have none: no message formatted for them
+        where = f"input {name!r}"
+        refuse_unsupported(decode_parameters(item.parameters, where), where)
     has_contents = item.HasField("contents")
     if raw is not None:
         if has_contents:
@@ -97,7 +99,8 @@ def _typed_contents(name: str, datatype: str, contents: pb.InferTensorContents) 
 
 
 def _requested_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> str:
-    refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
+    if item.parameters:
+        refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
     return str(item.name)
 
 

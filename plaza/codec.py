@@ -7,7 +7,8 @@ and is decoded zero-copy: ``Tensor.data`` is a memoryview into the received mess
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from types import MappingProxyType
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -23,20 +24,36 @@ def _tensor_to_map(t: Tensor) -> dict[str, Any]:
     return {"name": t.name, "datatype": t.datatype, "shape": list(t.shape), "data": t.data}
 
 
-def _tensor_from_map(m: Any, where: str) -> Tensor:
+def _is_dims(shape: Any) -> TypeGuard[list[int] | tuple[int, ...]]:
+    """A list (or tuple) of non-negative ints, bools refused (``type(d) is int`` first:
+    the common case, which bool fails)."""
+    if not isinstance(shape, list | tuple):
+        return False
+    for d in shape:
+        if type(d) is not int and (not isinstance(d, int) or isinstance(d, bool)):
+            return False
+        if d < 0:
+            return False
+    return True
+
+
+def _tensor_from_map(m: Any, kind: str, index: int) -> Tensor:
+    """One tensor map; CodecError naming it (``input 0``) when malformed. The checks run
+    for every tensor of every request, so the message is only formatted on failure."""
     if not isinstance(m, Mapping):
-        raise CodecError(f"{where}: a tensor must be a map")
-    name, datatype, shape, data = m.get("name"), m.get("datatype"), m.get("shape"), m.get("data")
+        raise CodecError(f"{kind} {index}: a tensor must be a map")
+    get = m.get
+    name, datatype, shape, data = get("name"), get("datatype"), get("shape"), get("data")
     if not isinstance(name, str) or not name:
-        raise CodecError(f"{where}: tensor name must be a non-empty string")
+        raise CodecError(f"{kind} {index}: tensor name must be a non-empty string")
     if datatype not in DATATYPES:
-        raise CodecError(f"{where}: tensor {name!r} has unknown datatype {datatype!r}")
-    if not isinstance(shape, list | tuple) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise CodecError(f"{where}: tensor {name!r} shape must be a list of non-negative ints")
+        raise CodecError(f"{kind} {index}: tensor {name!r} has unknown datatype {datatype!r}")
+    if not _is_dims(shape):
+        raise CodecError(
+            f"{kind} {index}: tensor {name!r} shape must be a list of non-negative ints"
+        )
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise CodecError(f"{where}: tensor {name!r} data must be bytes (msgpack bin)")
+        raise CodecError(f"{kind} {index}: tensor {name!r} data must be bytes (msgpack bin)")
     return Tensor(name, datatype, tuple(shape), data)
 
 
@@ -102,39 +119,53 @@ def _opt_int(body: Mapping[str, Any], key: str, default: int | None) -> int | No
     return value
 
 
+_NO_REPLY = ReplyTo()
+_NO_OUTPUTS: tuple[str, ...] = ()
+_NO_PARAMETERS: Mapping[str, Any] = MappingProxyType({})
+
+
 def decode_request(data: Buffer) -> InferRequest:
     """Parse a request envelope; CodecError (with a stable code) for anything malformed."""
     body = _unpack_map(data, "request")
-    rid, model, version = body.get("id"), body.get("model"), body.get("version", "")
+    get = body.get
+    rid, model, version = get("id"), get("model"), get("version", "")
     if not isinstance(rid, str) or not rid:
         raise CodecError("request has no correlation id ('id')")
     if not isinstance(model, str) or not model:
         raise CodecError("request has no model name ('model')")
     if not isinstance(version, str):
         raise CodecError("request 'version' must be a string")
-    inputs = body.get("inputs")
+    inputs = get("inputs")
     if not isinstance(inputs, list):
         raise CodecError("request 'inputs' must be a list of tensors")
-    outputs = body.get("outputs", [])
-    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+    outputs = get("outputs", _NO_OUTPUTS)
+    if outputs is _NO_OUTPUTS or outputs == []:
+        wanted = _NO_OUTPUTS
+    elif isinstance(outputs, list) and all(isinstance(o, str) for o in outputs):
+        wanted = tuple(outputs)
+    else:
         raise CodecError("request 'outputs' must be a list of names")
-    stream = body.get("reply_stream")
+    stream = get("reply_stream")
     if stream is not None and (not isinstance(stream, str) or not stream):
         raise CodecError("request 'reply_stream' must be a non-empty string")
-    params = body.get("parameters", {})
+    params = get("parameters", _NO_PARAMETERS)
     if not isinstance(params, Mapping):
         raise CodecError("request 'parameters' must be a map")
+    # The optional integers: absent is the common case, and costs one lookup each.
+    deadline = _opt_int(body, "deadline_ms", None) if "deadline_ms" in body else None
+    priority = _opt_int(body, "priority", 0) if "priority" in body else 0
+    created = _opt_int(body, "created_ms", 0) if "created_ms" in body else 0
     return InferRequest(
         id=rid,
         model=model,
         version=version,
-        inputs=tuple(_tensor_from_map(t, f"input {i}") for i, t in enumerate(inputs)),
-        outputs=tuple(outputs),
-        reply=ReplyTo(stream=stream),
-        deadline_ms=_opt_int(body, "deadline_ms", None),
-        priority=_opt_int(body, "priority", 0) or 0,
-        parameters=dict(params),
-        created_ms=_opt_int(body, "created_ms", 0) or 0,
+        inputs=tuple([_tensor_from_map(t, "input", i) for i, t in enumerate(inputs)]),
+        outputs=wanted,
+        reply=_NO_REPLY if stream is None else ReplyTo(stream=stream),
+        deadline_ms=deadline,
+        priority=priority or 0,
+        parameters=dict(params) if params else {},
+        created_ms=created or 0,
     )
 
 
@@ -188,9 +219,7 @@ def _result_from_map(body: Any) -> InferResult:
         if not isinstance(err, Mapping):
             raise CodecError("error result without an 'error' map")
         error = ErrorInfo(str(err.get("code", "internal")), str(err.get("message", "")))
-    outputs = tuple(
-        _tensor_from_map(t, f"output {i}") for i, t in enumerate(body.get("outputs", []))
-    )
+    outputs = tuple(_tensor_from_map(t, "output", i) for i, t in enumerate(body.get("outputs", [])))
     return InferResult(
         id=str(body.get("id", "")),
         model=str(body.get("model", "")),

@@ -16,6 +16,7 @@ at arbitrary keys.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -110,7 +111,7 @@ def _judge(
     except CodecError as exc:
         return _reject_or_dead(value, exc, spec, names, worker_id)
     stream = req.reply.stream
-    if stream is not None and not names.is_reply_stream(stream):
+    if stream is not None and not _allowed_stream(names, stream):
         return Rejected(error_result(req, _bad_stream(stream, names), worker=worker_id), None)
     try:
         version = resolve_version(req, spec, versions)
@@ -125,6 +126,13 @@ def _judge(
         partition=source.partition,
         offset=source.offset,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _allowed_stream(names: Names, stream: str) -> bool:
+    """``names.is_reply_stream``, remembered: a deployment's requests name a few reply
+    streams (one per gateway, one per results stream), and every record asks."""
+    return names.is_reply_stream(stream)
 
 
 def _unforeseen(value: bytes, exc: Exception, spec: ModelSpec, worker_id: str) -> Admission:

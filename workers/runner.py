@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ import numpy as np
 from aiokafka.structs import TopicPartition
 
 from plaza.contract import ErrorInfo, InferRequest, InferResult
+from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
 from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
@@ -163,14 +165,23 @@ class BatchRunner:
                     f"output {name!r} has shape {list(arr.shape)}, expected {total} rows"
                 )
         results: list[InferResult] = []
+        if not batched:
+            for it in items:
+                names = it.request.outputs or self._all_outputs
+                tensors = tuple(Tensor.from_numpy(n, outputs[n]) for n in names)
+                results.append(self._ok(it, tensors, t0, t1, t2))
+            return results
+        # Each output once per batch: its wire datatype and C-ordered bytes; a request's
+        # tensor is then a view of its rows (as ``Tensor.from_numpy`` of its slice gives).
+        wire: dict[str, _Rows] = {}
         start = 0
         for it in items:
             end = start + it.rows
             names = it.request.outputs or self._all_outputs
-            tensors = tuple(
-                Tensor.from_numpy(n, outputs[n][start:end] if batched else outputs[n])
-                for n in names
-            )
+            for n in names:
+                if n not in wire:
+                    wire[n] = _rows_of(outputs[n])
+            tensors = tuple(_slice(n, wire[n], outputs[n], start, end) for n in names)
             start = end
             results.append(self._ok(it, tensors, t0, t1, t2))
         return results
@@ -196,6 +207,27 @@ class BatchRunner:
 
     def _error(self, it: WorkItem, err: PlazaError) -> InferResult:
         return error_result(it.request, err, version=str(it.version), worker=self.worker_id)
+
+
+_Rows = tuple[str, tuple[int, ...], memoryview, int] | None
+"""An output's datatype, its shape past the batch dim, its bytes, and bytes per row (None:
+BYTES, sliced through ``Tensor.from_numpy``)."""
+
+
+def _rows_of(array: np.ndarray[Any, Any]) -> _Rows:
+    datatype = from_numpy_dtype(array.dtype)
+    if datatype == "BYTES":
+        return None
+    arr = np.ascontiguousarray(array, dtype=to_numpy_dtype(datatype))
+    rest = tuple(arr.shape[1:])
+    return datatype, rest, arr.data.cast("B"), arr.itemsize * math.prod(rest)
+
+
+def _slice(name: str, rows: _Rows, array: np.ndarray[Any, Any], start: int, end: int) -> Tensor:
+    if rows is None:
+        return Tensor.from_numpy(name, array[start:end])
+    datatype, rest, data, row_bytes = rows
+    return Tensor(name, datatype, (end - start, *rest), data[start * row_bytes : end * row_bytes])
 
 
 def error_result(

@@ -1,4 +1,4 @@
-"""The worker: one model, one consumer-group member, four cooperating tasks.
+"""The worker: one model, one consumer-group member, five cooperating tasks.
 
 A worker runs alone in its process or as one of the models of a host
 (``plaza.workers.host``), sharing the device, its scheduler, /metrics, Redis and the
@@ -15,8 +15,10 @@ limiter's resources) before it runs, so up to instance-count batches run at once
   the next batch (depth = pending + consumer lag), waits for a grant and runs it on the
   granted instance's executor thread (a task per execution), so fetching, writing and the
   next batch go on while the model computes;
-- writer: writes each batch's results to Redis in one round trip, then commits the offsets
-  that became safe (only after the results are durable);
+- writer: writes each batch's results to Redis in one round trip, then tells the committer;
+- committer: commits the offsets that became safe (only after the results are durable), one
+  commit at a time, so the writer does not wait for Kafka and the batches written during a
+  commit share the next one;
 - heartbeat: keeps this worker in the model's registry, which the gateway's readiness reads.
 """
 
@@ -177,6 +179,10 @@ class Worker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._results: asyncio.Queue[Completed] = asyncio.Queue(maxsize=4)
+        self._commit_due = asyncio.Event()
+        """Records became durable: the committer commits what became safe."""
+        self._commit_lock = asyncio.Lock()
+        """One offset commit at a time (the committer's, a revocation's, the stop's)."""
         # The model (its backends load in ``start``) and how its requests are batched.
         self._repo = ModelRepository(settings.repository)
         config = settings.worker.model_config_json  # a load request's override, if any
@@ -208,6 +214,8 @@ class Worker:
         ttl_s = min(settings.worker.delivery_ttl_s, settings.redis.result_ttl_s)
         self.deliveries = DeliveryCounter(self.redis, self.names, ttl_s)
         self._kafka: KafkaClients | None = None
+        self._levels: dict[str, int] = {}
+        self._max_request_bytes = settings.kafka.max_request_bytes
 
     @property
     def producer(self) -> AIOKafkaProducer:
@@ -245,6 +253,7 @@ class Worker:
             spawn(self._schedule_loop(), name="scheduler"),
             spawn(self._write_loop(), name="writer"),
             spawn(self._heartbeat_loop(), name="heartbeat"),
+            spawn(self._commit_loop(), name="committer"),
         ]
         log.info(
             "worker %s serving %s versions %s from %s (max_pending %d, %d bytes)",
@@ -302,7 +311,7 @@ class Worker:
         if not self._tasks:
             return
         self._stopping.set()
-        intake, scheduler, writer, heartbeat = self._tasks
+        intake, scheduler, writer, heartbeat, committer = self._tasks
         intake.cancel()
         self._arrived.set()
         with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
@@ -315,7 +324,7 @@ class Worker:
         log.debug("%s: stop: results written", self.id)
         await self._commit()
         log.debug("%s: stop: committed", self.id)
-        for task in (writer, heartbeat, scheduler, intake, *self._executions):
+        for task in (writer, heartbeat, committer, scheduler, intake, *self._executions):
             task.cancel()  # an execution still running after the drain timeout goes too
         await asyncio.gather(*self._tasks, *self._executions, return_exceptions=True)
         self._tasks = []
@@ -371,8 +380,10 @@ class Worker:
             [(tp.topic, tp.partition, r.offset) for tp, r in records]
         )
         done = Completed()
+        # One clock reading for the whole fetch: its records arrived together.
+        now_mono, now_wall = time.monotonic(), time.time()
         for (tp, record), deliveries in zip(records, counts, strict=True):
-            await self._take(tp, record, deliveries, done)
+            await self._take(tp, record, deliveries, done, now_mono, now_wall)
         if done.records:
             await self._results.put(done)
         self._arrived.set()
@@ -396,24 +407,35 @@ class Worker:
         return waited
 
     async def _take(
-        self, tp: TopicPartition, record: Record, deliveries: int, done: Completed
+        self,
+        tp: TopicPartition,
+        record: Record,
+        deliveries: int,
+        done: Completed,
+        now_mono: float | None = None,
+        now_wall: float | None = None,
     ) -> None:
         if tp in self._moved or not self.offsets.started(tp, record.offset):
             return  # revoked while this fetch was being taken in: the next owner replays it
-        self.metrics.count("fetched")
+        self.metrics.records["fetched"] += 1
         self._fetched[tp] = record.offset + 1
         self._hold((tp, record.offset), len(record.value or b""), deliveries)
+        if now_mono is None:
+            now_mono = time.monotonic()
         verdict = admit(
             record.value,
             self.spec,
             self.versions,
-            max_bytes=self.settings.kafka.max_request_bytes,
+            max_bytes=self._max_request_bytes,
             names=self.names,
             worker_id=self.id,
+            now=now_mono,
             partition=tp,
             offset=record.offset,
         )
-        if isinstance(verdict, DeadLetter):
+        if type(verdict) is WorkItem:
+            self._queue(verdict, deliveries, record, done, now_mono, now_wall)
+        elif isinstance(verdict, DeadLetter):
             await self._dead_letter(tp, record, verdict.error)
             self._finish([(tp, record.offset)])
         elif isinstance(verdict, Rejected):
@@ -421,27 +443,47 @@ class Worker:
             done.answers.append((verdict.result, verdict.reply_stream))
             done.records.append((tp, record.offset))
         else:
-            await self._queue(verdict, deliveries, record, done)
+            self._queue(verdict, deliveries, record, done, now_mono, now_wall)
 
-    async def _queue(
-        self, item: WorkItem, deliveries: int, record: Record, done: Completed
+    def _queue(
+        self,
+        item: WorkItem,
+        deliveries: int,
+        record: Record,
+        done: Completed,
+        now_mono: float | None = None,
+        now_wall: float | None = None,
     ) -> None:
         """Into the batcher, or, if delivered before, to the suspects that run alone."""
         req, tp = item.request, item.partition
         if deliveries > 1:
             self._suspects.append(Suspect(item, record))
             return
+        deadline = None
+        if req.deadline_ms is not None:
+            if now_mono is None:
+                now_mono = time.monotonic()
+            deadline = monotonic_deadline(
+                req, now_mono, time.time() if now_wall is None else now_wall
+            )
         try:
             self.batcher.add(
                 item,
                 size=item.rows,
-                priority=req.priority or self.names.topic_level(self.model, tp.topic),
-                deadline=monotonic_deadline(req, time.monotonic(), time.time()),
+                priority=req.priority or self._topic_level(tp.topic),
+                deadline=deadline,
             )
         except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
             self.metrics.count("rejected")
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
             done.records.append((tp, item.offset))
+
+    def _topic_level(self, topic: str) -> int:
+        """``names.topic_level`` of one of our request topics, remembered (asked per record)."""
+        level = self._levels.get(topic)
+        if level is None:
+            level = self._levels[topic] = self.names.topic_level(self.model, topic)
+        return level
 
     def _hold(self, key: RecordKey, nbytes: int, deliveries: int) -> None:
         if key in self._held:  # the same record again (a replay within one assignment)
@@ -629,11 +671,24 @@ class Worker:
                 if self._in_flight == 0:
                     self._idle.set()
                 self._space.set()
-                await self._commit()
+                self._commit_due.set()
             finally:
                 self._results.task_done()
 
+    async def _commit_loop(self) -> None:
+        """Commit what became safe, one commit at a time, apart from the writer: the next
+        batch's write does not wait for Kafka's answer, and the batches written meanwhile
+        share the next commit (one per round trip, not one per batch)."""
+        while True:
+            await self._commit_due.wait()
+            self._commit_due.clear()
+            await self._commit()
+
     async def _commit(self) -> None:
+        async with self._commit_lock:
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
         # Only partitions still assigned: one stale partition fails the whole commit.
         assigned = self.consumer.assignment()
         offsets = {tp: off for tp, off in self.offsets.to_commit().items() if tp in assigned}
