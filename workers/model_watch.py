@@ -229,11 +229,12 @@ class ModelFollower:
             await self._shed(name)
         stop = asyncio.Event()
         task = asyncio.create_task(unit.run_until_stopped(stop), name=f"unit-{name}")
+        # Counted before the unit shows as running: whoever sees it running sees the load.
+        HostMetrics.count(self.metrics.loads, name)
+        self.metrics.memory_bytes = self.budget.total
         self.state.running[name] = Running(desired, spec, unit, task, stop, self._executions(unit))
         self.state.evicted.discard(name)
         await self._drop_standby(name)
-        HostMetrics.count(self.metrics.loads, name)
-        self.metrics.memory_bytes = self.budget.total
         log.info(
             "host: loaded %s (generation %d, %d bytes; %d of %d accounted)",
             name,
@@ -271,19 +272,20 @@ class ModelFollower:
         await self._forget(name, item, why=why)
 
     async def _forget(self, name: str, item: Running, *, why: str) -> None:
+        # Counted before it leaves ``running``: whoever sees it gone sees the unload.
+        if why == "evicted":
+            self.state.evicted.add(name)
+            HostMetrics.count(self.metrics.evictions, name)
+        HostMetrics.count(self.metrics.unloads, name)
         self.state.running.pop(name, None)
         freed = self.budget.remove(name)
+        self.metrics.memory_bytes = self.budget.total
         self._sample()
         if why == "failed":
             exc = item.task.exception() if not item.task.cancelled() else None
             log.error("host: unit of %s stopped on its own: %s", name, exc)
             with contextlib.suppress(Exception):
                 await item.unit.stop()
-        if why == "evicted":
-            self.state.evicted.add(name)
-            HostMetrics.count(self.metrics.evictions, name)
-        HostMetrics.count(self.metrics.unloads, name)
-        self.metrics.memory_bytes = self.budget.total
         log.info("host: unloaded %s (%s; %d bytes freed)", name, why, freed)
 
     async def _drain(self, name: str, spec: ModelSpec) -> None:
