@@ -5,6 +5,7 @@ input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +24,8 @@ from plaza.workers.ensemble import EnsembleRunner
 from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, with_model
 
 pytestmark = pytest.mark.timeout(300)
+START_LIMIT_S = 90.0
+"""One model's worker (model load included) or ensemble runner gets this long to start."""
 
 
 def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
@@ -67,15 +70,19 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
         for name in names:
             spec = repo.spec(name)
             serve = running_runner if spec.is_ensemble else running_worker
-            await stack.enter_async_context(serve(settings, name))
+            try:  # a start that hangs fails here, naming its model
+                async with asyncio.timeout(START_LIMIT_S):
+                    await stack.enter_async_context(serve(settings, name))
+            except TimeoutError:
+                pytest.fail(f"{name}'s worker or runner did not start in {START_LIMIT_S:g} s")
         gw = await stack.enter_async_context(gateway_fronts(settings))
         http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
         stack.push_async_callback(http.close)
         stack.push_async_callback(rpc.close)
         for name in names:
-            by_http = await http.infer(name, inputs(http_aio, feeds[name]))
-            by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]))
+            by_http = await http.infer(name, inputs(http_aio, feeds[name]), timeout=60)
+            by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]), client_timeout=60)
             outputs = [o["name"] for o in by_http.get_response()["outputs"]]
             assert outputs, name
             for output in outputs:
