@@ -81,7 +81,7 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
         stack.push_async_callback(http.close)
         stack.push_async_callback(rpc.close)
         for name in names:
-            by_http = await http.infer(name, inputs(http_aio, feeds[name]), timeout=60)
+            by_http = await http.infer(name, inputs(http_aio, feeds[name]))  # the gateway bounds it
             by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]), client_timeout=60)
             outputs = [o["name"] for o in by_http.get_response()["outputs"]]
             assert outputs, name
