@@ -58,7 +58,6 @@ from dataclasses import replace
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import ValidationError
 
@@ -69,11 +68,6 @@ from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
-    HEADER_ERROR_CODE,
-    HEADER_ERROR_MESSAGE,
-    HEADER_SOURCE_OFFSET,
-    HEADER_SOURCE_PARTITION,
-    HEADER_SOURCE_TOPIC,
     step_request_id,
 )
 from plaza.producer import Producer
@@ -81,6 +75,8 @@ from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 from plaza.workers.admission import DeadLetter, Rejected, admit
+from plaza.workers.commit import commit_owned
+from plaza.workers.dead_letter import dead_letter
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.result_lookup import ResultLookup
@@ -382,29 +378,9 @@ class EnsembleRunner:
         self._space.set()
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
-        headers = [
-            *(record.headers or ()),
-            (HEADER_ERROR_CODE, error.code.encode()),
-            (HEADER_ERROR_MESSAGE, error.message.encode()[:1024]),
-            (HEADER_SOURCE_TOPIC, tp.topic.encode()),
-            (HEADER_SOURCE_PARTITION, str(tp.partition).encode()),
-            (HEADER_SOURCE_OFFSET, str(record.offset).encode()),
-        ]
-        log.warning(
-            "%s: dead-lettering %s:%d:%d: %s",
-            self.id,
-            tp.topic,
-            tp.partition,
-            record.offset,
-            error.message,
-        )
         assert self._dead_letters is not None
-        await self._dead_letters.send_and_wait(
-            self.names.dead_letter_topic(self.model),
-            value=record.value,
-            key=record.key,
-            headers=headers,
-        )
+        topic = self.names.dead_letter_topic(self.model)
+        await dead_letter(self._dead_letters, topic, tp, record, error, self.id)
 
     # -- one ensemble request --------------------------------------------------------------
     async def _answer(self, item: WorkItem, priority: int) -> Answer | None:
@@ -504,16 +480,7 @@ class EnsembleRunner:
             await self._commit()
 
     async def _commit(self) -> None:
-        assigned = self.consumer.assignment()
-        offsets = {tp: off for tp, off in self.offsets.to_commit().items() if tp in assigned}
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except KafkaError as exc:  # rebalancing: the replay is idempotent
-            log.warning("%s: commit of %d partitions failed: %s", self.id, len(offsets), exc)
-            return
-        self.offsets.committed(offsets)
+        await commit_owned(self.consumer, self.offsets, self.id)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is answered; requests still running go to the next owner."""

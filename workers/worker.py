@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from plaza.batching import BatchingPolicy, DynamicBatcher
@@ -54,18 +53,13 @@ from plaza.errors import (
 )
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
-from plaza.naming import (
-    HEADER_ERROR_CODE,
-    HEADER_ERROR_MESSAGE,
-    HEADER_SOURCE_OFFSET,
-    HEADER_SOURCE_PARTITION,
-    HEADER_SOURCE_TOPIC,
-)
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
+from plaza.workers.commit import commit_owned
+from plaza.workers.dead_letter import dead_letter
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.device_scheduler import Grant, instance_specs
 from plaza.workers.host_services import HostServices
@@ -506,28 +500,8 @@ class Worker:
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
         self.metrics.count("dead_lettered")
-        headers = [
-            *(record.headers or ()),
-            (HEADER_ERROR_CODE, error.code.encode()),
-            (HEADER_ERROR_MESSAGE, error.message.encode()[:1024]),
-            (HEADER_SOURCE_TOPIC, tp.topic.encode()),
-            (HEADER_SOURCE_PARTITION, str(tp.partition).encode()),
-            (HEADER_SOURCE_OFFSET, str(record.offset).encode()),
-        ]
-        log.warning(
-            "%s: dead-lettering %s:%d:%d: %s",
-            self.id,
-            tp.topic,
-            tp.partition,
-            record.offset,
-            error.message,
-        )
-        await self.producer.send_and_wait(
-            self.names.dead_letter_topic(self.model),
-            value=record.value,
-            key=record.key,
-            headers=headers,
-        )
+        topic = self.names.dead_letter_topic(self.model)
+        await dead_letter(self.producer, topic, tp, record, error, self.id)
 
     def _lag(self) -> int:
         """Records in our partitions that Kafka holds but we have not fetched yet."""
@@ -689,17 +663,7 @@ class Worker:
             await self._commit_now()
 
     async def _commit_now(self) -> None:
-        # Only partitions still assigned: one stale partition fails the whole commit.
-        assigned = self.consumer.assignment()
-        offsets = {tp: off for tp, off in self.offsets.to_commit().items() if tp in assigned}
-        if not offsets:
-            return
-        try:
-            await self.consumer.commit(offsets)
-        except KafkaError as exc:  # rebalancing, or partitions gone: replay is idempotent
-            log.warning("%s: commit of %d partitions failed: %s", self.id, len(offsets), exc)
-            return
-        self.offsets.committed(offsets)
+        await commit_owned(self.consumer, self.offsets, self.id)
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Finish and commit what is in flight; pending records go to the next owner."""

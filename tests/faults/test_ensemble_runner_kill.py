@@ -39,32 +39,10 @@ from tests.faults.harness import value
 from tests.faults.processes import WORKER_ENV, FaultProcesses
 from tests.faults.test_worker_kill import slow_identity_repository
 from tests.faults.traffic import Load, ResultTail
+from tests.integration.test_ensemble import CHAIN  # the same two-step chain
 
 ENSEMBLE = "chain"
 REQUESTS = 600
-CHAIN = """
-name: "chain"
-platform: "ensemble"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-ensemble_scheduling {
-  step [
-    {
-      model_name: "identity"
-      model_version: -1
-      input_map { key: "INPUT0" value: "INPUT0" }
-      output_map { key: "OUTPUT0" value: "middle" }
-    },
-    {
-      model_name: "identity"
-      model_version: -1
-      input_map { key: "INPUT0" value: "middle" }
-      output_map { key: "OUTPUT0" value: "OUTPUT0" }
-    }
-  ]
-}
-"""
 
 
 class EnsembleLoad(Load):
