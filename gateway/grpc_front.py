@@ -20,7 +20,6 @@ every RPC but the health ones (ServerLive, ServerReady, ModelReady), as over HTT
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import uuid
@@ -42,6 +41,7 @@ from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.gateway.tls import TlsFiles, grpc_credentials
 from plaza.settings import PlazaSettings
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -248,11 +248,7 @@ class _Stream:
                 self._slots.release()  # answered and sent: the queue stays bounded
             await reader  # re-raises a failure of the reader
         finally:  # the client went away, or the stream ended: stop every wait
-            reader.cancel()
-            for task in list(self._tasks):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, *self._tasks, return_exceptions=True)
+            await cancel_and_wait([reader, *self._tasks])
 
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         try:

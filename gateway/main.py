@@ -55,6 +55,9 @@ def server_config(settings: PlazaSettings, service: GatewayService | None = None
         http="httptools",
         lifespan="on",
         access_log=False,
+        # A stop waits for the calls in flight (a sync call ends within its timeout), not
+        # for ever: uvicorn's default waits as long as any connection stays busy.
+        timeout_graceful_shutdown=int(gw.sync_timeout_s) + 5,
         log_level=settings.log_level.lower(),
         **uvicorn_tls(tls_files(gw)),
     )

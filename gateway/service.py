@@ -30,6 +30,7 @@ from plaza.gateway.statistics import read_statistics
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,7 @@ class GatewayService:
 
     async def stop(self) -> None:
         """Release everything start() took; safe to call after a failed start."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self._producer is not None:
             await self._producer.stop()

@@ -18,6 +18,7 @@ from plaza.codec import decode_results
 from plaza.contract import InferResult
 from plaza.errors import CodecError
 from plaza.naming import STREAM_FIELD_RESULTS
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class ReplyMux:
             try:
                 await asyncio.wait_for(asyncio.shield(self._task), self._block_ms / 1000 + 5)
             except TimeoutError:
-                self._task.cancel()
+                await cancel_and_wait([self._task])
             except asyncio.CancelledError:
                 pass
         for fut in self._waiters.values():

@@ -44,6 +44,7 @@ from plaza.naming import Names
 from plaza.repository import ModelRepository
 from plaza.settings import ResponseCacheSettings
 from plaza.statistics import FLUSH_SCRIPT, flush_arguments
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -222,9 +223,7 @@ class ResponseCache:
     async def stop(self) -> None:
         """Stop flushing, after a last flush (bounded: Redis may be away)."""
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(BaseException):
-                await self._flusher
+            await cancel_and_wait([self._flusher])
             self._flusher = None
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.flush(), STATS_FLUSH_S)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import shutil
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from plaza.gateway.main import Serving, serving
 from plaza.settings import (
@@ -94,3 +98,29 @@ async def gateway_fronts(settings: PlazaSettings) -> AsyncIterator[Serving]:
             yield running
     finally:
         sock.close()
+
+
+def task_stacks() -> str:
+    """Every asyncio task of the running loop with the line it waits on (for a hang's report:
+    pytest-timeout's dump shows threads, and a hung test's main thread is only the loop)."""
+    out = io.StringIO()
+    for task in asyncio.all_tasks():
+        task.print_stack(limit=12, file=out)
+    return out.getvalue()
+
+
+@asynccontextmanager
+async def phase(name: str, limit_s: float) -> AsyncIterator[None]:
+    """Fail the test, naming ``name``, when the block takes longer than ``limit_s``: a hang
+    reports where it is (every task's stack, taken while it still hangs, in the captured
+    output) instead of running into pytest's timeout."""
+    stacks: list[str] = []
+    dump = asyncio.get_running_loop().call_later(limit_s, lambda: stacks.append(task_stacks()))
+    try:
+        async with asyncio.timeout(limit_s + 0.5):
+            yield
+    except TimeoutError:
+        print("".join(stacks))
+        pytest.fail(f"{name} did not finish in {limit_s:g} s (task stacks in the captured output)")
+    finally:
+        dump.cancel()

@@ -73,6 +73,7 @@ from plaza.naming import (
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 from plaza.workers.admission import DeadLetter, Rejected, admit
 from plaza.workers.commit import commit_owned
@@ -276,15 +277,11 @@ class EnsembleRunner:
         running = [t for t in self._inflight.values() if not t.done()]
         if running:
             await asyncio.wait(running, timeout=drain_timeout_s)
-        for task in running:
-            task.cancel()  # not answered in time: the next member of the group replays it
-        await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(running)  # not answered in time: the group's next member replays it
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._to_write.join(), drain_timeout_s)
         await self._commit()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         await self.lookup.stop()
         await self.metrics.close(self.redis)
@@ -428,9 +425,7 @@ class EnsembleRunner:
                     running.pop(task)
                     have.update(task.result())  # StepFailed ends the request
         finally:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await cancel_and_wait(running)
 
     async def _step(
         self, req: InferRequest, step: EnsembleStep, have: Mapping[str, Tensor], priority: int
@@ -487,9 +482,7 @@ class EnsembleRunner:
         if not revoked or not self._tasks:
             return
         moved = [task for (tp, _), task in self._inflight.items() if tp in revoked]
-        for task in moved:
-            task.cancel()
-        await asyncio.gather(*moved, return_exceptions=True)
+        await cancel_and_wait(moved)
         await self._commit()
         self.offsets.forget(revoked)
         log.info(

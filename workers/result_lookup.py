@@ -14,7 +14,6 @@ A lookup is a hint, never a reason to stop: when Redis does not answer, ``get`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import redis.asyncio as aioredis
@@ -23,6 +22,7 @@ from plaza.codec import decode_result
 from plaza.contract import InferResult
 from plaza.errors import CodecError
 from plaza.naming import Names
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ class ResultLookup:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
         for futures in self._waiting.values():
             for fut in futures:

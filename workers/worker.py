@@ -55,6 +55,7 @@ from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+from plaza.tasks import cancel_and_wait
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
@@ -308,8 +309,7 @@ class Worker:
         intake, scheduler, writer, heartbeat, committer = self._tasks
         intake.cancel()
         self._arrived.set()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
-            await asyncio.wait_for(scheduler, drain_timeout_s)
+        await asyncio.wait({scheduler}, timeout=drain_timeout_s)  # it ends once drained
         if self._executions:
             await asyncio.wait(set(self._executions), timeout=drain_timeout_s)
         log.debug("%s: stop: scheduler done=%s", self.id, scheduler.done())
@@ -318,9 +318,8 @@ class Worker:
         log.debug("%s: stop: results written", self.id)
         await self._commit()
         log.debug("%s: stop: committed", self.id)
-        for task in (writer, heartbeat, committer, scheduler, intake, *self._executions):
-            task.cancel()  # an execution still running after the drain timeout goes too
-        await asyncio.gather(*self._tasks, *self._executions, return_exceptions=True)
+        # An execution still running after the drain timeout goes too.
+        await cancel_and_wait([writer, heartbeat, committer, scheduler, intake, *self._executions])
         self._tasks = []
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):

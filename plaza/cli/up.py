@@ -37,6 +37,7 @@ from plaza.stack import (
 )
 from plaza.stack.ports import require_free
 from plaza.stack.supervisor import ModelSupervisor
+from plaza.tasks import cancel_and_wait
 
 WATCH_S = 0.5
 """How often plaza up checks its processes (and, in modes explicit and poll, the model table)."""
@@ -241,8 +242,7 @@ async def _serve(
         return await _watch(group, services, stopping)
     finally:
         if task is not None and supervisor is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
             await supervisor.close()
 
 

@@ -5,7 +5,6 @@ input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,11 +20,23 @@ from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
-from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, with_model
+from tests.support import (
+    REPOSITORY,
+    gateway_fronts,
+    make_settings,
+    phase,
+    running_worker,
+    with_model,
+)
 
 pytestmark = pytest.mark.timeout(300)
-START_LIMIT_S = 90.0
-"""One model's worker (model load included) or ensemble runner gets this long to start."""
+START_LIMIT_S = 60.0
+"""One model's worker (model load included), ensemble runner, or the gateway gets this long
+to start."""
+CALL_LIMIT_S = 40.0
+"""One call, either front (the gateway's sync timeout is 30 s)."""
+STOP_LIMIT_S = 90.0
+"""Everything's stop together."""
 
 
 def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
@@ -66,26 +77,30 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
     settings = make_settings(kafka_bootstrap, redis_url, unique_id, gateway={"metrics_port": -1})
     rng = np.random.default_rng(7)
     feeds = {name: feeds_for(repo.spec(name), rng) for name in names}
-    async with contextlib.AsyncExitStack() as stack:
+    stack = contextlib.AsyncExitStack()
+    try:
         for name in names:
             spec = repo.spec(name)
             serve = running_runner if spec.is_ensemble else running_worker
-            try:  # a start that hangs fails here, naming its model
-                async with asyncio.timeout(START_LIMIT_S):
-                    await stack.enter_async_context(serve(settings, name))
-            except TimeoutError:
-                pytest.fail(f"{name}'s worker or runner did not start in {START_LIMIT_S:g} s")
-        gw = await stack.enter_async_context(gateway_fronts(settings))
+            async with phase(f"{name}'s worker or runner start", START_LIMIT_S):
+                await stack.enter_async_context(serve(settings, name))
+        async with phase("the gateway's start", START_LIMIT_S):
+            gw = await stack.enter_async_context(gateway_fronts(settings))
         http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
         stack.push_async_callback(http.close)
         stack.push_async_callback(rpc.close)
         for name in names:
-            by_http = await http.infer(name, inputs(http_aio, feeds[name]))  # the gateway bounds it
-            by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]), client_timeout=60)
+            async with phase(f"{name} over HTTP", CALL_LIMIT_S):
+                by_http = await http.infer(name, inputs(http_aio, feeds[name]))
+            async with phase(f"{name} over gRPC", CALL_LIMIT_S):
+                by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]))
             outputs = [o["name"] for o in by_http.get_response()["outputs"]]
             assert outputs, name
             for output in outputs:
                 a, b = by_http.as_numpy(output), by_grpc.as_numpy(output)
                 assert a.shape == b.shape and a.dtype == b.dtype, (name, output)
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+    finally:
+        async with phase("the stop of the gateway, runners and workers", STOP_LIMIT_S):
+            await stack.aclose()
