@@ -24,6 +24,7 @@ from multiprocessing.process import BaseProcess
 import uvicorn
 import uvloop
 
+from plaza import gc_tuning
 from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
@@ -142,6 +143,7 @@ def exposure_warning(gw: GatewaySettings) -> str | None:
 
 async def _serve_until_stopped(settings: PlazaSettings) -> None:
     async with serving(settings) as running:
+        gc_tuning.freeze_startup()
         log.info("gateway: HTTP %s, gRPC %s", running.http_url, running.grpc_address)
         with serve_metrics(running.config.app, settings.gateway):
             await running.http_task
@@ -152,6 +154,7 @@ async def _serve_shared_port(settings: PlazaSettings) -> None:
     gw = settings.gateway
     with reuse_port_socket(gw.host, gw.http_port) as sock:
         async with serving(settings, http_socket=sock) as running:
+            gc_tuning.freeze_startup()
             log.info(
                 "gateway process %d: HTTP %s, gRPC %s",
                 os.getpid(),
@@ -212,6 +215,7 @@ def _gateway_process(settings: PlazaSettings) -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    gc_tuning.tune()
     # uvicorn stops on SIGINT, then raises it again: a Ctrl-C is a normal stop here
     try:
         with (
@@ -276,6 +280,7 @@ def run_gateway(settings: PlazaSettings) -> int:
         log.warning(warning)
     if settings.gateway.workers > 1:
         return run_gateway_processes(settings)
+    gc_tuning.tune()
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve_until_stopped(settings))
     return 0

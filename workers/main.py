@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import signal
 
+from plaza import gc_tuning
 from plaza.settings import PlazaSettings
 from plaza.workers.host import Host
-
-GC_THRESHOLDS = (20_000, 50, 100)
-"""The garbage collector's generation thresholds in a worker process (Python's: 700, 10,
-10). A worker makes dozens of container objects per request, so at the default a
-young-generation collection ran every few dozen requests under load. Measured in
-docs/benchmarks.md (Hot paths, second pass): the worker's CPU per request draining a
-backlog fell to 0.86 of the default's."""
 
 
 async def serve(settings: PlazaSettings) -> None:
@@ -26,6 +19,7 @@ async def serve(settings: PlazaSettings) -> None:
         loop.add_signal_handler(sig, stop.set)
     host = Host(settings)
     await host.start()
+    gc_tuning.freeze_startup()  # the models and clients loaded: keep them out of collections
     await host.run_until_stopped(stop)
 
 
@@ -33,7 +27,7 @@ def run_worker(settings: PlazaSettings) -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    gc.set_threshold(*GC_THRESHOLDS)
+    gc_tuning.tune()
     try:
         import uvloop
     except ImportError:
