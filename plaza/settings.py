@@ -36,7 +36,9 @@ class KafkaSettings(_Section):
         30_000, description="Kafka request timeout; also bounds a publish"
     )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request record")
-    linger_ms: int = Field(1, ge=0, description="producer linger: small batches of records")
+    linger_ms: int = Field(
+        0, ge=0, description="producer linger (records sent while one is in flight batch anyway)"
+    )
     backlog_check_ttl_ms: int = Field(
         250, ge=0, description="how long a measured backlog (for max_queue_size) is reused"
     )

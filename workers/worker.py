@@ -531,8 +531,11 @@ class Worker:
             timeout = None
             if decision.wake_at is not None:
                 timeout = max(0.0, decision.wake_at - time.monotonic())
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait as a task
+            # of its own (a loop turn and an allocation per round of this loop).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._arrived.wait()
 
     async def _unanswered(self, batch: list[WorkItem]) -> list[WorkItem]:
         """The items of ``batch`` to run: those already answered (cancelled by their
