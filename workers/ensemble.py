@@ -57,7 +57,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from typing import Any, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import ValidationError
 
@@ -76,7 +76,7 @@ from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 from plaza.workers.admission import DeadLetter, Rejected, admit
-from plaza.workers.commit import commit_owned
+from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
@@ -150,20 +150,6 @@ def step_outputs(step: EnsembleStep, result: InferResult) -> dict[str, Tensor]:
             message = f"{step.label}: its answer has no output {key!r}"
             raise StepFailed(ErrorInfo("model_error", message)) from None
     return out
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, runner: EnsembleRunner) -> None:
-        self._runner = runner
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._runner._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._runner.offsets.assign(assigned)
-        log.info(
-            "%s: assigned %s", self._runner.id, sorted(f"{t.topic}:{t.partition}" for t in assigned)
-        )
 
 
 class EnsembleRunner:
@@ -241,7 +227,7 @@ class EnsembleRunner:
         self._dead_letters = kafka_producer(self.settings.kafka)
         await self._dead_letters.start()
         self._consumer = kafka_consumer(self.settings.kafka, self.names.consumer_group(self.model))
-        self._consumer.subscribe(self.topics, listener=_Rebalance(self))
+        self._consumer.subscribe(self.topics, listener=Rebalance(self))
         await self._consumer.start()
         self.metrics.start(self.versions, pending=lambda: self.in_flight)
         self.lookup.start()
@@ -477,7 +463,7 @@ class EnsembleRunner:
     async def _commit(self) -> None:
         await commit_owned(self.consumer, self.offsets, self.id)
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Commit what is answered; requests still running go to the next owner."""
         if not revoked or not self._tasks:
             return

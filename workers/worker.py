@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from plaza.batching import BatchingPolicy, DynamicBatcher
@@ -59,7 +59,7 @@ from plaza.tasks import cancel_and_wait
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
-from plaza.workers.commit import commit_owned
+from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.device_scheduler import Grant, instance_specs
@@ -109,20 +109,6 @@ class Completed:
     records: list[tuple[TopicPartition, int]] = field(default_factory=list)
     in_flight: int = 0
     """How many of them the scheduler counted as in flight."""
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._worker._on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._worker.offsets.assign(assigned)
-        log.info(
-            "%s: assigned %s", self._worker.id, sorted(f"{t.topic}:{t.partition}" for t in assigned)
-        )
 
 
 class Worker:
@@ -238,7 +224,7 @@ class Worker:
         await self.services.start()
         self._failed = asyncio.get_running_loop().create_future()
         self._kafka = KafkaClients(self.services.producer, self._make_consumer())
-        self.consumer.subscribe(self.topics, listener=_Rebalance(self))
+        self.consumer.subscribe(self.topics, listener=Rebalance(self))
         await self.consumer.start()
         self.metrics.start(self.versions, pending=self._pending)
         await self._beat()
@@ -667,7 +653,7 @@ class Worker:
     async def _commit_now(self) -> None:
         await commit_owned(self.consumer, self.offsets, self.id)
 
-    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Finish and commit what is in flight; pending records go to the next owner."""
         if not revoked or not self._tasks:
             return

@@ -53,6 +53,6 @@ async def test_finished_and_failed_tasks_are_collected_without_warnings() -> Non
 
     failed = asyncio.create_task(fails())
     done = asyncio.create_task(asyncio.sleep(0))
-    await asyncio.sleep(0.01)
+    await asyncio.wait([failed, done])
     assert await cancel_and_wait([failed, done]) == set()
     assert isinstance(failed.exception(), ValueError)
