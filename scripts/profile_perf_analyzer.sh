@@ -4,6 +4,10 @@
 #
 #   scripts/profile_perf_analyzer.sh MODEL grpc|http CONCURRENCY
 #   PROF=1 scripts/profile_perf_analyzer.sh mlp grpc 16
+#   HTTP_SERVER=granian GRANIAN_DIR=/tmp/granian scripts/profile_perf_analyzer.sh mlp http 16
+#
+# HTTP_SERVER=granian serves the HTTP front (only it: no gRPC) under granian instead of
+# uvicorn (scripts/granian_front.py; granian installed apart with pip --target GRANIAN_DIR).
 #
 # As scripts/profile_stack.sh (a Kafka and Redis that already run, a fresh prefix, one
 # worker and one gateway on ports 18110-18112), but the load is perf_analyzer (sync calls,
@@ -19,15 +23,23 @@ P=prof$RANDOM
 export PLAZA_KAFKA__TOPIC_PREFIX=$P. PLAZA_REDIS__KEY_PREFIX=$P: PLAZA_LOG_LEVEL=WARNING
 export PLAZA_WORKER__METRICS_PORT=-1 PLAZA_GATEWAY__HTTP_PORT=18110
 export PLAZA_GATEWAY__GRPC_PORT=18111 PLAZA_GATEWAY__METRICS_PORT=18112 PLAZA_GATEWAY__MODELS=$MODEL
-O=var/profile/pa-$MODEL-$PROTO-c$C-p${PROF:-0}; mkdir -p "$O"
+O=var/profile/pa-$MODEL-$PROTO-c$C-p${PROF:-0}-${HTTP_SERVER:-uvicorn}; mkdir -p "$O"
 if [ "${PROF:-0}" = 1 ]; then GP="-m cProfile -o $O/gateway.prof"; else GP=; fi
 .venv/bin/python -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
-.venv/bin/python $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
+if [ "${HTTP_SERVER:-uvicorn}" = granian ]; then
+  PYTHONPATH=${GRANIAN_DIR:-/tmp/granian}:scripts .venv/bin/python -m granian --interface asgi \
+    --loop uvloop --workers 1 --host 127.0.0.1 --port 18110 --no-ws --log-level warning \
+    --factory granian_front:app_factory > "$O/gateway.log" 2>&1 & G=$!
+else
+  .venv/bin/python $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
+fi
 trap 'kill -TERM $W 2>/dev/null; kill -INT $G 2>/dev/null' EXIT
 sleep 12
 count() { curl -s "http://127.0.0.1:18110/v2/models/$MODEL/stats" | .venv/bin/python -c \
   "import json,sys; print(json.load(sys.stdin)['model_stats'][0]['inference_stats']['success']['count'])"; }
-cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# a process's CPU ticks, its children's included (granian serves from a child process)
+cpu() { local t; t=$(awk '{print $14+$15}' "/proc/$1/stat"); for k in $(pgrep -P "$1"); do
+  t=$((t + $(cpu "$k"))); done; echo "$t"; }
 [ "$PROTO" = grpc ] && ADDR=127.0.0.1:18111 || ADDR=127.0.0.1:18110
 .venv/bin/python - "$MODEL" "$O/input.json" <<'PY'
 import sys
