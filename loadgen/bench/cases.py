@@ -444,7 +444,7 @@ def compare_with_simulation(
     }
 
 
-from plaza.loadgen.bench.perf import ort_spinning, perf_analyzer_lanes  # noqa: E402
+from plaza.loadgen.bench.perf import ort_spinning, ort_threads, perf_analyzer_lanes  # noqa: E402
 
 BENCHMARKS: dict[str, Benchmark] = {
     "batching": batching,
@@ -455,6 +455,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "overhead": overhead,
     "simulator": simulator,
     "ort_spinning": ort_spinning,
+    "ort_threads": ort_threads,
     "perf_analyzer": perf_analyzer_lanes,
     "text_embed": text_embed,
 }

@@ -70,29 +70,49 @@ def service_pids(ctx: Context) -> dict[str, int | None]:
     return out
 
 
-# -- ONNX Runtime spinning -------------------------------------------------------------------
+# -- ONNX Runtime settings: one worker setting, two values side by side --------------------
 
 SPIN_ENV = {
     "on": {"PLAZA_WORKER__ORT_INTRA_OP_SPINNING": "1", "PLAZA_WORKER__ORT_INTER_OP_SPINNING": "1"},
     "off": {"PLAZA_WORKER__ORT_INTRA_OP_SPINNING": "0", "PLAZA_WORKER__ORT_INTER_OP_SPINNING": "0"},
+}
+THREADS_ENV = {
+    "all cores": {"PLAZA_WORKER__INTRA_OP_THREADS": "0"},
+    "1 thread": {"PLAZA_WORKER__INTRA_OP_THREADS": "1"},
 }
 
 
 async def ort_spinning(ctx: Context) -> Report:
     """MLP, one worker with ONNX Runtime's thread spinning on and one with it off, each with
     its gateway; HTTP JSON and Kafka at c = 1, 16, 64, interleaved; CPU per request."""
+    return await worker_setting_ab(ctx, "spin", SPIN_ENV)
+
+
+async def ort_threads(ctx: Context) -> Report:
+    """MLP, one worker with ONNX Runtime's intra-op pool on every core (the default) and one
+    with a single intra-op thread (spinning off in both), as ``ort_spinning`` measures."""
+    return await worker_setting_ab(ctx, "threads", THREADS_ENV)
+
+
+async def worker_setting_ab(
+    ctx: Context, name: str, sides: Mapping[str, Mapping[str, str]]
+) -> Report:
+    """Two mlp deployments whose workers differ only by ``sides``' environment (the first
+    side is the reference), each with its gateway; HTTP JSON and Kafka at c = 1, 16, 64,
+    ``ctx.rounds`` interleaved rounds. Ratios: the median over rounds of second / first."""
     model = "mlp"
-    deps = {side: ctx.deployment(f"spin-{side}", {model: None}) for side in SPIN_ENV}
-    pool = input_pool(spec_of(deps["on"], model))
+    first, second = sides
+    deps = {side: ctx.deployment(f"{name}-{i}", {model: None}) for i, side in enumerate(sides)}
+    pool = input_pool(spec_of(deps[first], model))
     workers, gateways = {}, {}
     for side, dep in deps.items():
-        workers[side] = (await start_workers(ctx, dep, model, pool, env=SPIN_ENV[side]))[0]
+        workers[side] = (await start_workers(ctx, dep, model, pool, env=dict(sides[side])))[0]
         gateways[side] = await _gateway(ctx, dep, 1)
-    report: Report = {"model": model, "points": {}, "ratios": {}}
+    report: Report = {"model": model, "sides": list(sides), "points": {}, "ratios": {}}
     try:
         for c in CONCURRENCIES:
             for path in ("http-json", "kafka"):
-                report["points"][f"{path} c{c}"] = await _spin_pair(
+                report["points"][f"{path} c{c}"] = await _side_by_side(
                     ctx, deps, workers, gateways, path, c, pool
                 )
     finally:
@@ -103,17 +123,17 @@ async def ort_spinning(ctx: Context) -> Report:
         "worker cpu/request": lambda r: r["cpu_us_per_request"]["worker"],
         "gateway cpu/request": lambda r: r["cpu_us_per_request"]["gateway"],
     }
-    for key, sides in report["points"].items():
-        for name, value in figures.items():
-            pairs = zip(sides["off"], sides["on"], strict=True)
-            ratios = [value(off) / value(on) for off, on in pairs if value(on) > 0]
-            report["ratios"][f"{key} {name} off/on"] = (
+    for key, rounds in report["points"].items():
+        for figure, value in figures.items():
+            pairs = zip(rounds[second], rounds[first], strict=True)
+            ratios = [value(b) / value(a) for b, a in pairs if value(a) > 0]
+            report["ratios"][f"{key} {figure} {second}/{first}"] = (
                 statistics.median(ratios) if ratios else float("nan")
             )
     return report
 
 
-async def _spin_pair(
+async def _side_by_side(
     ctx: Context,
     deps: Mapping[str, Any],
     workers: Mapping[str, Any],
@@ -122,14 +142,14 @@ async def _spin_pair(
     c: int,
     pool: Any,
 ) -> dict[str, Any]:
-    """Both sides at one load point, ``ctx.rounds`` interleaved rounds: each side's figures
+    """Every side at one load point, ``ctx.rounds`` interleaved rounds: each side's figures
     per round."""
-    out: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    out: dict[str, list[dict[str, Any]]] = {side: [] for side in deps}
     for _ in range(ctx.rounds):
-        for side in ("on", "off"):
+        for side in deps:
             gateway, _ = gateways[side]
             target: Target = (
-                KafkaTarget(deps[side].settings(), "mlp", pool, label=f"kafka spin {side}")
+                KafkaTarget(deps[side].settings(), "mlp", pool, label=f"kafka {side}")
                 if path == "kafka"
                 else HttpTarget(
                     gateway.url,
@@ -137,7 +157,7 @@ async def _spin_pair(
                     pool,
                     binary=False,
                     max_connections=c,
-                    label=f"http-json spin {side}",
+                    label=f"http-json {side}",
                 )
             )
             meter = CpuMeter({"worker": workers[side].pid, "gateway": gateway.pid})

@@ -29,6 +29,9 @@ parameter wins), `worker.ort_intra_op_spinning` and `worker.ort_inter_op_spinnin
 (`session.intra_op.allow_spinning` / `session.inter_op.allow_spinning`). Spinning is off by
 default: measured side by side (`python -m plaza.loadgen.bench --only ort_spinning`,
 docs/benchmarks.md), spinning threads took the cores the gateway, Kafka and Redis need.
+`worker.intra_op_threads` stays 0 (every core): one thread lost 12% of the Kafka path's
+throughput at full batches (`--only ort_threads`) and gained only within the noise at small
+ones.
 Inter-op threads stay at 1: a worker runs each session sequentially (`ORT_SEQUENTIAL`).
 `gateway.workers` N > 1 runs N gateway processes on the same HTTP and gRPC ports
 (docs/gateway.md, "Several gateway processes").
