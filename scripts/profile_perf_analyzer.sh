@@ -80,13 +80,16 @@ join -a1 <(awk '{a[$1]+=$2} END {for (k in a) print k, a[k]}' "$O/threads1.txt" 
 echo "requests $n worker_us_per_req $(( (w1-w0)*10000 / (n>0?n:1) )) gateway_us_per_req $(( (g1-g0)*10000 / (n>0?n:1) ))" | tee "$O/cpu.txt"
 cat "$O/pa.txt"
 # where a request's time went inside the worker (the statistics API, Triton's fields), µs
-curl -s "http://127.0.0.1:18110/v2/models/$MODEL/stats" | .venv/bin/python -c '
+curl -s "http://127.0.0.1:18110/v2/models/$MODEL/stats" > "$O/stats.json"
+.venv/bin/python -c '
 import json, sys
-s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
+m = json.load(open(sys.argv[1]))["model_stats"][0]
+s = m["inference_stats"]
 n = max(1, s["success"]["count"])
 print("worker per request (us): " + ", ".join(
     k + " %.0f" % (s[k]["ns"] / n / 1000) for k in ("queue", "compute_input", "compute_infer", "compute_output")))
-' | tee "$O/stats.txt"
+print("mean batch %.1f" % (m["inference_count"] / max(1, m["execution_count"])))
+' "$O/stats.json" | tee "$O/stats.txt"
 awk -v n=$n '{printf "perf_analyzer cpu %.1f s (%d us/request counted)\n", $1+$2, ($1+$2)*1e6/(n>0?n:1)}' "$O/pa_cpu.txt" 2>/dev/null
 kill -TERM $W; kill -INT $G; wait
 trap - EXIT

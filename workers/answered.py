@@ -7,9 +7,19 @@ replay of a request answered before a crash or a rebalance. Running it again wou
 lose the write, so the worker looks first and skips it: no execution, no second answer,
 its offset committed like any other.
 
-The look costs one ``EXISTS`` over the batch's keys (one round trip per batch); only when
-some exist does a second, pipelined call tell which. Redis not answering is not a reason
-to hold a batch back: the batch then runs whole, as it would without this check.
+The worker looks twice. At intake, the delivery count's script also tells whether each
+fetched record's result key exists (``workers/deliveries.py``; the record's Kafka key is
+its request id), so answered records are finished there and never queue. At launch, a
+batch is looked at again (one ``EXISTS`` over its keys; only when some exist does a second,
+pipelined call tell which) only if some of its items were not looked for at intake (a
+record whose key is not its id, a Redis error) or have waited longer than
+:data:`RECHECK_AFTER_S` since: so a batch that forms quickly costs no round trip of its
+own, and a request cancelled while it waits longer than that is still skipped. One
+cancelled less than that before its batch runs is run; its answer loses to the cancelled
+one (first write wins), so its caller sees the same answer either way.
+
+Redis not answering is not a reason to hold a batch back: the batch then runs whole, as it
+would without this check.
 
 On a Redis Cluster (``redis.cluster``) the batch's keys lie in many hash slots; redis-py's
 cluster client splits that ``EXISTS`` by slot and sends the parts to their nodes at once,
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
@@ -32,6 +43,9 @@ log = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 0.5
 """How long the look may take before the batch runs without it."""
 
+RECHECK_AFTER_S = 0.05
+"""An item looked for at intake is looked for again at launch once it has waited this long."""
+
 
 class AnsweredCheck:
     """Splits a batch into the items to run and the items already answered."""
@@ -40,8 +54,14 @@ class AnsweredCheck:
         self._redis = redis
         self._names = names
 
-    async def split(self, batch: Sequence[WorkItem]) -> tuple[list[WorkItem], list[WorkItem]]:
-        """(to run, already answered), each in the batch's order."""
+    async def split(
+        self, batch: Sequence[WorkItem], now: float | None = None
+    ) -> tuple[list[WorkItem], list[WorkItem]]:
+        """(to run, already answered), each in the batch's order; no round trip when every
+        item was looked for at intake less than :data:`RECHECK_AFTER_S` before ``now``."""
+        since = (time.monotonic() if now is None else now) - RECHECK_AFTER_S
+        if all(it.looked_at is not None and it.looked_at > since for it in batch):
+            return list(batch), []
         keys = [self._names.result_key(it.request.id) for it in batch]
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):

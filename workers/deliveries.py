@@ -15,6 +15,10 @@ Each record's counts live in one small hash under the deployment's key prefix, w
 the counters of answered records are deleted in the next script call, so the keys held are
 those of records in flight, not of every record ever served.
 
+The same call also looks whether each record's request already has an answer (its result
+key exists: a caller cancelled it, or it is a replay; ``workers/answered.py``), since the
+worker needs both before it admits the fetch: one round trip per fetch for both.
+
 On a Redis Cluster the records of a fetch have keys in many hash slots, where one script
 call may not reach: there the same commands go in one non-transactional pipeline, one key
 per command (still one round trip; counting loses only its atomicity, which it never
@@ -36,18 +40,22 @@ log = logging.getLogger(__name__)
 RecordId = tuple[str, int, int]
 """(topic, partition, offset) of one record."""
 
-# KEYS: n counters to count a delivery on, then counters to delete. ARGV: ttl, n.
+# KEYS: n counters to count a delivery on, m result keys to look for, then counters to
+# delete. ARGV: ttl, n, m. Returns the n counts, then 1 or 0 for each result key.
 _COUNT_SCRIPT = """
-local ttl, n = ARGV[1], tonumber(ARGV[2])
-local counts = {}
+local ttl, n, m = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
 for i = 1, n do
-  counts[i] = redis.call('HINCRBY', KEYS[i], 'deliveries', 1)
+  out[i] = redis.call('HINCRBY', KEYS[i], 'deliveries', 1)
   redis.call('EXPIRE', KEYS[i], ttl)
 end
-for i = n + 1, #KEYS do
+for i = n + 1, n + m do
+  out[i] = redis.call('EXISTS', KEYS[i])
+end
+for i = n + m + 1, #KEYS do
   redis.call('DEL', KEYS[i])
 end
-return counts
+return out
 """
 _TRIAL = "trials"
 _DELIVERIES = "deliveries"
@@ -73,31 +81,53 @@ class DeliveryCounter:
         When Redis cannot be reached every record counts as a first delivery: poison
         detection pauses, serving does not (the writer waits for Redis anyway).
         """
+        counts, _ = await self.count_and_look(records, [None] * len(records))
+        return counts
+
+    async def count_and_look(
+        self, records: Sequence[RecordId], result_keys: Sequence[str | None]
+    ) -> tuple[list[int], list[bool | None]]:
+        """``count``, and for each record whether ``result_keys``' key exists (None where
+        no key was given, or where Redis could not be reached): one round trip."""
         if not records:
-            return []
+            return [], []
         finished, self._finished = self._finished, []
         keys = [self._key(r) for r in records]
+        looked = [i for i, k in enumerate(result_keys) if k is not None]
+        look = [k for k in result_keys if k is not None]
         try:
-            counts = await self._count(keys, finished)
+            counts, found = await self._count(keys, finished, look)
         except Exception as exc:  # Redis away: the writer's retries will notice too
             log.warning("counting %d deliveries failed: %s", len(keys), exc)
             self._finished = finished + self._finished
-            return [1] * len(records)
-        return counts
+            return [1] * len(records), [None] * len(records)
+        answered: list[bool | None] = [None] * len(records)
+        for i, hit in zip(looked, found, strict=True):
+            answered[i] = hit
+        return counts, answered
 
-    async def _count(self, keys: list[str], finished: list[str]) -> list[int]:
-        """Count a delivery on each of ``keys``, delete ``finished``: one round trip."""
+    async def _count(
+        self, keys: list[str], finished: list[str], look: Sequence[str] = ()
+    ) -> tuple[list[int], list[bool]]:
+        """Count a delivery on each of ``keys``, look for each of ``look``, delete
+        ``finished``: one round trip."""
+        n = len(keys)
         if not self._cluster:
-            counts = await self._script(keys=[*keys, *finished], args=[self._ttl_s, len(keys)])
-            return [int(c) for c in counts]
+            out = await self._script(
+                keys=[*keys, *look, *finished], args=[self._ttl_s, n, len(look)]
+            )
+            return [int(c) for c in out[:n]], [bool(e) for e in out[n:]]
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
             pipe.hincrby(key, _DELIVERIES, 1)
             pipe.expire(key, self._ttl_s)
+        for key in look:
+            pipe.exists(key)
         for key in finished:
             pipe.delete(key)
         replies = await pipe.execute()
-        return [int(c) for c in replies[: 2 * len(keys) : 2]]
+        found = replies[2 * n : 2 * n + len(look)]
+        return [int(c) for c in replies[: 2 * n : 2]], [bool(e) for e in found]
 
     async def trial(self, record: RecordId) -> int:
         """Count one run alone of a suspect; its number (1 the first time).

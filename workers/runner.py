@@ -50,6 +50,9 @@ class WorkItem:
     partition: TopicPartition = NO_PARTITION
     """The Kafka partition it came from (``NO_PARTITION`` outside the worker)."""
     offset: int = -1
+    looked_at: float | None = None
+    """Monotonic time its answer was looked for, unanswered, at intake (None: not looked
+    for; ``workers/answered.py``)."""
 
 
 def _group_key(item: WorkItem) -> tuple[Any, ...]:

@@ -7,7 +7,8 @@ for a grant (one of the model's ``instance_group`` instances, an execution slot,
 limiter's resources) before it runs, so up to instance-count batches run at once.
 
 - intake: fetches records (bounded by ``max_pending`` records and ``max_pending_bytes``),
-  counts their deliveries, admits them into the batcher, answers invalid ones at once and
+  counts their deliveries and finds those already answered (one Redis round trip per fetch;
+  those are finished unrun), admits them into the batcher, answers invalid ones at once and
   dead-letters unreadable ones and poison records (delivered ``max_deliveries`` times
   without an answer: each worker that took them died);
 - scheduler: runs suspects (records delivered before, maybe the reason a worker died) alone,
@@ -35,7 +36,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -99,6 +100,26 @@ class Held:
 
     nbytes: int
     deliveries: int
+
+
+class Looked(NamedTuple):
+    """What intake found of a record's answer: the request id its Kafka key names, and
+    whether that id's result key existed."""
+
+    id: str
+    answered: bool
+
+
+def _record_id(record: Record) -> str | None:
+    """The request id a record's key names (the producer core keys records by id), or
+    None: no key, or one that is not text (then the launch-time look covers it)."""
+    key = record.key
+    if not key:
+        return None
+    try:
+        return bytes(key).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 @dataclass(slots=True)
@@ -355,14 +376,17 @@ class Worker:
 
     async def _take_all(self, fetched: Fetched) -> None:
         records = [(tp, r) for tp, rs in fetched.items() for r in rs]
-        counts = await self.deliveries.count(
-            [(tp.topic, tp.partition, r.offset) for tp, r in records]
+        ids = [_record_id(r) for _, r in records]
+        counts, answered = await self.deliveries.count_and_look(
+            [(tp.topic, tp.partition, r.offset) for tp, r in records],
+            [None if rid is None else self.names.result_key(rid) for rid in ids],
         )
         done = Completed()
         # One clock reading for the whole fetch: its records arrived together.
         now_mono, now_wall = time.monotonic(), time.time()
-        for (tp, record), deliveries in zip(records, counts, strict=True):
-            await self._take(tp, record, deliveries, done, now_mono, now_wall)
+        for (tp, record), deliveries, rid, hit in zip(records, counts, ids, answered, strict=True):
+            looked = Looked(rid, hit) if rid is not None and hit is not None else None
+            await self._take(tp, record, deliveries, done, now_mono, now_wall, looked)
         if done.records:
             await self._results.put(done)
         self._arrived.set()
@@ -393,6 +417,7 @@ class Worker:
         done: Completed,
         now_mono: float | None = None,
         now_wall: float | None = None,
+        looked: Looked | None = None,
     ) -> None:
         if tp in self._moved or not self.offsets.started(tp, record.offset):
             return  # revoked while this fetch was being taken in: the next owner replays it
@@ -413,6 +438,12 @@ class Worker:
             offset=record.offset,
         )
         if type(verdict) is WorkItem:
+            if looked is not None and looked.id == verdict.request.id:
+                if looked.answered:  # cancelled by its caller, or a replay: finish it unrun
+                    self.metrics.count("skipped")
+                    done.records.append((tp, record.offset))
+                    return
+                verdict.looked_at = now_mono
             self._queue(verdict, deliveries, record, done, now_mono, now_wall)
         elif isinstance(verdict, DeadLetter):
             await self._dead_letter(tp, record, verdict.error)

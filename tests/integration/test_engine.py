@@ -227,6 +227,40 @@ async def test_a_request_cancelled_before_it_runs_is_skipped(settings: PlazaSett
     np.testing.assert_array_equal(kept_answer.output("OUTPUT0").to_numpy(), x)
 
 
+async def test_a_cancelled_raw_record_keyed_otherwise_is_skipped_too(
+    settings: PlazaSettings,
+) -> None:
+    """Raw producers may key records by anything or nothing: intake cannot look those up
+    by key, so the launch-time look finds their answers."""
+    x = np.full((1, 2), 3, np.float32)
+    async with PlazaClient(settings) as client:
+        store = ResultStore(client._redis, settings.redis, settings.names)
+        stream = client.results_stream("raw-cancel")
+        reqs = [
+            make_request("identity", {"INPUT0": x}, reply_stream=stream, correlation_id=rid)
+            for rid in ("raw-wrong-key", "raw-no-key", "raw-kept")
+        ]
+        assert await store.cancel(reqs[0])
+        assert await store.cancel(reqs[1])
+        async with running_worker(settings, "identity") as worker:  # it makes the topic
+            producer = kafka_producer(settings.kafka)
+            await producer.start()
+            try:
+                topic = settings.names.request_topic("identity")
+                for req, key in zip(reqs, (b"another-id", None, b"raw-kept"), strict=True):
+                    await producer.send_and_wait(topic, encode_request(req), key=key)
+            finally:
+                await producer.stop()
+            await wait_for(lambda: worker.metrics.records["written"] == 1, what="kept's answer")
+            await wait_for(lambda: worker.metrics.records["skipped"] == 2, what="the skips")
+            kept = await client.result("raw-kept")
+            assert worker.metrics.executions() == 1
+            for req in reqs[:2]:
+                with pytest.raises(Cancelled):
+                    await client.result(req.id)
+    np.testing.assert_array_equal(kept.output("OUTPUT0").to_numpy(), x)
+
+
 async def test_results_are_bounded_by_ttl(settings: PlazaSettings) -> None:
     async with running_worker(settings, "identity"), PlazaClient(settings) as client:
         job = await client.submit("identity", {"INPUT0": np.zeros((1, 1), np.float32)})

@@ -189,6 +189,12 @@ async def test_delivery_counts_and_answered_check_on_a_cluster(
     assert [it.request.id for it in answered] == ids[::3]
     assert len(run) == 8
 
+    # The intake's look rides on the count: the same pipeline, keys in many slots.
+    looks = [names.result_key(rid) for rid in ids[:6]]
+    counts, found = await counter.count_and_look(records[:6], [*looks[:5], None])
+    assert counts == [1] * 6
+    assert found == [True, False, False, True, False, None]
+
 
 async def test_the_gateway_on_a_cluster(
     kafka_bootstrap: str,
