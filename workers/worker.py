@@ -36,7 +36,7 @@ import uuid
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -100,14 +100,6 @@ class Held:
 
     nbytes: int
     deliveries: int
-
-
-class Looked(NamedTuple):
-    """What intake found of a record's answer: the request id its Kafka key names, and
-    whether that id's result key existed."""
-
-    id: str
-    answered: bool
 
 
 def _record_id(record: Record) -> str | None:
@@ -385,8 +377,8 @@ class Worker:
         # One clock reading for the whole fetch: its records arrived together.
         now_mono, now_wall = time.monotonic(), time.time()
         for (tp, record), deliveries, rid, hit in zip(records, counts, ids, answered, strict=True):
-            looked = Looked(rid, hit) if rid is not None and hit is not None else None
-            await self._take(tp, record, deliveries, done, now_mono, now_wall, looked)
+            looked_id = None if hit is None else rid
+            await self._take(tp, record, deliveries, done, now_mono, now_wall, looked_id, hit)
         if done.records:
             await self._results.put(done)
         self._arrived.set()
@@ -417,8 +409,11 @@ class Worker:
         done: Completed,
         now_mono: float | None = None,
         now_wall: float | None = None,
-        looked: Looked | None = None,
+        looked_id: str | None = None,
+        answered: bool | None = None,
     ) -> None:
+        """Take one record in. ``looked_id``: the request id intake looked up by the record's
+        key (None: not looked up), and ``answered`` whether that id had an answer."""
         if tp in self._moved or not self.offsets.started(tp, record.offset):
             return  # revoked while this fetch was being taken in: the next owner replays it
         self.metrics.records["fetched"] += 1
@@ -438,8 +433,8 @@ class Worker:
             offset=record.offset,
         )
         if type(verdict) is WorkItem:
-            if looked is not None and looked.id == verdict.request.id:
-                if looked.answered:  # cancelled by its caller, or a replay: finish it unrun
+            if looked_id is not None and looked_id == verdict.request.id:
+                if answered:  # cancelled by its caller, or a replay: finish it unrun
                     self.metrics.count("skipped")
                     done.records.append((tp, record.offset))
                     return
