@@ -19,8 +19,9 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +56,9 @@ class PerfResult:
     p99_ms: float
     columns: dict[str, str]
     """Every column of perf_analyzer's CSV row, as it wrote them (microseconds)."""
+    cpu_s: float = 0.0
+    """perf_analyzer's own CPU (user + system seconds) over its whole run, warm-up and
+    metadata requests included: the client's share of the machine."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -64,6 +68,7 @@ class PerfResult:
             "p90_ms": round(self.p90_ms, 3),
             "p95_ms": round(self.p95_ms, 3),
             "p99_ms": round(self.p99_ms, 3),
+            "client_cpu_s": round(self.cpu_s, 3),
             "csv": self.columns,
         }
 
@@ -165,11 +170,28 @@ def run(
         argv = command(model, address, protocol, concurrency, input_data, csv_path, interval_ms)
         # warm-up, windows, and perf_analyzer's own start and drain, with room to spare
         limit_s = 30 + (WINDOWS + 2) * interval_ms / 1000
-        proc = subprocess.run(argv, env=tool_env(), capture_output=True, text=True, timeout=limit_s)
-        if proc.returncode != 0 or not csv_path.exists():
-            tail = (proc.stdout + proc.stderr).strip()[-600:]
-            raise RuntimeError(f"perf_analyzer exited {proc.returncode}: {tail}")
-        return parse_csv(csv_path.read_text(encoding="utf-8"))
+        code, cpu_s, tail = _run_measured(argv, Path(tmp) / "out.log", limit_s)
+        if code != 0 or not csv_path.exists():
+            why = f"was killed past {limit_s:.0f} s" if code < 0 else f"exited {code}"
+            raise RuntimeError(f"perf_analyzer {why}: {tail}")
+        return replace(parse_csv(csv_path.read_text(encoding="utf-8")), cpu_s=cpu_s)
+
+
+def _run_measured(argv: list[str], log: Path, limit_s: float) -> tuple[int, float, str]:
+    """Run ``argv`` to its end (killed past ``limit_s``): its exit code, its own CPU seconds
+    (``wait4``'s usage of that one child, whatever else this process runs meanwhile), and
+    the last lines it printed."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=tool_env(), stdout=out, stderr=subprocess.STDOUT)
+        killer = threading.Timer(limit_s, proc.kill)
+        killer.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            killer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait
+    tail = log.read_text(encoding="utf-8", errors="replace").strip()[-600:]
+    return proc.returncode, usage.ru_utime + usage.ru_stime, tail
 
 
 def parse_csv(text: str) -> PerfResult:

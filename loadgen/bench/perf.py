@@ -196,9 +196,22 @@ async def _gateway(ctx: Context, dep: Any, workers: int) -> tuple[GatewayProcess
 # -- perf_analyzer ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PerfLane:
+    """One server perf_analyzer drives: where, how, and whose CPU and requests count."""
+
+    address: str
+    protocol: perf_analyzer.Protocol
+    pids: Mapping[str, int | None]
+    stats_address: str
+    """The HTTP host:port whose statistics count this lane's requests."""
+
+
 async def perf_analyzer_lanes(ctx: Context) -> Report:
     """Triton's perf_analyzer (sync; HTTP JSON and gRPC) on MLP at c = 1, 16, 64: the naive
-    server against Plaza with 1 and 2 gateway processes; ratios Plaza/naive; CPU/request."""
+    server (HTTP and gRPC) against Plaza with 1 and 2 gateway processes, and the fronts'
+    ceiling (a server with one canned answer); ratios to the naive server; CPU/request,
+    perf_analyzer's own included."""
     version = perf_analyzer.check_installed()
     model = "mlp"
     dep = ctx.deployment("pa", {model: None})
@@ -207,20 +220,25 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
     worker = (await start_workers(ctx, dep, model, pool))[0]
     gw1, grpc1 = await _gateway(ctx, dep, 1)
     gw2, grpc2 = await _gateway(ctx, dep, 2)
-    naive_port, naive = await _naive_server(ctx, dep, model, spinning=True)
-    calm_port, calm = await _naive_server(ctx, dep, model, spinning=False)
+    naive = await _naive_server(ctx, dep, model, spinning=True, grpc=True)
+    calm = await _naive_server(ctx, dep, model, spinning=False)
+    canned = await _naive_server(ctx, dep, model, spinning=False, grpc=True, canned=True)
     host = "127.0.0.1"
-    lanes: dict[str, tuple[str, perf_analyzer.Protocol, dict[str, int | None]]] = {
-        "naive http": (f"{host}:{naive_port}", "http", {"server": naive.pid}),
-        "naive http, no spinning": (f"{host}:{calm_port}", "http", {"server": calm.pid}),
-        "plaza http": (f"{host}:{gw1.port}", "http", {"worker": worker.pid, "gateway": gw1.pid}),
-        "plaza grpc": (grpc1, "grpc", {"worker": worker.pid, "gateway": gw1.pid}),
-        "plaza http, 2 gateways": (
-            f"{host}:{gw2.port}",
-            "http",
-            {"worker": worker.pid, "gateway": gw2.pid},
-        ),
-        "plaza grpc, 2 gateways": (grpc2, "grpc", {"worker": worker.pid, "gateway": gw2.pid}),
+
+    def plaza(address: str, protocol: perf_analyzer.Protocol, gateway: Any) -> PerfLane:
+        pids = {"worker": worker.pid, "gateway": gateway.pid}
+        return PerfLane(address, protocol, pids, f"{host}:{gw1.port}")
+
+    lanes: dict[str, PerfLane] = {
+        "naive http": naive.lane("http"),
+        "naive grpc": naive.lane("grpc"),
+        "naive http, no spinning": calm.lane("http"),
+        "plaza http": plaza(f"{host}:{gw1.port}", "http", gw1),
+        "plaza grpc": plaza(grpc1, "grpc", gw1),
+        "plaza http, 2 gateways": plaza(f"{host}:{gw2.port}", "http", gw2),
+        "plaza grpc, 2 gateways": plaza(grpc2, "grpc", gw2),
+        "canned http": canned.lane("http"),
+        "canned grpc": canned.lane("grpc"),
     }
     interval_ms = 1000 if ctx.quick else 2000
     report: Report = {
@@ -228,59 +246,110 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
         "perf_analyzer": version,
         "mode": f"sync, HTTP JSON tensors / gRPC, {perf_analyzer.WINDOWS} windows of "
         f"{interval_ms} ms, stability check off",
+        "cores": os.cpu_count() or 1,
         "runs": {},
         "ratios": {},
     }
     try:
         for c in CONCURRENCIES:
-            for lane, (address, protocol, pids) in lanes.items():
-                meter = CpuMeter({**pids, **service_pids(ctx)})
-                count = _request_counter(address if protocol == "http" else f"{host}:{gw1.port}")
-                before = await count(model)
-                meter.start()
-                result = await asyncio.to_thread(
-                    perf_analyzer.run, model, address, protocol, c, data, interval_ms
-                )
-                meter_end = meter.snapshot()
-                await asyncio.sleep(STATS_FLUSH_S)  # the workers' statistics reach Redis
-                requests = await count(model) - before
-                run = {**result.as_dict(), "cpu_us_per_request": meter.stop(requests, meter_end)}
-                report["runs"][f"{lane} c{c}"] = run
+            for name, lane in lanes.items():
+                try:
+                    run = await _perf_run(ctx, model, lane, c, data, interval_ms)
+                except RuntimeError as exc:  # one lost run: recorded, the others still run
+                    report["runs"][f"{name} c{c}"] = {"error": str(exc)[-300:]}
+                    print(f"   perf_analyzer {name} c={c}: FAILED {exc}", flush=True)
+                    continue
+                report["runs"][f"{name} c{c}"] = run
                 print(
-                    f"   perf_analyzer {lane} c={c}: {result.throughput:.0f}/s, "
-                    f"p50 {result.p50_ms:.2f} ms, p99 {result.p99_ms:.2f} ms, "
+                    f"   perf_analyzer {name} c={c}: {run['throughput']:.0f}/s, "
+                    f"p50 {run['p50_ms']:.2f} ms, p99 {run['p99_ms']:.2f} ms, "
                     f"cpu/request {run['cpu_us_per_request']} us",
                     flush=True,
                 )
     finally:
-        ctx.procs.stop([naive, calm, gw2, gw1, worker])
-    report["ratios"] = _lane_ratios(report["runs"], lanes)
+        ctx.procs.stop([canned.proc, naive.proc, calm.proc, gw2, gw1, worker])
+    report["ratios"] = _lane_ratios(report["runs"], lanes, report["cores"])
     return report
 
 
-async def _naive_server(ctx: Context, dep: Any, model: str, spinning: bool) -> tuple[int, Any]:
-    """loadgen's baseline server of ``model`` on a free port, ready: (port, process)."""
-    port = free_port()
+async def _perf_run(
+    ctx: Context, model: str, lane: PerfLane, c: int, data: Any, interval_ms: int
+) -> dict[str, Any]:
+    """One perf_analyzer run on ``lane`` at concurrency ``c``, with CPU per request of the
+    lane's processes, Kafka's and Redis's, and perf_analyzer's own (``client``)."""
+    meter = CpuMeter({**lane.pids, **service_pids(ctx)})
+    count = _request_counter(lane.stats_address)
+    before = await count(model)
+    meter.start()
+    result = await asyncio.to_thread(
+        perf_analyzer.run, model, lane.address, lane.protocol, c, data, interval_ms
+    )
+    meter_end = meter.snapshot()
+    await asyncio.sleep(STATS_FLUSH_S)  # the workers' statistics reach Redis
+    requests = await count(model) - before
+    cpu = meter.stop(requests, meter_end)
+    cpu["client"] = round(result.cpu_s / max(1, requests) * 1e6, 1)
+    return {**result.as_dict(), "requests": requests, "cpu_us_per_request": cpu}
+
+
+@dataclass(frozen=True)
+class _BaselineProcess:
+    proc: Any
+    http_port: int
+    grpc_port: int | None
+
+    def lane(self, protocol: perf_analyzer.Protocol) -> PerfLane:
+        port = self.http_port if protocol == "http" else self.grpc_port
+        assert port is not None, "this baseline server has no gRPC port"
+        http = f"127.0.0.1:{self.http_port}"
+        return PerfLane(f"127.0.0.1:{port}", protocol, {"server": self.proc.pid}, http)
+
+
+async def _naive_server(
+    ctx: Context,
+    dep: Any,
+    model: str,
+    spinning: bool,
+    grpc: bool = False,
+    canned: bool = False,
+) -> _BaselineProcess:
+    """loadgen's baseline server of ``model`` on free ports (gRPC too with ``grpc``; one
+    canned answer with ``canned``), ready."""
+    port, grpc_port = free_port(), (free_port() if grpc else None)
     argv = ["-m", "plaza.loadgen.baseline_server", "--model", model]
     argv += ["--repository", str(dep.repository), "--port", str(port)]
     argv += ["--threads", str(os.cpu_count() or 1), *([] if spinning else ["--no-spinning"])]
-    name = f"{dep.prefix}-baseline{'' if spinning else '-nospin'}"
-    proc = ctx.procs.spawn(name, argv, dep.env())
+    argv += [*(["--grpc-port", str(grpc_port)] if grpc_port else []), *(["--canned"] * canned)]
+    kind = "canned" if canned else "baseline" if spinning else "baseline-nospin"
+    proc = ctx.procs.spawn(f"{dep.prefix}-{kind}", argv, dep.env())
     await wait_http_ready(http_url(port), ctx.procs)
-    return port, proc
+    return _BaselineProcess(proc, port, grpc_port)
 
 
-def _lane_ratios(runs: Mapping[str, Any], lanes: Mapping[str, Any]) -> dict[str, float]:
+def _lane_ratios(runs: Mapping[str, Any], lanes: Mapping[str, Any], cores: int) -> dict[str, float]:
+    """Each lane against ``naive http`` at each concurrency, and the client-only bound:
+    the requests per second that perf_analyzer's own CPU per request leaves possible on
+    ``cores`` cores were the server free, against the naive server's. A failed run (no
+    ``throughput``) has no ratios."""
     out: dict[str, float] = {}
     for c in CONCURRENCIES:
-        naive = runs[f"naive http c{c}"]
+        naive = runs.get(f"naive http c{c}", {})
+        if "throughput" not in naive:
+            continue
         for lane in lanes:
-            if lane == "naive http":
+            run = runs.get(f"{lane} c{c}", {})
+            if lane == "naive http" or "throughput" not in run:
                 continue
-            run = runs[f"{lane} c{c}"]
             out[f"c{c} {lane} / naive infer/s"] = run["throughput"] / max(1e-9, naive["throughput"])
             out[f"c{c} {lane} / naive p50"] = run["p50_ms"] / max(1e-9, naive["p50_ms"])
             out[f"c{c} {lane} / naive p99"] = run["p99_ms"] / max(1e-9, naive["p99_ms"])
+        for protocol in ("http", "grpc"):
+            canned = runs.get(f"canned {protocol} c{c}", {})
+            if canned.get("cpu_us_per_request", {}).get("client"):
+                bound = cores * 1e6 / canned["cpu_us_per_request"]["client"]
+                out[f"c{c} client-only bound {protocol} / naive infer/s"] = bound / max(
+                    1e-9, naive["throughput"]
+                )
     return out
 
 

@@ -82,11 +82,16 @@ def test_missing_binary_says_how_to_install(
         perf_analyzer.binary_path()
 
 
-def test_naive_server_answers_what_perf_analyzer_asks(tmp_path: Path) -> None:
+def _identity_repository(tmp_path: Path) -> Path:
     source = ROOT / "model_repository" / "identity"
     if not (source / "1" / "model.onnx").is_file():
         pytest.skip("identity is not built (make models)")
     shutil.copytree(source, tmp_path / "identity")
+    return tmp_path
+
+
+def test_naive_server_answers_what_perf_analyzer_asks(tmp_path: Path) -> None:
+    _identity_repository(tmp_path)
     with TestClient(create_app(tmp_path, "identity", threads=1)) as client:
         assert client.get("/v2").status_code == 200
         meta = client.get("/v2/models/identity").json()
@@ -151,3 +156,112 @@ def test_shared_port_sockets_bind_together_and_refuse_a_taken_port() -> None:
         plain.listen()
         with pytest.raises(ConfigError, match="cannot listen"):
             reuse_port_socket("127.0.0.1", plain.getsockname()[1])
+
+
+IDENTITY_BODY = {
+    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]
+}
+
+
+def test_the_canned_server_answers_its_start_answer_whatever_it_is_sent(tmp_path: Path) -> None:
+    _identity_repository(tmp_path)
+    with TestClient(create_app(tmp_path, "identity", threads=1, canned=True)) as client:
+        first = client.post("/v2/models/identity/infer", json=IDENTITY_BODY).json()
+        other = client.post("/v2/models/identity/infer", content=b"not even json").json()
+        assert first == other
+        (out,) = first["outputs"]
+        assert out["name"] == "OUTPUT0" and out["data"] == [0.0] * len(out["data"])
+        stats = client.get("/v2/models/identity/stats").json()["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 2
+
+
+@pytest.mark.parametrize("canned", [False, True])
+async def test_the_baseline_serves_its_lane_over_grpc(tmp_path: Path, canned: bool) -> None:
+    import tritonclient.grpc.aio as grpcclient
+
+    from plaza.loadgen.baseline_grpc import start_grpc
+    from plaza.loadgen.baseline_server import Lane
+
+    lane = Lane(_identity_repository(tmp_path), "identity", threads=1, canned=canned)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = await start_grpc(lane, "127.0.0.1", port)
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        assert await client.is_model_ready("identity")
+        meta = await client.get_model_metadata("identity", as_json=True)
+        assert meta["inputs"][0]["name"] == "INPUT0"
+        config = await client.get_model_config("identity", as_json=True)
+        assert config["config"]["max_batch_size"] == 64
+        sent = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+        tensor = grpcclient.InferInput("INPUT0", list(sent.shape), "FP32")
+        tensor.set_data_from_numpy(sent)
+        answer = (await client.infer("identity", [tensor])).as_numpy("OUTPUT0")
+        # canned: the start answer, identity's output for zeros of shape [1, 1] (its dims
+        # are free; free dims are 1 there), whatever was sent
+        np.testing.assert_array_equal(answer, np.zeros((1, 1), np.float32) if canned else sent)
+        stats = await client.get_inference_statistics("identity", as_json=True)
+        assert int(stats["model_stats"][0]["inference_stats"]["success"]["count"]) == 1
+    finally:
+        await client.close()
+        await server.stop(None)
+
+
+def test_a_perf_analyzer_run_reports_its_own_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """perf_analyzer.run times the binary it starts: a stand-in that burns CPU, then writes
+    the CSV perf_analyzer would (its path follows -f)."""
+    fake = tmp_path / "perf_analyzer"
+    csv_text = tmp_path / "row.csv"
+    csv_text.write_text(NAIVE_CSV)
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import shutil, sys, time\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        f"shutil.copy({str(csv_text)!r}, sys.argv[sys.argv.index('-f') + 1])\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv(perf_analyzer.BINARY_ENV, str(fake))
+    result = perf_analyzer.run("mlp", "h:1", "http", 1, tmp_path / "in.json", interval_ms=10)
+    assert result.throughput == pytest.approx(1474.34)
+    assert result.cpu_s >= 0.25
+    assert result.as_dict()["client_cpu_s"] == round(result.cpu_s, 3)
+
+
+def test_a_failing_perf_analyzer_run_says_what_it_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text("#!/bin/sh\necho 'Failed to obtain stable measurement'\nexit 2\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv(perf_analyzer.BINARY_ENV, str(fake))
+    with pytest.raises(RuntimeError, match="exited 2: Failed to obtain stable measurement"):
+        perf_analyzer.run("mlp", "h:1", "http", 1, tmp_path / "in.json", interval_ms=10)
+
+
+def test_lane_ratios_skip_failed_runs_and_bound_the_client() -> None:
+    from plaza.loadgen.bench.perf import CONCURRENCIES, _lane_ratios
+
+    runs: dict[str, dict[str, object]] = {}
+    for c in CONCURRENCIES:
+        runs[f"naive http c{c}"] = {"throughput": 1000.0, "p50_ms": 1.0, "p99_ms": 2.0}
+        runs[f"plaza http c{c}"] = {"throughput": 500.0, "p50_ms": 4.0, "p99_ms": 8.0}
+        runs[f"canned http c{c}"] = {
+            "throughput": 4000.0,
+            "p50_ms": 0.5,
+            "p99_ms": 1.0,
+            "cpu_us_per_request": {"server": 100.0, "client": 250.0},
+        }
+    runs["plaza http c64"] = {"error": "perf_analyzer was killed past 40 s"}
+    lanes = ["naive http", "plaza http", "canned http"]
+    ratios = _lane_ratios(runs, lanes, cores=2)
+    assert ratios["c16 plaza http / naive infer/s"] == 0.5
+    assert ratios["c16 plaza http / naive p99"] == 4.0
+    assert "c64 plaza http / naive infer/s" not in ratios
+    assert ratios["c64 canned http / naive infer/s"] == 4.0
+    # 2 cores / 250 us of client CPU per request = 8,000 infer/s: 8x the naive server
+    assert ratios["c1 client-only bound http / naive infer/s"] == pytest.approx(8.0)
+    assert not any("bound grpc" in k for k in ratios)
