@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import tempfile
-import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,6 +34,9 @@ TOOLS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "bench-tools"
 BINARY_ENV = "PLAZA_PERF_ANALYZER"
 WINDOWS = 3
 """Measurement windows per run; perf_analyzer reports over them together."""
+EXIT_GRACE_S = 5.0
+"""How long perf_analyzer may take to exit once it wrote its CSV before it is killed."""
+POLL_S = 0.05
 NO_STABILITY_CHECK = 999
 """--stability-percentage that every run passes: ``WINDOWS`` windows, then the report."""
 
@@ -59,6 +62,8 @@ class PerfResult:
     cpu_s: float = 0.0
     """perf_analyzer's own CPU (user + system seconds) over its whole run, warm-up and
     metadata requests included: the client's share of the machine."""
+    lingered: bool = False
+    """It wrote its CSV, then did not exit within ``EXIT_GRACE_S`` and was killed."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -69,6 +74,7 @@ class PerfResult:
             "p95_ms": round(self.p95_ms, 3),
             "p99_ms": round(self.p99_ms, 3),
             "client_cpu_s": round(self.cpu_s, 3),
+            "lingered": self.lingered,
             "csv": self.columns,
         }
 
@@ -170,28 +176,40 @@ def run(
         argv = command(model, address, protocol, concurrency, input_data, csv_path, interval_ms)
         # warm-up, windows, and perf_analyzer's own start and drain, with room to spare
         limit_s = 30 + (WINDOWS + 2) * interval_ms / 1000
-        code, cpu_s, tail = _run_measured(argv, Path(tmp) / "out.log", limit_s)
-        if code != 0 or not csv_path.exists():
+        code, cpu_s, tail, lingered = _run_measured(argv, csv_path, limit_s)
+        if not csv_path.exists() or (code != 0 and not lingered):
             why = f"was killed past {limit_s:.0f} s" if code < 0 else f"exited {code}"
             raise RuntimeError(f"perf_analyzer {why}: {tail}")
-        return replace(parse_csv(csv_path.read_text(encoding="utf-8")), cpu_s=cpu_s)
+        result = parse_csv(csv_path.read_text(encoding="utf-8"))
+        return replace(result, cpu_s=cpu_s, lingered=lingered)
 
 
-def _run_measured(argv: list[str], log: Path, limit_s: float) -> tuple[int, float, str]:
-    """Run ``argv`` to its end (killed past ``limit_s``): its exit code, its own CPU seconds
-    (``wait4``'s usage of that one child, whatever else this process runs meanwhile), and
-    the last lines it printed."""
+def _run_measured(argv: list[str], csv_path: Path, limit_s: float) -> tuple[int, float, str, bool]:
+    """Run ``argv`` to its end: its exit code, its own CPU seconds (``wait4``'s usage of
+    that one child, whatever else this process runs meanwhile), the last lines it printed,
+    and whether it lingered: it is killed past ``limit_s``, or ``EXIT_GRACE_S`` after it
+    wrote ``csv_path`` (perf_analyzer 2.51 has been seen to hang on its way out, its
+    measurement done and written)."""
+    log = csv_path.with_suffix(".log")
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=tool_env(), stdout=out, stderr=subprocess.STDOUT)
-        killer = threading.Timer(limit_s, proc.kill)
-        killer.start()
-        try:
+    started, written, lingered = time.monotonic(), None, False
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        now = time.monotonic()
+        if written is None and csv_path.exists() and csv_path.stat().st_size > 0:
+            written = now
+        if now - started > limit_s or (written is not None and now - written > EXIT_GRACE_S):
+            proc.kill()
+            lingered = written is not None
             _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
+            break
+        time.sleep(POLL_S)
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait
     tail = log.read_text(encoding="utf-8", errors="replace").strip()[-600:]
-    return proc.returncode, usage.ru_utime + usage.ru_stime, tail
+    return proc.returncode, usage.ru_utime + usage.ru_stime, tail, lingered
 
 
 def parse_csv(text: str) -> PerfResult:

@@ -229,6 +229,26 @@ def test_a_perf_analyzer_run_reports_its_own_cpu(
     assert result.throughput == pytest.approx(1474.34)
     assert result.cpu_s >= 0.25
     assert result.as_dict()["client_cpu_s"] == round(result.cpu_s, 3)
+    assert not result.lingered
+
+
+def test_a_perf_analyzer_that_hangs_after_writing_its_csv_is_killed_and_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    csv_text = tmp_path / "row.csv"
+    csv_text.write_text(NAIVE_CSV)
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import shutil, sys, time\n"
+        f"shutil.copy({str(csv_text)!r}, sys.argv[sys.argv.index('-f') + 1])\n"
+        "time.sleep(60)\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv(perf_analyzer.BINARY_ENV, str(fake))
+    monkeypatch.setattr(perf_analyzer, "EXIT_GRACE_S", 0.2)
+    result = perf_analyzer.run("mlp", "h:1", "http", 1, tmp_path / "in.json", interval_ms=10)
+    assert result.lingered and result.throughput == pytest.approx(1474.34)
 
 
 def test_a_failing_perf_analyzer_run_says_what_it_printed(
