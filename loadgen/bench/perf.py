@@ -325,7 +325,8 @@ class _BaselineProcess:
 
     def lane(self, protocol: perf_analyzer.Protocol) -> PerfLane:
         port = self.http_port if protocol == "http" else self.grpc_port
-        assert port is not None, "this baseline server has no gRPC port"
+        if port is None:
+            raise ValueError("this baseline server has no gRPC port")
         http = f"127.0.0.1:{self.http_port}"
         return PerfLane(f"127.0.0.1:{port}", protocol, {"server": self.proc.pid}, http)
 

@@ -285,3 +285,17 @@ def test_lane_ratios_skip_failed_runs_and_bound_the_client() -> None:
     # 2 cores / 250 us of client CPU per request = 8,000 infer/s: 8x the naive server
     assert ratios["c1 client-only bound http / naive infer/s"] == pytest.approx(8.0)
     assert not any("bound grpc" in k for k in ratios)
+
+
+def test_a_baseline_lane_counts_its_requests_on_its_http_port() -> None:
+    from types import SimpleNamespace
+
+    from plaza.loadgen.bench.perf import _BaselineProcess
+
+    proc = SimpleNamespace(pid=4321)
+    both = _BaselineProcess(proc, 8100, 8101)
+    grpc = both.lane("grpc")
+    assert (grpc.address, grpc.protocol) == ("127.0.0.1:8101", "grpc")
+    assert grpc.stats_address == "127.0.0.1:8100" and grpc.pids == {"server": 4321}
+    with pytest.raises(ValueError, match="no gRPC port"):
+        _BaselineProcess(proc, 8200, None).lane("grpc")
