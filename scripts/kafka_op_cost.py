@@ -6,7 +6,12 @@ there is milliseconds (docs/benchmarks.md). This times each operation alone, one
 N times, against a Kafka that already runs, with Plaza's own client settings
 (plaza.connections), and divides the broker's CPU (from /proc) by N:
 
-    python scripts/kafka_op_cost.py --bootstrap-servers 127.0.0.1:29092 --broker-pid PID
+    python scripts/kafka_op_cost.py --bootstrap-servers 127.0.0.1:29092 --broker-pid PID \
+        [--partitions 4] [--subscribe]
+
+``--partitions`` and ``--subscribe`` make the consumer more like the worker's: every
+partition of the topic fetched (records land on partition 0), and a group member rather
+than an assignment.
 
 Loopback only; bounded by N. Prints microseconds of broker CPU per operation.
 """
@@ -39,8 +44,12 @@ async def main() -> None:
     p.add_argument("--bootstrap-servers", default="127.0.0.1:29092")
     p.add_argument("--broker-pid", type=int, required=True)
     p.add_argument("-n", type=int, default=2000)
+    p.add_argument("--partitions", type=int, default=1, help="of the topic; all are fetched")
+    p.add_argument("--subscribe", action="store_true", help="join the group (as the worker)")
     args = p.parse_args()
-    k = KafkaSettings(bootstrap_servers=args.bootstrap_servers, linger_ms=0)
+    k = KafkaSettings(
+        bootstrap_servers=args.bootstrap_servers, linger_ms=0, partitions=args.partitions
+    )
     topic = f"opcost-{uuid.uuid4().hex[:8]}"
     await ensure_topics(k, [topic])
     producer = kafka_producer(k)
@@ -48,7 +57,12 @@ async def main() -> None:
     await producer.start()
     await consumer.start()
     tp = TopicPartition(topic, 0)
-    consumer.assign([tp])
+    if args.subscribe:
+        consumer.subscribe([topic])
+        while not consumer.assignment():  # the group's first rebalance
+            await consumer.getmany(timeout_ms=100)
+    else:
+        consumer.assign([TopicPartition(topic, i) for i in range(args.partitions)])
     n: int = args.n
     pid: int = args.broker_pid
     value = os.urandom(2100)  # about one mlp request envelope
@@ -86,7 +100,7 @@ async def main() -> None:
 
     try:
         produce_s = await timed("produce (acks=all, idempotent)", produce)
-        await consumer.seek_to_end(tp)
+        await consumer.seek_to_end()
         both_s = await timed("produce, then a fetch returns it", produce_and_fetch)
         print(f"{'  so the fetch':<34} {(both_s - produce_s) * 1e6:8.0f} us", flush=True)
         await timed("offset commit (one partition)", commit)

@@ -246,8 +246,8 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
         "model": model,
         "perf_analyzer": version,
         "mode": f"sync, HTTP JSON tensors / gRPC, {perf_analyzer.WINDOWS} windows of "
-        f"{interval_ms} ms, stability check off, after one unmeasured c="
-        f"{WARM_UP_CONCURRENCY} run on plaza http and on plaza grpc",
+        f"{interval_ms} ms, stability check off, after {WARM_UP_ROUNDS} unmeasured c="
+        f"{WARM_UP_CONCURRENCY} runs on plaza http and on plaza grpc",
         "cores": os.cpu_count() or 1,
         "runs": {},
         "ratios": {},
@@ -276,14 +276,17 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
 
 
 WARM_UP_CONCURRENCY = 64
+WARM_UP_ROUNDS = 2
+"""Unmeasured runs on each Plaza lane with one gateway before the measured ones."""
 
 
 async def _warm_up(model: str, lanes: Mapping[str, PerfLane], data: Any, interval_ms: int) -> None:
-    """One unmeasured run on each Plaza lane with one gateway, at ``WARM_UP_CONCURRENCY``:
-    a broker that has just started spends milliseconds of CPU per request compiling its
-    hot paths (scripts/kafka_op_cost.py: 1.9 ms of broker CPU per produce on a fresh JVM,
-    0.34 ms after some 9,000 more), which the first lanes measured would pay."""
-    for name in ("plaza http", "plaza grpc"):
+    """``WARM_UP_ROUNDS`` unmeasured runs on each Plaza lane with one gateway, at
+    ``WARM_UP_CONCURRENCY``: a broker that has just started spends milliseconds of CPU per
+    request compiling its hot paths (scripts/kafka_op_cost.py: 1.4 to 1.9 ms of broker CPU
+    per produce on a fresh JVM, 0.18 to 0.34 ms some 10,000 to 40,000 operations later),
+    which the first lanes measured would pay."""
+    for name in ("plaza http", "plaza grpc") * WARM_UP_ROUNDS:
         lane = lanes[name]
         with contextlib.suppress(RuntimeError):  # a warm-up that fails only warms less
             await asyncio.to_thread(
