@@ -112,17 +112,17 @@ def create_app(
     lane: Lane | None = None,
 ) -> Starlette:
     """The app serving ``model``'s latest version at /v2/models/{model}/infer (``spinning``
-    None: ONNX Runtime's default, on), on ``lane`` when given (shared with a gRPC front)."""
+    None: ONNX Runtime's default, on), on ``lane`` when given (shared with a gRPC front;
+    then ``threads``, ``spinning`` and ``canned`` are the lane's)."""
     lane = lane or Lane(repository, model, threads, spinning, canned)
     config_json = orjson.dumps(lane.config)
     metadata_json = orjson.dumps(lane.metadata())
-    canned = lane.canned
-    canned_json = _json_answer(lane, lane.zeros_answer) if canned else b""
+    canned_json = _json_answer(lane, lane.zeros_answer) if lane.canned else None
 
     async def infer(request: Request) -> Response:
         started = time.perf_counter_ns()
         body = await request.body()
-        if canned:
+        if canned_json is not None:
             encoded = canned_json
         else:
             doc = orjson.loads(body)

@@ -221,9 +221,9 @@ async def perf_analyzer_lanes(ctx: Context) -> Report:
     worker = (await start_workers(ctx, dep, model, pool))[0]
     gw1, grpc1 = await _gateway(ctx, dep, 1)
     gw2, grpc2 = await _gateway(ctx, dep, 2)
-    naive = await _naive_server(ctx, dep, model, spinning=True, grpc=True)
-    calm = await _naive_server(ctx, dep, model, spinning=False)
-    canned = await _naive_server(ctx, dep, model, spinning=False, grpc=True, canned=True)
+    naive = await _baseline_server(ctx, dep, model, spinning=True, grpc=True)
+    calm = await _baseline_server(ctx, dep, model, spinning=False)
+    canned = await _baseline_server(ctx, dep, model, spinning=False, grpc=True, canned=True)
     host = "127.0.0.1"
 
     def plaza(address: str, protocol: perf_analyzer.Protocol, gateway: Any) -> PerfLane:
@@ -334,7 +334,7 @@ class _BaselineProcess:
         return PerfLane(f"127.0.0.1:{port}", protocol, {"server": self.proc.pid}, http)
 
 
-async def _naive_server(
+async def _baseline_server(
     ctx: Context,
     dep: Any,
     model: str,

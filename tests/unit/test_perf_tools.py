@@ -240,9 +240,9 @@ def test_a_perf_analyzer_that_hangs_after_writing_its_csv_is_killed_and_read(
     fake = tmp_path / "perf_analyzer"
     fake.write_text(
         "#!/usr/bin/env python3\n"
-        "import shutil, sys, time\n"
+        "import shutil, signal, sys\n"
         f"shutil.copy({str(csv_text)!r}, sys.argv[sys.argv.index('-f') + 1])\n"
-        "time.sleep(60)\n"
+        "signal.pause()  # hangs on its way out, until killed\n"
     )
     fake.chmod(0o755)
     monkeypatch.setenv(perf_analyzer.BINARY_ENV, str(fake))
