@@ -13,7 +13,10 @@ The rule, each time ``decide(backlog)`` is asked:
    max_batch_size) that the depth can fill.
 3. If the pending requests already fill the goal, that batch runs now. Otherwise the batcher
    waits for more, but never longer than ``max_queue_delay_microseconds`` after the oldest
-   pending request arrived; then it runs as much as is there (up to max_batch_size).
+   pending request arrived; then it runs as much as is there (up to max_batch_size). A
+   request arrives when ``add`` says (``arrival``; the worker passes the moment it was sent
+   to Kafka, so the delay is a bound on the whole wait, not added to the Kafka hop), else
+   when it is added.
 
 A deep queue therefore gives large batches at once (throughput) and a shallow one gives small
 batches after a short wait (latency). Batches are filled from the highest priority level
@@ -120,12 +123,20 @@ class DynamicBatcher(Generic[T]):
 
     # -- intake ----------------------------------------------------------------------------
     def add(
-        self, item: T, *, size: int = 1, priority: int = 0, deadline: float | None = None
+        self,
+        item: T,
+        *,
+        size: int = 1,
+        priority: int = 0,
+        deadline: float | None = None,
+        arrival: float | None = None,
     ) -> None:
         """Queue a request of ``size`` rows. ``deadline`` is a monotonic time (or None).
 
         The level's queue policy timeout applies too: the earlier of the two wins, so a
         request can lower its timeout but never raise it. QueueFull past max_queue_size.
+        ``arrival`` (a monotonic time, at most now; default now) is when the request's wait
+        began, which the queue delay counts from: the worker passes the moment it was sent.
         """
         level = self.policy.level_of(priority)
         qp = self.policy.queue_policy(level)
@@ -135,7 +146,8 @@ class DynamicBatcher(Generic[T]):
         if qp.default_timeout_us:
             configured = now + qp.default_timeout_us / 1e6
             deadline = configured if deadline is None else min(deadline, configured)
-        entry = _Pending(item, size, level, now, deadline, qp.reject_on_timeout, next(self._seq))
+        since = now if arrival is None else min(arrival, now)
+        entry = _Pending(item, size, level, since, deadline, qp.reject_on_timeout, next(self._seq))
         self._queues[level].append(entry)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, entry.seq, entry))

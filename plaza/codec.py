@@ -57,8 +57,9 @@ def _tensor_from_map(m: Any, kind: str, index: int) -> Tensor:
     return Tensor(name, datatype, tuple(shape), data)
 
 
-def encode_request(req: InferRequest) -> bytes:
-    """The request as a msgpack map (envelope version ENVELOPE_VERSION)."""
+def encode_request(req: InferRequest, *, sent_us: int | None = None) -> bytes:
+    """The request as a msgpack map (envelope version ENVELOPE_VERSION); ``sent_us``
+    stamps the moment of publishing in place of ``req.sent_us``."""
     body: dict[str, Any] = {
         "v": ENVELOPE_VERSION,
         "id": req.id,
@@ -78,6 +79,9 @@ def encode_request(req: InferRequest) -> bytes:
         body["parameters"] = req.parameters
     if req.created_ms:
         body["created_ms"] = req.created_ms
+    sent = req.sent_us if sent_us is None else sent_us
+    if sent:
+        body["sent_us"] = sent
     return msgpack.packb(body, **_packer_options)  # type: ignore[no-any-return]
 
 
@@ -155,6 +159,7 @@ def decode_request(data: Buffer) -> InferRequest:
     deadline = _opt_int(body, "deadline_ms", None) if "deadline_ms" in body else None
     priority = _opt_int(body, "priority", 0) if "priority" in body else 0
     created = _opt_int(body, "created_ms", 0) if "created_ms" in body else 0
+    sent = _opt_int(body, "sent_us", 0) if "sent_us" in body else 0
     return InferRequest(
         id=rid,
         model=model,
@@ -166,6 +171,7 @@ def decode_request(data: Buffer) -> InferRequest:
         priority=priority or 0,
         parameters=dict(params) if params else {},
         created_ms=created or 0,
+        sent_us=sent or 0,
     )
 
 

@@ -49,6 +49,9 @@ class InferRequest:
     parameters: dict[str, Scalar] = field(default_factory=dict)
     created_ms: int = 0
     """When the request was made, Unix epoch milliseconds (for queue-time metrics)."""
+    sent_us: int = 0
+    """When it was handed to Kafka, Unix epoch microseconds (0: not known). Set by the
+    publisher; a worker counts the model's ``max_queue_delay_microseconds`` from here."""
 
 
 Status = Literal["ok", "error"]

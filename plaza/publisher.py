@@ -4,6 +4,7 @@ decides what goes to which topic)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -92,7 +93,7 @@ class RequestPublisher:
         """
         if self._producer is None:
             raise Unavailable("publisher is not started")
-        value = encode_request(req)
+        value = encode_request(req, sent_us=time.time_ns() // 1000)
         if len(value) > self._kafka.max_request_bytes:
             raise PayloadTooLarge(
                 f"request is {len(value)} bytes; the limit is {self._kafka.max_request_bytes}"

@@ -130,6 +130,13 @@ class WorkerSettings(_Section):
         "it is still taken when nothing else is held)",
     )
     fetch_max_records: int = Field(512, ge=1, description="records taken per fetch")
+    queue_delay_from: Literal["sent", "fetched"] = Field(
+        "sent",
+        description="where a model's max_queue_delay_microseconds counts from: sent (when the "
+        "producer handed the request to Kafka, its sent_us; never earlier than one delay "
+        "before the fetch, so skewed clocks only shorten the wait) or fetched (when this "
+        "worker fetched it, the delay then adding to the Kafka hop)",
+    )
     max_deliveries: int = Field(
         3,
         ge=1,

@@ -166,3 +166,15 @@ def monotonic_deadline(req: InferRequest, now_mono: float, now_wall: float) -> f
     if req.deadline_ms is None:
         return None
     return now_mono + (req.deadline_ms / 1000.0 - now_wall)
+
+
+def wait_began(req: InferRequest, now_mono: float, now_wall: float, max_wait_s: float) -> float:
+    """When ``req``'s wait for batch-mates began, as a monotonic time: the moment it was sent
+    (``sent_us``), read onto this clock, but never more than ``max_wait_s`` (the model's
+    queue delay) before ``now_mono``, nor after it. So a producer whose clock runs ahead
+    (or a request without ``sent_us``) waits as if just sent, and one whose clock lags, or
+    a request that sat in Kafka longer than the delay, is due at once."""
+    if req.sent_us <= 0:
+        return now_mono
+    waited = now_wall - req.sent_us / 1e6
+    return now_mono - min(max(waited, 0.0), max_wait_s)

@@ -57,7 +57,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
-from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline
+from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
 from plaza.workers.commit import Rebalance, commit_owned
@@ -196,6 +196,7 @@ class Worker:
         self._backends: dict[int, Backend] = self.runner.backends
         self.policy = BatchingPolicy.from_spec(self.spec)
         self.batcher: DynamicBatcher[WorkItem] = DynamicBatcher(self.policy)
+        self._max_wait_s = self.policy.max_queue_delay_us / 1e6
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
         self.device = self.services.scheduler
         self.device.add_model(
@@ -367,6 +368,9 @@ class Worker:
         return min(by_count, max(1, int(free // self._record_bytes)))
 
     async def _take_all(self, fetched: Fetched) -> None:
+        # One clock reading for the whole fetch: its records arrived together, before the
+        # delivery count's round trip (which the batcher's wait then overlaps).
+        now_mono, now_wall = time.monotonic(), time.time()
         records = [(tp, r) for tp, rs in fetched.items() for r in rs]
         ids = [_record_id(r) for _, r in records]
         counts, answered = await self.deliveries.count_and_look(
@@ -374,8 +378,6 @@ class Worker:
             [None if rid is None else self.names.result_key(rid) for rid in ids],
         )
         done = Completed()
-        # One clock reading for the whole fetch: its records arrived together.
-        now_mono, now_wall = time.monotonic(), time.time()
         for (tp, record), deliveries, rid, hit in zip(records, counts, ids, answered, strict=True):
             looked_id = None if hit is None else rid
             await self._take(tp, record, deliveries, done, now_mono, now_wall, looked_id, hit)
@@ -464,19 +466,23 @@ class Worker:
         if deliveries > 1:
             self._suspects.append(Suspect(item, record))
             return
+        if now_mono is None:
+            now_mono = time.monotonic()
+        if now_wall is None:
+            now_wall = time.time()
         deadline = None
         if req.deadline_ms is not None:
-            if now_mono is None:
-                now_mono = time.monotonic()
-            deadline = monotonic_deadline(
-                req, now_mono, time.time() if now_wall is None else now_wall
-            )
+            deadline = monotonic_deadline(req, now_mono, now_wall)
+        began = now_mono
+        if self.settings.worker.queue_delay_from == "sent":
+            began = wait_began(req, now_mono, now_wall, self._max_wait_s)
         try:
             self.batcher.add(
                 item,
                 size=item.rows,
                 priority=req.priority or self._topic_level(tp.topic),
                 deadline=deadline,
+                arrival=began,
             )
         except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
             self.metrics.count("rejected")

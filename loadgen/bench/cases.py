@@ -30,6 +30,7 @@ from plaza.loadgen.bench.context import (
     stack_rows,
     start_gateway,
     start_workers,
+    warm_kafka,
 )
 from plaza.loadgen.bench.pipeline import text_embed
 from plaza.loadgen.inputs import input_pool, text_pool
@@ -227,6 +228,7 @@ async def latency_floor(ctx: Context) -> Report:
         *await start_workers(ctx, dep0, model, pool),
     ]
     url, gateway = await start_gateway(ctx, dep)
+    await warm_kafka(ctx, dep, model, pool)
     session = raw_session(dep, model)
     direct: list[float] = raw_call_latencies(session, pool[0], 2.0)
     labels = (
@@ -444,7 +446,12 @@ def compare_with_simulation(
     }
 
 
-from plaza.loadgen.bench.perf import ort_spinning, ort_threads, perf_analyzer_lanes  # noqa: E402
+from plaza.loadgen.bench.perf import (  # noqa: E402
+    ort_spinning,
+    ort_threads,
+    perf_analyzer_lanes,
+    queue_delay_from,
+)
 
 BENCHMARKS: dict[str, Benchmark] = {
     "batching": batching,
@@ -456,6 +463,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "simulator": simulator,
     "ort_spinning": ort_spinning,
     "ort_threads": ort_threads,
+    "queue_delay_from": queue_delay_from,
     "perf_analyzer": perf_analyzer_lanes,
     "text_embed": text_embed,
 }

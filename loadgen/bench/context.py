@@ -43,6 +43,8 @@ class Context:
     procs: ProcessGroup
     quick: bool = False
     notes: list[str] = field(default_factory=list)
+    kafka_warmed: bool = False
+    """Whether ``warm_kafka`` ran in this suite run (once is enough)."""
 
     @property
     def rounds(self) -> int:
@@ -91,6 +93,30 @@ async def start_workers(
     await wait_workers(dep, model, count, ctx.procs)
     await warm_up(dep, model, pool, workers=count)
     return procs
+
+
+KAFKA_WARM_UP_ROUNDS = 2
+KAFKA_WARM_UP_CONCURRENCY = 64
+
+
+async def warm_kafka(ctx: Context, dep: Deployment, model: str, pool: Sequence[InputSet]) -> None:
+    """Unmeasured load on the Kafka path of a started worker of ``model``, once per suite
+    run, before a case measures at low concurrency: a broker that has just started spends
+    milliseconds of CPU per operation compiling its hot paths, for tens of thousands of
+    operations (docs/benchmarks.md, "Kafka's broker per operation"), which the first
+    points measured would pay."""
+    if ctx.kafka_warmed:
+        return
+    from plaza.loadgen.targets import KafkaTarget
+
+    target = KafkaTarget(dep.settings(), model, pool, label="kafka warm-up")
+    await target.start()
+    try:
+        for _ in range(KAFKA_WARM_UP_ROUNDS):
+            await measure(target, Load("concurrency", KAFKA_WARM_UP_CONCURRENCY), ctx.window())
+    finally:
+        await target.stop()
+    ctx.kafka_warmed = True
 
 
 async def start_gateway(ctx: Context, dep: Deployment, workers: int = 1) -> tuple[str, Any]:

@@ -22,6 +22,7 @@ from plaza.loadgen.bench.context import (
     spec_of,
     start_workers,
     tree_cpu_seconds,
+    warm_kafka,
 )
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.measure import Load, PointResult
@@ -71,7 +72,7 @@ def service_pids(ctx: Context) -> dict[str, int | None]:
     return out
 
 
-# -- ONNX Runtime settings: one worker setting, two values side by side --------------------
+# -- worker settings: one setting, two values side by side ---------------------------------
 
 SPIN_ENV = {
     "on": {"PLAZA_WORKER__ORT_INTRA_OP_SPINNING": "1", "PLAZA_WORKER__ORT_INTER_OP_SPINNING": "1"},
@@ -81,6 +82,19 @@ THREADS_ENV = {
     "all cores": {"PLAZA_WORKER__INTRA_OP_THREADS": "0"},
     "1 thread": {"PLAZA_WORKER__INTRA_OP_THREADS": "1"},
 }
+
+
+DELAY_FROM_ENV = {
+    "fetched": {"PLAZA_WORKER__QUEUE_DELAY_FROM": "fetched"},
+    "sent": {"PLAZA_WORKER__QUEUE_DELAY_FROM": "sent"},
+}
+
+
+async def queue_delay_from(ctx: Context) -> Report:
+    """MLP (``max_queue_delay_microseconds`` 2000), one worker counting the delay from when
+    it fetched a request and one from when the request was sent to Kafka (the default), as
+    ``ort_spinning`` measures."""
+    return await worker_setting_ab(ctx, "delay-from", DELAY_FROM_ENV)
 
 
 async def ort_spinning(ctx: Context) -> Report:
@@ -109,6 +123,7 @@ async def worker_setting_ab(
     for side, dep in deps.items():
         workers[side] = (await start_workers(ctx, dep, model, pool, env=dict(sides[side])))[0]
         gateways[side] = await _gateway(ctx, dep, 1)
+    await warm_kafka(ctx, deps[first], model, pool)  # the broker both sides share
     report: Report = {"model": model, "sides": list(sides), "points": {}, "ratios": {}}
     try:
         for c in CONCURRENCIES:

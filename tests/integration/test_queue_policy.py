@@ -17,14 +17,21 @@ IDENTITY = """
 name: "{name}" platform: "onnxruntime_onnx" max_batch_size: {mbs}
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
-dynamic_batching {{ max_queue_delay_microseconds: 500 {batching} }}
+dynamic_batching {{ max_queue_delay_microseconds: {delay_us} {batching} }}
 """
 
 
 def variant(
-    tmp_path: Path, settings: PlazaSettings, name: str, batching: str, mbs: int = 8, **kafka: object
+    tmp_path: Path,
+    settings: PlazaSettings,
+    name: str,
+    batching: str,
+    mbs: int = 8,
+    delay_us: int = 500,
+    **kafka: object,
 ) -> PlazaSettings:
-    repo = model_variant(tmp_path, name, IDENTITY.format(name=name, mbs=mbs, batching=batching))
+    config = IDENTITY.format(name=name, mbs=mbs, batching=batching, delay_us=delay_us)
+    repo = model_variant(tmp_path, name, config)
     return settings.model_copy(
         update={
             "repository": repo,
@@ -72,6 +79,28 @@ async def test_delay_policy_keeps_expired_requests_and_runs_them(
             results = await asyncio.gather(*(client.result(j, timeout_s=60) for j in jobs))
         assert [float(r.output("OUTPUT0").to_numpy()[0, 0]) for r in results] == list(range(10))
         assert worker.metrics.records["expired"] == 0
+
+
+@pytest.mark.parametrize("counted_from", ["sent", "fetched"])
+async def test_the_queue_delay_counts_from_when_the_request_was_sent(
+    settings: PlazaSettings, tmp_path: Path, counted_from: str
+) -> None:
+    """A request that sat in Kafka for longer than its model's queue delay has used the
+    delay up: it runs as soon as a worker fetches it, alone. Counted from the fetch instead
+    (``worker.queue_delay_from = fetched``), it waits the whole delay again."""
+    delay_s = 1.5
+    name = f"patient_{counted_from}"
+    s = variant(tmp_path, settings, name, "", delay_us=int(delay_s * 1e6))
+    async with PlazaClient(s) as client:
+        job = await client.submit(name, x(1))
+        await asyncio.sleep(delay_s)  # in Kafka, no worker yet
+        async with running_worker(s, name, queue_delay_from=counted_from):
+            result = await client.result(job, timeout_s=60)
+    queue_s = result.timing_us["queue"] / 1e6
+    if counted_from == "sent":
+        assert queue_s < delay_s / 2
+    else:
+        assert queue_s >= delay_s - 0.001
 
 
 async def test_max_queue_size_refuses_at_once_with_a_typed_error(

@@ -17,7 +17,7 @@ import pytest
 
 from plaza.modelconfig import parse_model_config
 from plaza.naming import Names
-from plaza.workers.admission import DeadLetter, Rejected, admit
+from plaza.workers.admission import DeadLetter, Rejected, admit, wait_began
 from plaza.workers.runner import WorkItem
 
 SPEC = parse_model_config(
@@ -261,3 +261,28 @@ def test_valid_request_is_admitted_with_its_rows_and_version() -> None:
     assert (verdict.rows, verdict.version, verdict.request.id) == (3, 1, "r1")
     newest = judge(record())
     assert isinstance(newest, WorkItem) and newest.version == 2
+
+
+def _sent(sent_us: int) -> Any:
+    verdict = judge(record(sent_us=sent_us))
+    assert isinstance(verdict, WorkItem)
+    return verdict.request
+
+
+@pytest.mark.parametrize(
+    ("sent_ago_s", "began_ago_s"),
+    [
+        (0.0005, 0.0005),  # 0.5 ms in Kafka: the wait began when it was sent
+        (0.5, 0.002),  # longer than the delay: due at once, never earlier than one delay back
+        (-3.0, 0.0),  # the producer's clock runs ahead: as if sent just now
+    ],
+)
+def test_the_wait_begins_when_the_request_was_sent(sent_ago_s: float, began_ago_s: float) -> None:
+    now_mono, now_wall = 1000.0, 1_700_000_000.0
+    req = _sent(int((now_wall - sent_ago_s) * 1e6))
+    began = wait_began(req, now_mono, now_wall, max_wait_s=0.002)
+    assert began == pytest.approx(now_mono - began_ago_s, abs=2e-6)
+
+
+def test_a_request_without_a_sent_time_waits_from_now() -> None:
+    assert wait_began(_sent(0), 1000.0, 1_700_000_000.0, max_wait_s=0.002) == 1000.0

@@ -41,6 +41,23 @@ def test_waits_for_the_delay_then_runs_what_is_there() -> None:
     assert len(b) == 0
 
 
+def test_the_delay_counts_from_the_arrival_given() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    b.add(0, arrival=clock.t - 0.0006)  # waited 600 us already (in Kafka)
+    d = b.decide()
+    assert d.batch == [] and d.wake_at == pytest.approx(clock.t + 0.0004)
+    clock.advance(410)
+    assert b.decide().batch == [0]
+
+
+def test_an_arrival_in_the_future_counts_as_now() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    b.add(0, arrival=clock.t + 5.0)
+    assert b.decide().wake_at == pytest.approx(clock.t + 0.001)
+
+
 def test_full_batch_runs_at_once() -> None:
     clock = FakeClock()
     b = make(clock)

@@ -65,8 +65,11 @@ def test_request_round_trip(arrays, rid, model, deadline, priority, stream) -> N
         priority=priority,
         parameters={"k": 1, "s": "v"},
         created_ms=123,
+        sent_us=1_700_000_000_123_456,
     )
     back = decode_request(encode_request(req))
+    assert back.sent_us == req.sent_us
+    assert decode_request(encode_request(req, sent_us=42)).sent_us == 42  # the publisher's stamp
     assert (back.id, back.model, back.version, back.outputs) == (rid, model, "3", ("out",))
     assert (back.deadline_ms, back.priority, back.reply.stream) == (deadline, priority, stream)
     assert back.parameters == {"k": 1, "s": "v"} and back.created_ms == 123
@@ -179,6 +182,7 @@ def _envelope(**fields) -> bytes:
         (_envelope(outputs="y"), CodecError, "'outputs' must be a list"),
         (_envelope(deadline_ms="soon"), CodecError, "'deadline_ms' must be an integer"),
         (_envelope(priority=True), CodecError, "'priority' must be an integer"),
+        (_envelope(sent_us=1.5), CodecError, "'sent_us' must be an integer"),
         (_envelope(reply_stream=""), CodecError, "reply_stream"),
         (_envelope(parameters=[1]), CodecError, "'parameters' must be a map"),
     ],
