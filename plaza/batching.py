@@ -262,10 +262,17 @@ class DynamicBatcher(Generic[T]):
         return item
 
     def _compact(self) -> None:
-        for q in (*self._queues.values(), self._delayed):
+        # Husks at a queue's head go at once. Those behind a live entry (expired, revoked
+        # or moved) wait until they are over half of what the queues hold (the live count
+        # is known, so telling costs nothing): a rebuild then, O(1) per entry amortised.
+        queues = (*self._queues.values(), self._delayed)
+        held = 0
+        for q in queues:
             while q and not q[0].alive:
                 q.popleft()
-            if len(q) > 64 and sum(1 for e in q if not e.alive) > len(q) // 2:
+            held += len(q)
+        if held > 64 and held - self._count > held // 2:
+            for q in queues:
                 alive = [e for e in q if e.alive]
                 q.clear()
                 q.extend(alive)

@@ -210,6 +210,19 @@ def retained_entries(b: DynamicBatcher[Payload]) -> int:
     return queued + len(b._deadlines)
 
 
+def test_husks_behind_live_entries_are_dropped_once_they_are_most_of_the_queue() -> None:
+    clock = FakeClock()
+    b: DynamicBatcher[Payload] = DynamicBatcher(BatchingPolicy(max_batch_size=8), clock=clock)
+    payloads = [Payload() for _ in range(300)]
+    for p in payloads:
+        b.add(p)
+    keep = set(map(id, payloads[::3]))
+    b.remove_if(lambda p: id(p) not in keep)  # two in three revoked, most behind a live one
+    assert len(b) == 100 and retained_entries(b) == 100
+    b.remove_if(lambda p: p is payloads[3])  # one husk behind the head: it may wait
+    assert len(b) == 99 and retained_entries(b) == 100
+
+
 def test_served_requests_are_released_at_once_despite_long_deadlines() -> None:
     clock = FakeClock()
     b: DynamicBatcher[Payload] = DynamicBatcher(
