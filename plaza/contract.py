@@ -2,12 +2,17 @@
 
 docs/protocol.md describes the same contract for producers in other languages; the codec
 (``plaza.codec``) turns these values into msgpack and back.
+
+They are frozen ``msgspec.Struct`` types, not dataclasses: a worker builds several per
+request, and a Struct is built in a fifth of a dataclass's time (docs/benchmarks.md, goal 3).
+``msgspec.structs.replace`` copies one with fields changed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import msgspec
 
 from plaza.tensors import Tensor
 
@@ -17,8 +22,7 @@ ENVELOPE_VERSION = 1
 Scalar = str | int | float | bool
 
 
-@dataclass(frozen=True, slots=True)
-class ReplyTo:
+class ReplyTo(msgspec.Struct, frozen=True):
     """Where a worker writes a request's result.
 
     The result is always stored under the per-correlation-id result key (that key is also
@@ -29,8 +33,7 @@ class ReplyTo:
     """Full Redis stream name (a gateway's reply stream or a pipeline's own), or None."""
 
 
-@dataclass(frozen=True, slots=True)
-class InferRequest:
+class InferRequest(msgspec.Struct, frozen=True):
     """One inference request, as published to a model's Kafka topic."""
 
     id: str
@@ -41,12 +44,12 @@ class InferRequest:
     inputs: tuple[Tensor, ...]
     outputs: tuple[str, ...] = ()
     """Requested output names; empty means every output of the model."""
-    reply: ReplyTo = field(default_factory=ReplyTo)
+    reply: ReplyTo = ReplyTo()
     deadline_ms: int | None = None
     """Absolute deadline, Unix epoch milliseconds; None uses the model's queue policy."""
     priority: int = 0
     """Priority level (1 is highest, as in Triton); 0 uses the model's default level."""
-    parameters: dict[str, Scalar] = field(default_factory=dict)
+    parameters: dict[str, Scalar] = msgspec.field(default_factory=dict)
     created_ms: int = 0
     """When the request was made, Unix epoch milliseconds (for queue-time metrics)."""
     sent_us: int = 0
@@ -57,16 +60,14 @@ class InferRequest:
 Status = Literal["ok", "error"]
 
 
-@dataclass(frozen=True, slots=True)
-class ErrorInfo:
+class ErrorInfo(msgspec.Struct, frozen=True):
     """A per-request error: stable code, human message."""
 
     code: str
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class InferResult:
+class InferResult(msgspec.Struct, frozen=True):
     """One request's answer, as written to Redis by a worker."""
 
     id: str
@@ -74,7 +75,7 @@ class InferResult:
     version: str
     outputs: tuple[Tensor, ...] = ()
     error: ErrorInfo | None = None
-    timing_us: dict[str, int] = field(default_factory=dict)
+    timing_us: dict[str, int] = msgspec.field(default_factory=dict)
     """queue / compute_input / compute_infer / compute_output durations, microseconds."""
     worker: str = ""
 

@@ -23,10 +23,11 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from msgspec.structs import replace
 
 from plaza.contract import InferRequest, InferResult, ReplyTo
 from plaza.errors import DeadlineExceeded, PlazaError, QueueFull, Unavailable

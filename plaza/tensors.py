@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from plaza.datatypes import from_numpy_dtype, itemsize, to_numpy_dtype
@@ -20,8 +20,7 @@ from plaza.errors import InvalidInput
 Buffer = bytes | bytearray | memoryview
 
 
-@dataclass(frozen=True, slots=True)
-class Tensor:
+class Tensor(msgspec.Struct, frozen=True):
     """One named tensor on the wire."""
 
     name: str

@@ -54,11 +54,11 @@ import sys
 import time
 import uuid
 from collections.abc import Coroutine, Mapping
-from dataclasses import replace
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from msgspec.structs import replace
 from pydantic import ValidationError
 
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client

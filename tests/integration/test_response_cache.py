@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 import redis.asyncio
 from aiokafka import TopicPartition
+from msgspec.structs import replace
 
 from plaza.client import PlazaClient, make_request
 from plaza.connections import kafka_consumer

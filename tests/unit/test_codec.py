@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, get_args
+
 import msgpack
 import numpy as np
 import pytest
@@ -10,6 +12,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from plaza.codec import (
+    _ENCODER,
+    _Datatype,
+    _decode_checked,
+    _result_to_map,
+    _WireRequest,
     decode_request,
     decode_result,
     decode_results,
@@ -19,6 +26,7 @@ from plaza.codec import (
     join_results,
 )
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.datatypes import DATATYPES
 from plaza.errors import CodecError, InvalidInput, UnsupportedVersion
 from plaza.tensors import Tensor
 
@@ -67,7 +75,9 @@ def test_request_round_trip(arrays, rid, model, deadline, priority, stream) -> N
         created_ms=123,
         sent_us=1_700_000_000_123_456,
     )
-    back = decode_request(encode_request(req))
+    encoded = encode_request(req)
+    back = decode_request(encoded)
+    assert back == _decode_checked(encoded)  # the typed decoder agrees with the checked one
     assert back.sent_us == req.sent_us
     assert decode_request(encode_request(req, sent_us=42)).sent_us == 42  # the publisher's stamp
     assert (back.id, back.model, back.version, back.outputs) == (rid, model, "3", ("out",))
@@ -191,6 +201,79 @@ def test_malformed_envelopes(data: bytes, error: type[Exception], text: str) -> 
     with pytest.raises(error, match=text) as info:
         decode_request(data)
     assert info.value.code in ("bad_envelope", "unsupported_envelope_version")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"priority": None, "created_ms": None, "sent_us": None},  # nil for "use the default"
+        {"parameters": {b"raw": 1}},  # a bin key: msgpack's strict_map_key allows it
+        {"outputs": []},
+        {"inputs": [{"name": "a", "datatype": "FP32", "shape": (1,), "data": b"\0" * 4}]},
+        {"extra": {"unknown": "fields are ignored"}},
+    ],
+)
+def test_what_only_the_typed_decoder_refuses_is_decided_by_the_checked_one(
+    fields: dict[str, Any],
+) -> None:
+    data = _envelope(**fields)
+    req = decode_request(data)
+    assert req == _decode_checked(data)
+    assert (req.id, req.priority, req.created_ms, req.sent_us) == ("x", 0, 0, 0)
+
+
+def _outcome(data: bytes) -> object:
+    try:
+        return _decode_checked(data)
+    except CodecError as exc:
+        return type(exc), str(exc)
+
+
+_ENVELOPE_FIELDS = _WireRequest.__struct_fields__
+_ANY_VALUE = (
+    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=3) | st.binary(max_size=4)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    field=st.sampled_from(_ENVELOPE_FIELDS),
+    value=_ANY_VALUE
+    | st.lists(_ANY_VALUE, max_size=2)
+    | st.dictionaries(st.text(max_size=2), _ANY_VALUE, max_size=2),
+)
+def test_the_typed_decoder_never_decides_otherwise_than_the_checked_one(
+    field: str, value: object
+) -> None:
+    data = _envelope(**{field: value})
+    try:
+        decoded: object = decode_request(data)
+    except CodecError as exc:
+        decoded = type(exc), str(exc)
+    assert decoded == _outcome(data)
+
+
+def test_the_typed_decoder_knows_every_datatype() -> None:
+    assert set(get_args(_Datatype)) == DATATYPES
+
+
+def test_the_encoder_writes_what_msgpack_writes() -> None:
+    tensor = Tensor.from_numpy("x", np.arange(6, dtype=np.float32).reshape(2, 3))
+    request = InferRequest(
+        "r", "m", "2", (tensor,), ("y",), ReplyTo("s"), 10**13, 2, {"f": 0.5, "b": True}, 1, 2
+    )
+    old = {"use_bin_type": True}
+    body = msgpack.unpackb(encode_request(request))
+    assert encode_request(request) == msgpack.packb(body, **old)
+    results = [
+        InferResult("a", "m", "1", (tensor,), timing_us={"queue": 2**40}, worker="w"),
+        InferResult("b", "m", "1", error=ErrorInfo("bad", "no")),
+    ]
+    for result in results:
+        assert encode_result(result) == msgpack.packb(_result_to_map(result), **old)
+    assert _ENCODER.encode({"neg": -(2**40), "u": 2**64 - 1}) == msgpack.packb(
+        {"neg": -(2**40), "u": 2**64 - 1}, **old
+    )
 
 
 def test_tensor_byte_length_mismatch_is_invalid_input() -> None:

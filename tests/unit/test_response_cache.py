@@ -3,11 +3,12 @@ version, and ``response_cache`` in config.pbtxt (its Redis side: tests/integrati
 
 from __future__ import annotations
 
-from dataclasses import replace
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
+from msgspec.structs import replace
 
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import ConfigError
@@ -136,7 +137,8 @@ def test_default_version_follows_the_policy_and_rereads_after_a_second(tmp_path:
         "version_policy { specific { versions: [ 1 ] } }\nresponse_cache { enable: true }"
     )
     assert versions(pinned) == "1"
-    assert versions(replace(spec(), name="absent")) is None  # not cached: version unknown
+    unknown = dataclasses.replace(spec(), name="absent")
+    assert versions(unknown) is None  # not cached: version unknown
 
 
 def test_config_enables_the_cache_and_refuses_bad_values() -> None:
