@@ -9,8 +9,9 @@ starts (:func:`tune`) and, once it serves, moves what start-up made into the per
 generation (:func:`freeze_startup`), which no collection scans again. Measured in
 docs/benchmarks.md (Hot paths, second pass, and The gateway's collector).
 
-Only process entry points call these (``plaza worker``, ``plaza gateway``): they change
-interpreter-wide state, which a test or an embedding application keeps as it is.
+Only process entry points call these (``plaza worker``, ``plaza gateway``, and the load
+generator of ``plaza loadgen`` and the bench, unless run with ``--loop asyncio``): they
+change interpreter-wide state, which a test or an embedding application keeps as it is.
 """
 
 from __future__ import annotations

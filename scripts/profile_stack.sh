@@ -11,7 +11,8 @@
 # CPU is read from /proc before and after; requests from the statistics API. Output under
 # var/profile/MODEL-TARGET-cC-sS-pP/ (cpu.txt, load.*, *.prof with PROF=1; read them with
 # scripts/profile_by_package.py). The gateway stops on SIGINT (uvicorn re-raises SIGTERM,
-# which would skip cProfile's dump).
+# which would skip cProfile's dump). SERVER_VENV=DIR runs the worker and the gateway on
+# another venv's interpreter (an interpreter A/B); the load generator stays on .venv.
 set -u
 cd "$(dirname "$0")/.."
 MODEL=$1; TARGET=$2; C=$3; SPIN=${4:-x}
@@ -23,9 +24,10 @@ export PLAZA_WORKER__METRICS_PORT=-1 PLAZA_GATEWAY__HTTP_PORT=18100
 export PLAZA_GATEWAY__GRPC_PORT=18101 PLAZA_GATEWAY__METRICS_PORT=18102 PLAZA_GATEWAY__MODELS=$MODEL
 [ "$SPIN" = x ] || export PLAZA_WORKER__ORT_INTRA_OP_SPINNING=$SPIN
 O=var/profile/$MODEL-$TARGET-c$C-s$SPIN-p${PROF:-0}; mkdir -p "$O"
+SERVER_PY=${SERVER_VENV:-.venv}/bin/python
 if [ "${PROF:-0}" = 1 ]; then WP="-m cProfile -o $O/worker.prof"; GP="-m cProfile -o $O/gateway.prof"; else WP=; GP=; fi
-.venv/bin/python $WP -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
-.venv/bin/python $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
+$SERVER_PY $WP -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
+$SERVER_PY $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
 trap 'kill -TERM $W 2>/dev/null; kill -INT $G 2>/dev/null' EXIT
 sleep 12
 count() { curl -s "http://127.0.0.1:18100/v2/models/$MODEL/stats" | .venv/bin/python -c \

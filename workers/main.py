@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 
-from plaza import gc_tuning
+from plaza import event_loop, gc_tuning
 from plaza.settings import PlazaSettings
 from plaza.workers.host import Host
 
@@ -28,9 +28,4 @@ def run_worker(settings: PlazaSettings) -> None:
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     gc_tuning.tune()
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(settings))
-    else:
-        uvloop.run(serve(settings))
+    event_loop.run(serve(settings))

@@ -15,7 +15,6 @@ is reported and the others still run (exit status 1).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import shutil
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 from plaza.loadgen.bench.cases import BENCHMARKS
 from plaza.loadgen.bench.context import Context
+from plaza.loadgen.cli import add_loop_argument, run_load
 from plaza.loadgen.stack import fresh_dir
 from plaza.loadgen.sweep import environment
 from plaza.stack import ProcessGroup, Services
@@ -47,6 +47,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="use this running Kafka instead of starting one (its CPU is then not counted)",
     )
     p.add_argument("--redis-url", help="use this running Redis instead of starting one")
+    add_loop_argument(p)
     return p.parse_args(argv)
 
 
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = Context(args.repository, work, args.out_dir, services, procs, args.quick)
     try:
         with services:
-            summary = asyncio.run(_run_all(ctx, names))
+            summary = run_load(_run_all(ctx, names), args.loop)
     finally:
         procs.stop_all()
     summary_path = args.out_dir / "summary.json"
