@@ -9,11 +9,17 @@ The rule, each time ``decide(backlog)`` is asked:
    (the caller answers them with a timeout error), DELAY ones move behind every other
    request and lose their deadline.
 2. ``depth`` = pending requests (held here) + ``backlog`` (consumer lag: records already
-   in Kafka but not fetched yet). The *goal* is the largest batch size (a preferred size, or
-   max_batch_size) that the depth can fill.
+   in Kafka but not fetched yet). The *goal* is the largest batch size the depth can fill:
+   of the preferred sizes where the config names some, else max_batch_size. As in Triton,
+   a model with preferred sizes 16 and 32 runs 32 at once from a queue of 64, not 64: the
+   rest forms the next batch while this one computes.
 3. If the pending requests already fill the goal, that batch runs now. Otherwise the batcher
    waits for more, but never longer than ``max_queue_delay_microseconds`` after the oldest
-   pending request arrived; then it runs as much as is there (up to max_batch_size). A
+   pending request arrived; then it runs as much as is there (up to max_batch_size). (Where
+   Triton, past the delay, runs all that is pending, this batcher still runs a preferred
+   size it can fill first and the rest right after: requests fetched from Kafka are often
+   past their delay already, counted from the send, and would otherwise always run as one
+   max_batch_size batch.) A
    request arrives when ``add`` says (``arrival``; the worker passes the moment it was sent
    to Kafka, so the delay is a bound on the whole wait, not added to the Kafka hop), else
    when it is added.
@@ -83,7 +89,12 @@ class BatchingPolicy:
         return self.priority_queue_policy.get(level, self.default_queue_policy)
 
     def batch_sizes(self) -> tuple[int, ...]:
-        return tuple(sorted({*self.preferred_batch_sizes, self.max_batch_size}))
+        """The sizes a batch aims at: the preferred sizes where the config names some (as in
+        Triton, max_batch_size is then only the cap of a batch the delay forces out), else
+        max_batch_size."""
+        if self.preferred_batch_sizes:
+            return tuple(sorted(set(self.preferred_batch_sizes)))
+        return (self.max_batch_size,)
 
 
 @dataclass(slots=True)

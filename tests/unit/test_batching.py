@@ -77,7 +77,7 @@ def test_preferred_size_runs_at_once_when_depth_reaches_no_further() -> None:
 
 def test_deep_queue_waits_for_records_still_in_kafka() -> None:
     clock = FakeClock()
-    b = make(clock, preferred_batch_sizes=(4,))
+    b = make(clock)
     for i in range(5):
         b.add(i)
     # 5 pending + 10 lagging in Kafka: depth 15 can fill max_batch_size 8, so wait for them
@@ -87,13 +87,44 @@ def test_deep_queue_waits_for_records_still_in_kafka() -> None:
     assert b.decide(backlog=7).batch == list(range(8))
 
 
+def test_deep_queue_waits_for_the_largest_preferred_size_it_can_fill() -> None:
+    clock = FakeClock()
+    b = make(clock, preferred_batch_sizes=(2, 4))
+    for i in range(3):
+        b.add(i)
+    # 3 pending + 10 in Kafka: depth 13 can fill 4 (the largest preferred), so wait for it
+    assert b.decide(backlog=10).batch == []
+    b.add(3)
+    assert b.decide(backlog=9).batch == [0, 1, 2, 3]
+
+
+def test_with_preferred_sizes_a_full_queue_runs_the_largest_preferred_not_the_max() -> None:
+    # Triton's rule: max_batch_size is the cap, not a goal, once preferred sizes are named
+    clock = FakeClock()
+    b = make(clock, max_batch_size=8, preferred_batch_sizes=(2, 4))
+    for i in range(8):
+        b.add(i)
+    assert b.decide(backlog=0).batch == [0, 1, 2, 3]
+    assert b.decide(backlog=0).batch == [4, 5, 6, 7]  # the rest is the next batch
+
+
 def test_deep_queue_never_waits_past_the_delay() -> None:
+    clock = FakeClock()
+    b = make(clock)
+    for i in range(5):
+        b.add(i)
+    clock.advance(1000)
+    assert b.decide(backlog=100).batch == [0, 1, 2, 3, 4]
+
+
+def test_past_the_delay_the_preferred_size_goes_first_and_the_rest_at_once() -> None:
     clock = FakeClock()
     b = make(clock, preferred_batch_sizes=(4,))
     for i in range(5):
         b.add(i)
     clock.advance(1000)
-    assert b.decide(backlog=100).batch == [0, 1, 2, 3, 4]
+    assert b.decide(backlog=100).batch == [0, 1, 2, 3]
+    assert b.decide(backlog=100).batch == [4]  # due too: it does not wait for more
 
 
 def test_zero_delay_runs_immediately() -> None:
