@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
 import uvicorn
-import uvloop
 
-from plaza import gc_tuning
+from plaza import event_loop, gc_tuning
 from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import create_app
 from plaza.gateway.grpc_front import create_server
@@ -218,11 +217,8 @@ def _gateway_process(settings: PlazaSettings) -> None:
     gc_tuning.tune()
     # uvicorn stops on SIGINT, then raises it again: a Ctrl-C is a normal stop here
     try:
-        with (
-            contextlib.suppress(KeyboardInterrupt),
-            asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
-        ):
-            runner.run(_serve_shared_port(settings))
+        with contextlib.suppress(KeyboardInterrupt):
+            event_loop.run(_serve_shared_port(settings))
     except PlazaError as exc:  # a user error is one line, as `plaza gateway` prints it
         print(f"plaza gateway: error: {exc.message}", file=sys.stderr)
         sys.exit(1)
@@ -281,6 +277,5 @@ def run_gateway(settings: PlazaSettings) -> int:
     if settings.gateway.workers > 1:
         return run_gateway_processes(settings)
     gc_tuning.tune()
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve_until_stopped(settings))
+    event_loop.run(_serve_until_stopped(settings))
     return 0
