@@ -1,0 +1,355 @@
+"""The gateway's HTTP/1.1 server: an asyncio protocol over httptools' parser.
+
+Why not uvicorn: under load the gateway spent most of its CPU per request in the HTTP
+layers (uvicorn's ASGI scope and messages, Starlette's middleware, routing and Request),
+not in Plaza's handler (docs/benchmarks.md, "The gateway's own HTTP server"). This server
+keeps what an inference front needs and nothing else:
+
+- one ``Handler`` call per request, with the whole body read (at most ``max_body_bytes``:
+  past it the rest is discarded, not kept, and the answer is 413 and a close), the headers
+  as a dict of lower-case names;
+- keep-alive and pipelining: a connection's requests are answered one at a time, in order;
+  while a response is pending at most ``MAX_PIPELINED`` more are parsed, then reading pauses;
+- ``Expect: 100-continue``, chunked request bodies (httptools decodes them), HTTP/1.0;
+- a connection idle for ``keep_alive_s`` is closed; a malformed request gets 400 and a close;
+- a stop closes the listening socket, lets the requests in flight finish (up to a grace
+  period) and closes idle connections at once.
+
+Responses always carry Content-Length (no chunked responses: every Plaza answer is made whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+
+log = logging.getLogger(__name__)
+
+MAX_PIPELINED = 16
+"""Requests parsed ahead of the one being answered, per connection, before reading pauses."""
+
+BACKLOG = 2048
+"""listen() backlog."""
+
+KEEP_ALIVE_S = 5.0
+"""An idle keep-alive connection is closed after this long (uvicorn's default)."""
+
+_REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    """One parsed request: ``path`` without the query, header names lower-case (repeated
+    headers joined with ", "), the whole body."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    http_version: str = "1.1"
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    """A whole response; ``headers`` are extra to Content-Type and Content-Length."""
+
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+def render(response: HttpResponse, keep_alive: bool, head: bool = False) -> bytes:
+    """The response's bytes on the wire (a HEAD request's without its body)."""
+    reason = _REASONS.get(response.status, b"")
+    lines = [
+        b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n" % (response.status, reason, len(response.body))
+    ]
+    if response.content_type is not None:
+        lines.append(b"content-type: %s\r\n" % response.content_type.encode("latin-1"))
+    for name, value in response.headers:
+        lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+    if not keep_alive:
+        lines.append(b"connection: close\r\n")
+    lines.append(b"\r\n")
+    if not head:
+        lines.append(response.body)
+    return b"".join(lines)
+
+
+def _plain(status: int, text: str) -> HttpResponse:
+    body = b'{"error":"%s","code":"http_error"}' % text.encode()
+    return HttpResponse(status, body, "application/json")
+
+
+class HttpProtocol(asyncio.Protocol):
+    """One client connection (httptools calls the ``on_*`` methods while it parses)."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._loop = server.loop
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._size = 0
+        self._rejected: HttpResponse | None = None
+        self._pending: deque[tuple[HttpRequest | HttpResponse, bool]] = deque()
+        self._busy = False
+        self._paused = False
+        self._closing = False
+        self._write_ready: asyncio.Future[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None
+        self._broken = False
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+
+    # -- the transport's callbacks -------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self._server.connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._transport = None
+        self._cancel_idle()
+        if self._write_ready is not None and not self._write_ready.done():
+            self._write_ready.set_result(None)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self._broken:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._reject_now(_plain(400, "protocol upgrades are not supported"))
+        except httptools.HttpParserError as exc:
+            self._reject_now(_plain(400, f"malformed HTTP request: {exc}"))
+
+    def pause_writing(self) -> None:
+        self._write_ready = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._write_ready is not None and not self._write_ready.done():
+            self._write_ready.set_result(None)
+        self._write_ready = None
+
+    # -- httptools' callbacks ------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._cancel_idle()
+        self._url = b""
+        self._headers = {}
+        self._body = []
+        self._size = 0
+        self._rejected = None
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self._headers.get(key)
+        self._headers[key] = text if old is None else f"{old}, {text}"
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get("content-length", "")
+        limit = self._server.max_body_bytes
+        if declared.isdigit() and int(declared) > limit:
+            self._rejected = _payload_too_large(limit)
+            return
+        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+            self._transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        if self._rejected is not None:
+            return
+        self._size += len(body)
+        if self._size > self._server.max_body_bytes:
+            self._rejected = _payload_too_large(self._server.max_body_bytes)
+            self._body = []
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep_alive = bool(self._parser.should_keep_alive()) and not self._closing
+        if self._rejected is not None:
+            # the body was not read: the connection cannot be trusted for another request
+            self._enqueue(self._rejected, False)
+            return
+        url = httptools.parse_url(self._url)
+        path = url.path.decode("latin-1")
+        query = url.query.decode("latin-1") if url.query else ""
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        version = self._parser.get_http_version()
+        method = self._parser.get_method().decode("latin-1")
+        self._enqueue(HttpRequest(method, path, query, self._headers, body, version), keep_alive)
+
+    # -- answering -----------------------------------------------------------------------
+    def _enqueue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
+        self._pending.append((item, keep_alive))
+        if len(self._pending) > MAX_PIPELINED and self._transport and not self._paused:
+            self._transport.pause_reading()
+            self._paused = True
+        if not self._busy:
+            self._busy = True
+            self._loop.create_task(self._answer_pending())
+
+    async def _answer_pending(self) -> None:
+        try:
+            while self._pending and self._transport is not None:
+                item, keep_alive = self._pending.popleft()
+                if self._paused and len(self._pending) <= MAX_PIPELINED // 2:
+                    self._transport.resume_reading()
+                    self._paused = False
+                head = False
+                if isinstance(item, HttpRequest):
+                    head = item.method == "HEAD"
+                    response = await self._call(item)
+                else:
+                    response = item
+                keep_alive = keep_alive and not self._closing
+                if self._transport is None:
+                    return
+                if self._write_ready is not None:
+                    await self._write_ready
+                    if self._transport is None:
+                        return
+                self._transport.write(render(response, keep_alive, head))
+                if not keep_alive:
+                    self._transport.close()
+                    return
+        finally:
+            self._busy = False
+        if self._closing and self._transport is not None:
+            self._transport.close()
+        else:
+            self._arm_idle()
+
+    async def _call(self, request: HttpRequest) -> HttpResponse:
+        try:
+            return await self._server.handler(request)
+        except Exception:  # the handler maps every expected error itself
+            log.exception("HTTP handler failed on %s %s", request.method, request.path)
+            return _plain(500, "internal error")
+
+    def _reject_now(self, response: HttpResponse) -> None:
+        """Answer a request that cannot be parsed, then close: nothing after it is read."""
+        self._broken = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+        if self._transport is not None and not self._busy:
+            self._transport.write(render(response, keep_alive=False))
+            self._transport.close()
+        else:  # answer the requests ahead of it first
+            self._pending.append((response, False))
+
+    # -- idle and stop -------------------------------------------------------------------
+    def _arm_idle(self) -> None:
+        if self._transport is not None and self._idle is None:
+            self._idle = self._loop.call_later(self._server.keep_alive_s, self._idle_timeout)
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+
+    def _idle_timeout(self) -> None:
+        self._idle = None
+        if self._transport is not None and not self._busy and not self._pending:
+            self._transport.close()
+
+    def shutdown(self) -> None:
+        """Stop taking requests: close now if idle, else after the response in flight."""
+        self._closing = True
+        if self._transport is not None and not self._busy:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Close at once, whatever is in flight."""
+        if self._transport is not None:
+            self._transport.abort()
+
+
+def _payload_too_large(limit: int) -> HttpResponse:
+    body = b'{"error":"request body is over the limit of %d bytes","code":"payload_too_large"}'
+    return HttpResponse(413, body % limit, "application/json")
+
+
+class HttpServer:
+    """A listening HTTP server over ``handler``; ``start``, then ``stop``."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body_bytes: int,
+        keep_alive_s: float = KEEP_ALIVE_S,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.keep_alive_s = keep_alive_s
+        self.ssl_context = ssl_context
+        self.connections: set[HttpProtocol] = set()
+        self.loop = asyncio.get_running_loop()
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+        """Listen on ``host:port`` (or on the bound socket ``sock``); returns the port."""
+        if sock is not None:
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self), sock=sock, ssl=self.ssl_context, backlog=BACKLOG
+            )
+        else:
+            self._server = await self.loop.create_server(
+                lambda: HttpProtocol(self), host, port, ssl=self.ssl_context, backlog=BACKLOG
+            )
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop listening; requests in flight get ``grace_s`` to be answered, then every
+        connection still open is closed."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        waiting = [c.closed for c in self.connections]
+        if waiting:
+            await asyncio.wait(waiting, timeout=grace_s)
+        for conn in list(self.connections):
+            conn.abort()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+
+async def serve_canned(host: str, port: int, answer: bytes) -> None:
+    """Answer every request with ``answer`` (JSON) for ever: the front's own cost, for
+    ``scripts/http_front_cost.py``."""
+    response = HttpResponse(200, answer, "application/json")
+
+    async def canned(request: HttpRequest) -> HttpResponse:
+        return response
+
+    server = HttpServer(canned, max_body_bytes=64 << 20)
+    await server.start(host, port)
+    await asyncio.Event().wait()

@@ -1,0 +1,186 @@
+"""The gateway's HTTP/1.1 server over loopback sockets, with raw bytes as the client:
+keep-alive, pipelining in order, body limits, chunked bodies, Expect: 100-continue, HEAD,
+HTTP/1.0, malformed requests, idle connections and the stop's drain."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from plaza.gateway.http_server import HttpRequest, HttpResponse, HttpServer
+
+LIMIT = 1024
+
+
+async def echo(request: HttpRequest) -> HttpResponse:
+    """Answers what it was asked; a ``delay`` query sleeps first; ``/boom`` raises."""
+    if request.path == "/boom":
+        raise RuntimeError("boom")
+    if request.query.startswith("delay="):
+        await asyncio.sleep(float(request.query.split("=", 1)[1]))
+    text = f"{request.method} {request.path} {len(request.body)} {request.body[:16]!r}"
+    return HttpResponse(200, text.encode(), "text/plain", [("x-version", request.http_version)])
+
+
+@asynccontextmanager
+async def server(keep_alive_s: float = 5.0) -> AsyncIterator[tuple[HttpServer, int]]:
+    srv = HttpServer(echo, max_body_bytes=LIMIT, keep_alive_s=keep_alive_s)
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        yield srv, port
+    finally:
+        await srv.stop(1.0)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    status_line = await reader.readline()
+    assert status_line.startswith(b"HTTP/1.1 "), status_line
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers["content-length"])) if status != 100 else b""
+    return status, headers, body
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "host: t", f"content-length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+async def test_keep_alive_answers_several_requests_on_one_connection() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for i in range(3):
+            writer.write(post(f"/r{i}", b"x" * i))
+            status, headers, body = await read_response(reader)
+            assert (status, body) == (200, f"POST /r{i} {i} {b'x' * i!r}".encode())
+            assert "connection" not in headers
+        writer.close()
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # the first is the slowest: answered concurrently, it would come last
+        writer.write(post("/a?delay=0.2", b"") + post("/b?delay=0", b"") + post("/c", b""))
+        paths = [(await read_response(reader))[2].split()[1] for _ in range(3)]
+        assert paths == [b"/a", b"/b", b"/c"]
+        writer.close()
+
+
+async def test_a_declared_body_over_the_limit_is_413_and_the_connection_closes() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/big", b"y" * (LIMIT + 1)))
+        status, headers, body = await read_response(reader)
+        assert status == 413 and b"payload_too_large" in body
+        assert headers["connection"] == "close"
+        assert await reader.read() == b""  # closed by the server
+        writer.close()
+
+
+async def test_a_chunked_body_is_decoded_and_bounded() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        chunked = b"POST /c HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        writer.write(chunked + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /c 5 b'abcde'")
+        big = b"%x\r\n%s\r\n" % (LIMIT, b"z" * LIMIT)
+        writer.write(chunked + big + big + b"0\r\n\r\n")  # two chunks: over the limit
+        status, _, _ = await read_response(reader)
+        assert status == 413
+        writer.close()
+
+
+async def test_expect_100_continue_gets_the_interim_answer_first() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /e HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
+        writer.write(head)
+        assert await reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+        assert await reader.readline() == b"\r\n"
+        writer.write(b"data")
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /e 4 b'data'")
+        writer.close()
+
+
+async def test_head_has_the_length_and_no_body() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"HEAD /h HTTP/1.1\r\nhost: t\r\n\r\nGET /g HTTP/1.1\r\nhost: t\r\n\r\n")
+        status_line = await reader.readline()
+        assert status_line == b"HTTP/1.1 200 OK\r\n"
+        headers = []
+        while (line := await reader.readline()) != b"\r\n":
+            headers.append(line)
+        assert b"content-length: %d\r\n" % len(b"HEAD /h 0 b''") in headers
+        status, _, body = await read_response(reader)  # the next answer follows at once
+        assert (status, body) == (200, b"GET /g 0 b''")
+        writer.close()
+
+
+async def test_http_1_0_is_answered_and_closed() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /old HTTP/1.0\r\n\r\n")
+        status, headers, _ = await read_response(reader)
+        assert (status, headers["x-version"], headers["connection"]) == (200, "1.0", "close")
+        assert await reader.read() == b""
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n"]
+)
+async def test_a_malformed_request_is_400_and_closed(garbage: bytes) -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(garbage)
+        status, headers, _ = await read_response(reader)
+        assert (status, headers["connection"]) == (400, "close")
+        assert await reader.read() == b""
+        writer.close()
+
+
+async def test_a_failing_handler_is_500_and_the_connection_lives_on() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/boom", b"") + post("/after", b""))
+        assert (await read_response(reader))[0] == 500
+        assert (await read_response(reader))[2].startswith(b"POST /after")
+        writer.close()
+
+
+async def test_an_idle_connection_is_closed_after_keep_alive() -> None:
+    async with server(keep_alive_s=0.2) as (srv, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/x", b""))
+        await read_response(reader)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the server closed it
+        assert not srv.connections
+        writer.close()
+
+
+async def test_stop_answers_the_request_in_flight_then_refuses_new_connections() -> None:
+    srv = HttpServer(echo, max_body_bytes=LIMIT)
+    port = await srv.start("127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(post("/slow?delay=0.3", b""))
+    await asyncio.sleep(0.1)  # the request is in the handler
+    await srv.stop(5.0)
+    status, headers, body = await read_response(reader)
+    assert (status, headers["connection"]) == (200, "close")
+    assert body.startswith(b"POST /slow")  # the answer is the slow request's, whole
+    assert await idle_reader.read() == b""  # the idle one was closed at once
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+    writer.close()
+    idle_writer.close()
