@@ -1,6 +1,7 @@
-"""Plaza's gateway: KServe v2 / Triton HTTP on Starlette + uvicorn, over Kafka and Redis.
+"""Plaza's gateway: KServe v2 / Triton HTTP and gRPC, over Kafka and Redis.
 
-``create_app(settings)`` builds the ASGI app, ``run_gateway(settings)`` serves it, and
+``create_app(settings)`` builds the routes as a Starlette app, ``run_gateway(settings)``
+serves them (``plaza.gateway.http_server``, with sync infer answered directly), and
 ``GatewayService`` is the data plane both the HTTP and a gRPC front call.
 """
 

@@ -82,8 +82,14 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
         chunks.append(chunk)
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    return decoded_body(b"".join(chunks), request.headers.get("content-encoding"), limit)
+
+
+def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """``body`` as its Content-Encoding header (None: identity) says to read it."""
+    if content_encoding is None:
+        return body
+    encoding = content_encoding.strip().lower()
     return body if encoding == "identity" else decompress(body, encoding, limit)
 
 
@@ -179,13 +185,22 @@ class Endpoints:
 
     async def infer(self, request: Request) -> Response:
         model, version = _model_path(request)
-        body = await self._infer_body(request, model, version)
+        self.service.model(model, version)  # 404 before reading a body for nothing
+        raw = await read_body(request, self._max_body)
+        length = request.headers.get(kserve.HEADER_INFERENCE_LENGTH)
+        return tensor_response(await self.infer_encoded(model, version, raw, length))
+
+    async def infer_encoded(
+        self, model: str, version: str, raw: bytes, header_length: str | None
+    ) -> kserve.EncodedBody:
+        """A sync inference from its (decoded) body to its encoded answer: what both the
+        Starlette route and the gateway's own HTTP server (``plaza.gateway.http_front``) run."""
+        body = kserve.decode_infer_request(raw, kserve.parse_header_length(header_length))
         req = body.to_request(model, version, uuid.uuid4().hex)
         result = await self.service.infer(req, self.service.sync_timeout(body.timeout_us))
-        encoded = kserve.encode_infer_response(
+        return kserve.encode_infer_response(
             result, response_id=body.client_id or req.id, binary=body.wants_binary
         )
-        return tensor_response(encoded)
 
     async def submit_job(self, request: Request) -> Response:
         model, version = _model_path(request)
@@ -304,13 +319,12 @@ def create_app(settings: PlazaSettings, service: GatewayService | None = None) -
             await svc.stop()
 
     middleware: list[Middleware] = []
-    if settings.gateway.api_key is not None:
-        key = settings.gateway.api_key.get_secret_value()
-        if not key.strip():  # `Authorization: Bearer ` would pass: refuse rather than guess
-            raise ConfigError("gateway.api_key is empty: set a key, or unset it for no auth")
+    key = api_key(settings)
+    if key is not None:
         middleware.append(Middleware(BearerAuth, api_key=key))
+    endpoints = Endpoints(svc)
     app = Starlette(
-        routes=Endpoints(svc).routes(),
+        routes=endpoints.routes(),
         middleware=middleware,
         exception_handlers={
             PlazaError: _plaza_error,
@@ -320,4 +334,15 @@ def create_app(settings: PlazaSettings, service: GatewayService | None = None) -
         lifespan=lifespan,
     )
     app.state.service = svc
+    app.state.endpoints = endpoints
     return app
+
+
+def api_key(settings: PlazaSettings) -> str | None:
+    """The gateway's API key, or None for no auth; ConfigError for an empty one."""
+    if settings.gateway.api_key is None:
+        return None
+    key = settings.gateway.api_key.get_secret_value()
+    if not key.strip():  # `Authorization: Bearer ` would pass: refuse rather than guess
+        raise ConfigError("gateway.api_key is empty: set a key, or unset it for no auth")
+    return key

@@ -1,5 +1,5 @@
-"""Running the gateway: the HTTP front (uvicorn, httptools, access log off) and the gRPC
-front (grpc.aio) on one event loop, over one ``GatewayService``; with ``gateway.workers``
+"""Running the gateway: the HTTP front (``plaza.gateway.http_server``) and the gRPC front
+(grpc.aio) on one event loop, over one ``GatewayService``; with ``gateway.workers``
 N > 1, N such processes share the HTTP and gRPC ports (``SO_REUSEPORT``: the kernel spreads
 new connections over them), started and stopped by this one."""
 
@@ -21,15 +21,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
-import uvicorn
+from starlette.applications import Starlette
 
 from plaza import event_loop, gc_tuning
 from plaza.errors import ConfigError, PlazaError
-from plaza.gateway.app import create_app
+from plaza.gateway.app import api_key, create_app
 from plaza.gateway.grpc_front import create_server
+from plaza.gateway.http_front import HttpFront
+from plaza.gateway.http_server import HttpServer
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
-from plaza.gateway.tls import tls_files, uvicorn_tls
+from plaza.gateway.tls import ssl_context, tls_files
 from plaza.settings import GatewaySettings, PlazaSettings
 
 log = logging.getLogger(__name__)
@@ -41,88 +43,68 @@ WORKER_STOP_GRACE_S = 30.0
 """With several gateway processes: how long each gets after SIGTERM before SIGKILL."""
 
 HTTP_BACKLOG = 2048
-"""listen() backlog of a shared HTTP socket (uvicorn's default)."""
-
-
-def server_config(settings: PlazaSettings, service: GatewayService | None = None) -> uvicorn.Config:
-    """The uvicorn configuration of the HTTP front (tests serve it on their own socket)."""
-    gw = settings.gateway
-    return uvicorn.Config(
-        create_app(settings, service),
-        host=gw.host,
-        port=gw.http_port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        # A stop waits for the calls in flight (a sync call ends within its timeout), not
-        # for ever: uvicorn's default waits as long as any connection stays busy.
-        timeout_graceful_shutdown=int(gw.sync_timeout_s) + 5,
-        log_level=settings.log_level.lower(),
-        **uvicorn_tls(tls_files(gw)),
-    )
-
-
-class _HttpServer(uvicorn.Server):
-    """uvicorn's server with an event for "started" (uvicorn only has a flag)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.up = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self.up.set()
+"""listen() backlog of a shared HTTP socket."""
 
 
 @dataclass(frozen=True, slots=True)
 class Serving:
-    """A running gateway: where it answers, and the HTTP server's task (it ends on
-    SIGINT/SIGTERM, which uvicorn handles)."""
+    """A running gateway: where it answers, its service and its Starlette app."""
 
     http_url: str
     grpc_address: str
     service: GatewayService
-    config: uvicorn.Config
-    http_task: asyncio.Task[None]
+    app: Starlette
 
 
 @contextlib.asynccontextmanager
 async def serving(
     settings: PlazaSettings, http_socket: socket.socket | None = None, grpc_port: int | None = None
 ) -> AsyncIterator[Serving]:
-    """Both fronts, started, until the block ends (then gRPC drains and HTTP stops).
+    """Both fronts, started, until the block ends (then both drain and the service stops).
 
-    The HTTP front's lifespan starts the service; the gRPC front opens only after that,
-    so neither answers before the model registry is read. ``http_socket`` and ``grpc_port``
-    (0: a free port) override the settings' ports, for tests.
+    The service starts first, so neither front answers before the model registry is read.
+    ``http_socket`` (a bound socket) and ``grpc_port`` (0: a free port) override the
+    settings' ports, for tests and for several gateway processes on one port.
     """
     gw = settings.gateway
     service = GatewayService(settings)
     service.load_repository()  # a bad repository fails here, before anything listens
-    config = server_config(settings, service)
-    http = _HttpServer(config)
-    task = asyncio.create_task(http.serve(sockets=[http_socket] if http_socket else None))
-    grpc_server, bound = create_server(
-        service, gw.host, gw.grpc_port if grpc_port is None else grpc_port, tls_files(gw)
-    )
+    app = create_app(settings, service)
+    files = tls_files(gw)
+    front = HttpFront(app, api_key(settings), "http" if files is None else "https")
+    await service.start()
     try:
-        up = asyncio.create_task(http.up.wait())
-        await asyncio.wait([up, task], return_when=asyncio.FIRST_COMPLETED)
-        up.cancel()
-        if not http.started:
-            await task  # its startup failed: raise why
-            raise RuntimeError("the HTTP front stopped during startup")
-        await grpc_server.start()
-        port = http_socket.getsockname()[1] if http_socket else gw.http_port
-        scheme = "http" if gw.tls_cert_file is None else "https"
-        yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, config, task)
+        http = HttpServer(front, max_body_bytes=gw.max_body_bytes, ssl_context=ssl_context(files))
+        port = await http.start(gw.host, gw.http_port, http_socket)
+        try:
+            grpc_server, bound = create_server(
+                service, gw.host, gw.grpc_port if grpc_port is None else grpc_port, files
+            )
+            await grpc_server.start()
+            try:
+                scheme = "http" if files is None else "https"
+                yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, app)
+            finally:
+                await grpc_server.stop(GRPC_STOP_GRACE_S)
+        finally:
+            # a sync call ends within its timeout: that long for the calls in flight
+            await http.stop(gw.sync_timeout_s + 5)
     finally:
-        await grpc_server.stop(GRPC_STOP_GRACE_S)
-        http.should_exit = True
-        with contextlib.suppress(Exception):
-            await task
+        await service.stop()
+
+
+async def _until_signalled() -> None:
+    """Wait for SIGINT or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def exposure_warning(gw: GatewaySettings) -> str | None:
@@ -144,8 +126,8 @@ async def _serve_until_stopped(settings: PlazaSettings) -> None:
     async with serving(settings) as running:
         gc_tuning.freeze_startup()
         log.info("gateway: HTTP %s, gRPC %s", running.http_url, running.grpc_address)
-        with serve_metrics(running.config.app, settings.gateway):
-            await running.http_task
+        with serve_metrics(running.app, settings.gateway):
+            await _until_signalled()
 
 
 async def _serve_shared_port(settings: PlazaSettings) -> None:
@@ -160,8 +142,8 @@ async def _serve_shared_port(settings: PlazaSettings) -> None:
                 running.http_url,
                 running.grpc_address,
             )
-            with serve_metrics(running.config.app, gw):
-                await running.http_task
+            with serve_metrics(running.app, gw):
+                await _until_signalled()
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -215,7 +197,7 @@ def _gateway_process(settings: PlazaSettings) -> None:
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     gc_tuning.tune()
-    # uvicorn stops on SIGINT, then raises it again: a Ctrl-C is a normal stop here
+    # a Ctrl-C before the signal handlers are set is a normal stop too
     try:
         with contextlib.suppress(KeyboardInterrupt):
             event_loop.run(_serve_shared_port(settings))

@@ -2,7 +2,7 @@
 (optionally) the CA that client certificates must be signed by (mutual TLS).
 
 Without ``gateway.tls_cert_file`` both fronts serve plain text, as before. With it, HTTP is
-served as HTTPS (uvicorn's ssl options) and gRPC with server credentials; with
+served as HTTPS and gRPC with server credentials; with
 ``gateway.tls_client_ca_file`` too, both require a client certificate signed by that CA.
 The files are read once at start: a missing or unreadable one is a ConfigError naming it.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -61,18 +60,22 @@ def grpc_credentials(files: TlsFiles) -> grpc.ServerCredentials:
     )
 
 
-def uvicorn_tls(files: TlsFiles | None) -> dict[str, Any]:
-    """uvicorn.Config keyword arguments for HTTPS (none for plain text)."""
+def ssl_context(files: TlsFiles | None) -> ssl.SSLContext | None:
+    """The HTTPS server context (None for plain text); client certificates required when
+    a client CA is set."""
     if files is None:
-        return {}
-    options: dict[str, Any] = {
-        "ssl_certfile": str(files.cert),
-        "ssl_keyfile": str(files.key),
-    }
-    if files.client_ca is not None:
-        options["ssl_ca_certs"] = str(files.client_ca)
-        options["ssl_cert_reqs"] = ssl.CERT_REQUIRED
-    return options
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(files.cert, files.key)
+        if files.client_ca is not None:
+            context.load_verify_locations(cafile=files.client_ca)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(
+            f"gateway TLS files cannot be used: {exc}", field="tls_cert_file"
+        ) from exc
+    return context
 
 
 def _read(path: Path, setting: str) -> bytes:

@@ -1,4 +1,4 @@
-"""The HTTP gateway end to end: uvicorn on a free port -> Kafka -> a real worker -> Redis.
+"""The HTTP gateway end to end: its HTTP server on a free port -> Kafka -> a real worker -> Redis.
 
 Every test serves its own gateway with its own topic and key prefix, over a repository that
 holds only the models the test uses (readiness wants a live worker for each loaded model).
@@ -14,11 +14,9 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
-import uvicorn
 
-from plaza.gateway.main import server_config
 from plaza.settings import PlazaSettings
-from tests.support import loopback_socket, running_worker, wait_for
+from tests.support import gateway_fronts, running_worker, wait_for
 
 HEADER = "Inference-Header-Content-Length"
 
@@ -28,19 +26,9 @@ HEADER = "Inference-Header-Content-Length"
 
 @asynccontextmanager
 async def serving(settings: PlazaSettings) -> AsyncIterator[str]:
-    """The gateway under uvicorn (httptools) on a free 127.0.0.1 port; yields its base URL."""
-    sock = loopback_socket()
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(server_config(settings))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        await wait_for(lambda: server.started or task.done(), 60, "the gateway to start")
-        assert server.started, "the gateway failed to start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-        sock.close()
+    """The gateway (``plaza.gateway.main.serving``) on a free 127.0.0.1 port; its base URL."""
+    async with gateway_fronts(settings) as running:
+        yield running.http_url
 
 
 @asynccontextmanager

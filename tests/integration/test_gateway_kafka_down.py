@@ -1,6 +1,6 @@
 """The HTTP gateway while its Kafka is down, over real sockets, Kafka, Redis and a worker.
 
-uvicorn serves the real app on a free port; the test stops the test's own one-broker Kafka
+The gateway serves on a free port; the test stops the test's own one-broker Kafka
 under it. Infer and job submit must answer 503 ``unavailable`` at once (nothing published,
 no job marker), readiness must say Kafka is the reason, liveness stays up; when the broker
 is back the same gateway is ready again and a job it accepts is answered.
@@ -8,8 +8,6 @@ is back the same gateway is ready again and a job it accepts is answered.
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,12 +16,10 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio
-import uvicorn
 
-from plaza.gateway.main import server_config
 from plaza.settings import PlazaSettings
 from plaza.stack import KafkaCluster
-from tests.support import REPOSITORY, make_settings, running_worker, wait_for
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, wait_for
 
 MODEL = "identity"
 READY_S = 120.0
@@ -41,21 +37,12 @@ def only_identity(tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def serving(settings: PlazaSettings) -> AsyncIterator[httpx.AsyncClient]:
-    """The gateway under uvicorn on a free 127.0.0.1 port, and a client for it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(server_config(settings))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        await wait_for(lambda: server.started or task.done(), 60, "the gateway to start")
-        assert server.started, "the gateway failed to start"
-        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-        sock.close()
+    """The gateway on a free 127.0.0.1 port, and a client for it."""
+    async with (
+        gateway_fronts(settings) as running,
+        httpx.AsyncClient(base_url=running.http_url, trust_env=False, timeout=60) as client,
+    ):
+        yield client
 
 
 def body(*values: float) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Metrics and Triton's statistics API on real Kafka and Redis, through a real worker.
 
-Requests go through the HTTP gateway (uvicorn on a free port) to a worker of ``identity``;
+Requests go through the HTTP gateway (its HTTP server on a free port) to a worker of ``identity``;
 the worker's /metrics is found through its info key in Redis, and the statistics the
 worker flushes with its heartbeat (and once more when it stops) are read back through the
 gateway's ``/v2/models/.../stats``.
@@ -20,10 +20,8 @@ from typing import Any
 import httpx
 import numpy as np
 import redis.asyncio
-import uvicorn
 
 from plaza.client import PlazaClient
-from plaza.gateway.main import server_config
 from plaza.gateway.statistics import read_statistics
 from plaza.metrics import render
 from plaza.naming import Names
@@ -33,7 +31,7 @@ from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
-from tests.support import REPOSITORY, loopback_socket, make_settings, running_worker, wait_for
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
 
 N = 12
 MODEL = "identity"
@@ -41,21 +39,12 @@ MODEL = "identity"
 
 @asynccontextmanager
 async def gateway(settings: PlazaSettings) -> AsyncIterator[tuple[httpx.AsyncClient, Any]]:
-    """The gateway under uvicorn on a free port: an HTTP client for it, and its app."""
-    sock = loopback_socket()
-    config = server_config(settings)
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        await wait_for(lambda: server.started or task.done(), 60, "the gateway to start")
-        assert server.started, "the gateway failed to start"
-        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=60) as client:
-            yield client, config.app
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)
-        sock.close()
+    """The gateway on a free port: an HTTP client for it, and its app."""
+    async with (
+        gateway_fronts(settings) as running,
+        httpx.AsyncClient(base_url=running.http_url, trust_env=False, timeout=60) as client,
+    ):
+        yield client, running.app
 
 
 def identity_json(x: np.ndarray[Any, Any], name: str = "INPUT0") -> dict[str, Any]:

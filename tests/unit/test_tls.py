@@ -3,19 +3,18 @@ ConfigError at start; a full one gives both fronts their options."""
 
 from __future__ import annotations
 
-import ssl
 from pathlib import Path
 
 import pytest
 
 from plaza.errors import ConfigError
-from plaza.gateway.tls import tls_files, uvicorn_tls
+from plaza.gateway.tls import ssl_context, tls_files
 from plaza.settings import GatewaySettings
 
 
 def test_no_certificate_means_plain_text() -> None:
     assert tls_files(GatewaySettings()) is None
-    assert uvicorn_tls(None) == {}
+    assert ssl_context(None) is None
 
 
 @pytest.mark.parametrize(
@@ -42,7 +41,7 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
         tls_files(gw)
 
 
-def test_a_client_ca_requires_client_certificates_over_http(tmp_path: Path) -> None:
+def test_files_that_are_not_pem_are_a_config_error(tmp_path: Path) -> None:
     for name in ("cert.pem", "key.pem", "ca.pem"):
         (tmp_path / name).write_text("pem")
     gw = GatewaySettings(
@@ -50,7 +49,5 @@ def test_a_client_ca_requires_client_certificates_over_http(tmp_path: Path) -> N
         tls_key_file=tmp_path / "key.pem",
         tls_client_ca_file=tmp_path / "ca.pem",
     )
-    options = uvicorn_tls(tls_files(gw))
-    assert options["ssl_certfile"] == str(tmp_path / "cert.pem")
-    assert options["ssl_ca_certs"] == str(tmp_path / "ca.pem")
-    assert options["ssl_cert_reqs"] == ssl.CERT_REQUIRED
+    with pytest.raises(ConfigError, match="TLS files cannot be used"):
+        ssl_context(tls_files(gw))
