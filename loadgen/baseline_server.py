@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -36,6 +36,9 @@ from starlette.routing import Route
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
 from plaza.loadgen.raw_backend import open_session
 from plaza.repository import ModelRepository
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 class Lane:
@@ -201,11 +204,12 @@ def _output(name: str, array: Any) -> dict[str, Any]:
     }
 
 
-async def serve(app: Starlette, port: int, lane: Lane, grpc_port: int | None) -> None:
-    """uvicorn on ``port`` and, with ``grpc_port``, the lane's gRPC front, on one loop."""
+def uvicorn_config(app: Any, port: int, **extra: Any) -> uvicorn.Config:
+    """uvicorn on loopback ``port`` as the naive server runs it: httptools, the running
+    loop, no access log (``extra``: more ``uvicorn.Config`` options)."""
     import uvicorn
 
-    config = uvicorn.Config(
+    return uvicorn.Config(
         app,
         host="127.0.0.1",
         port=port,
@@ -213,7 +217,15 @@ async def serve(app: Starlette, port: int, lane: Lane, grpc_port: int | None) ->
         http="httptools",
         access_log=False,
         log_level="warning",
+        **extra,
     )
+
+
+async def serve(app: Starlette, port: int, lane: Lane, grpc_port: int | None) -> None:
+    """uvicorn on ``port`` and, with ``grpc_port``, the lane's gRPC front, on one loop."""
+    import uvicorn
+
+    config = uvicorn_config(app, port)
     grpc_server = None
     if grpc_port is not None:
         from plaza.loadgen.baseline_grpc import start_grpc
