@@ -173,14 +173,18 @@ class HttpProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         declared = self._headers.get("content-length", "")
         limit = self._server.max_body_bytes
+        expects = self._headers.get("expect", "").lower() == "100-continue"
         if declared.isdigit() and int(declared) > limit:
-            self._rejected = _payload_too_large(limit)
+            if expects:  # the client waits before it sends the body: answer it now
+                self._reject_now(_payload_too_large(limit))
+            else:  # it is sending the body: read it to its end, unkept, then answer
+                self._rejected = _payload_too_large(limit)
             return
-        if self._headers.get("expect", "").lower() == "100-continue" and self._transport:
+        if expects and self._transport:
             self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
-        if self._rejected is not None:
+        if self._rejected is not None or self._broken:
             return
         self._size += len(body)
         if self._size > self._server.max_body_bytes:
@@ -190,6 +194,8 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._broken:  # answered already (_reject_now)
+            return
         keep_alive = bool(self._parser.should_keep_alive()) and not self._closing
         if self._rejected is not None:
             # the body was not read: the connection cannot be trusted for another request

@@ -84,6 +84,21 @@ async def test_a_declared_body_over_the_limit_is_413_and_the_connection_closes()
         writer.close()
 
 
+async def test_expect_100_continue_over_the_limit_is_413_before_the_body() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = (
+            b"POST /big HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n"
+            b"expect: 100-continue\r\n\r\n" % (LIMIT * 1000)
+        )
+        writer.write(head)  # and no body: a client that expects waits for an answer first
+        status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+        assert status == 413 and b"payload_too_large" in body
+        assert headers["connection"] == "close"
+        assert await reader.read() == b""
+        writer.close()
+
+
 async def test_a_chunked_body_is_decoded_and_bounded() -> None:
     async with server() as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
