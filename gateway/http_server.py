@@ -11,7 +11,8 @@ keeps what an inference front needs and nothing else:
 - keep-alive and pipelining: a connection's requests are answered one at a time, in order;
   while a response is pending at most ``MAX_PIPELINED`` more are parsed, then reading pauses;
 - ``Expect: 100-continue``, chunked request bodies (httptools decodes them), HTTP/1.0;
-- a connection idle for ``keep_alive_s`` is closed; a malformed request gets 400 and a close;
+- a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
+  ``stall_s`` gets 408 and a close; a malformed request gets 400 and a close;
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -32,6 +33,7 @@ from http import HTTPStatus
 from typing import cast
 
 import httptools
+import orjson
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,10 @@ BACKLOG = 2048
 
 KEEP_ALIVE_S = 5.0
 """An idle keep-alive connection is closed after this long (uvicorn's default)."""
+
+STALL_S = 30.0
+"""A request half received whose next bytes do not come for this long is answered 408 and
+its connection closed (a dead or hostile client must not hold a connection for ever)."""
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -92,8 +98,8 @@ def render(response: HttpResponse, keep_alive: bool, head: bool = False) -> byte
     return b"".join(lines)
 
 
-def _plain(status: int, text: str) -> HttpResponse:
-    body = b'{"error":"%s","code":"http_error"}' % text.encode()
+def _plain(status: int, text: str, code: str = "http_error") -> HttpResponse:
+    body = orjson.dumps({"error": text, "code": code})
     return HttpResponse(status, body, "application/json")
 
 
@@ -116,6 +122,8 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = False
         self._write_ready: asyncio.Future[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
+        self._receiving = False
+        self._last_data = 0.0
         self._broken = False
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
@@ -137,6 +145,7 @@ class HttpProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._broken:
             return
+        self._last_data = self._loop.time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -154,7 +163,7 @@ class HttpProtocol(asyncio.Protocol):
 
     # -- httptools' callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
-        self._cancel_idle()
+        self._receiving = True  # the idle timer, if armed, now watches for a stall
         self._url = b""
         self._headers = {}
         self._body = []
@@ -194,6 +203,8 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._receiving = False
+        self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
             return
         keep_alive = bool(self._parser.should_keep_alive()) and not self._closing
@@ -280,8 +291,17 @@ class HttpProtocol(asyncio.Protocol):
 
     def _idle_timeout(self) -> None:
         self._idle = None
-        if self._transport is not None and not self._busy and not self._pending:
+        if self._transport is None or self._busy or self._pending:
+            return
+        if not self._receiving:
             self._transport.close()
+            return
+        left = self._last_data + self._server.stall_s - self._loop.time()
+        if left > 0:  # half a request, still coming in
+            self._idle = self._loop.call_later(left, self._idle_timeout)
+        else:
+            stalled = f"no bytes of the request came for {self._server.stall_s:g} s"
+            self._reject_now(_plain(408, stalled, "request_timeout"))
 
     def shutdown(self) -> None:
         """Stop taking requests: close now if idle, else after the response in flight."""
@@ -309,11 +329,13 @@ class HttpServer:
         *,
         max_body_bytes: int,
         keep_alive_s: float = KEEP_ALIVE_S,
+        stall_s: float = STALL_S,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.keep_alive_s = keep_alive_s
+        self.stall_s = stall_s
         self.ssl_context = ssl_context
         self.connections: set[HttpProtocol] = set()
         self.loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import orjson
 import pytest
 
 from plaza.gateway.http_server import HttpRequest, HttpResponse, HttpServer
@@ -26,8 +27,10 @@ async def echo(request: HttpRequest) -> HttpResponse:
 
 
 @asynccontextmanager
-async def server(keep_alive_s: float = 5.0) -> AsyncIterator[tuple[HttpServer, int]]:
-    srv = HttpServer(echo, max_body_bytes=LIMIT, keep_alive_s=keep_alive_s)
+async def server(
+    keep_alive_s: float = 5.0, stall_s: float = 30.0
+) -> AsyncIterator[tuple[HttpServer, int]]:
+    srv = HttpServer(echo, max_body_bytes=LIMIT, keep_alive_s=keep_alive_s, stall_s=stall_s)
     port = await srv.start("127.0.0.1", 0)
     try:
         yield srv, port
@@ -180,6 +183,36 @@ async def test_an_idle_connection_is_closed_after_keep_alive() -> None:
         await read_response(reader)
         assert await asyncio.wait_for(reader.read(), 5) == b""  # the server closed it
         assert not srv.connections
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "partial",
+    [b"POST /x HTTP/1.1\r\nhost: t\r\n", post("/x", b"0123456789")[:-4]],
+    ids=["headers", "body"],
+)
+async def test_a_request_that_stalls_half_way_is_408_and_closed(partial: bytes) -> None:
+    async with server(keep_alive_s=0.1, stall_s=0.3) as (srv, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(partial)  # and nothing more
+        status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+        assert (status, headers["connection"]) == (408, "close")
+        assert orjson.loads(body)["code"] == "request_timeout"
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert not srv.connections
+        writer.close()
+
+
+async def test_a_slow_request_that_keeps_coming_is_not_cut() -> None:
+    async with server(keep_alive_s=0.05, stall_s=0.5) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        raw = post("/slow", b"abcdefgh")
+        assert len(raw) > 40  # 0.05 s a 4-byte piece: more than stall_s in all
+        for i in range(0, len(raw), 4):  # each gap well inside stall_s and past keep_alive_s
+            writer.write(raw[i : i + 4])
+            await asyncio.sleep(0.05)
+        status, _, body = await asyncio.wait_for(read_response(reader), 5)
+        assert (status, body) == (200, b"POST /slow 8 b'abcdefgh'")
         writer.close()
 
 
