@@ -12,7 +12,8 @@ keeps what an inference front needs and nothing else:
   while a response is pending at most ``MAX_PIPELINED`` more are parsed, then reading pauses;
 - ``Expect: 100-continue``, chunked request bodies (httptools decodes them), HTTP/1.0;
 - a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
-  ``stall_s`` gets 408 and a close; a malformed request gets 400 and a close;
+  ``stall_s`` gets 408 and a close; a request line and headers over ``max_head_bytes`` get
+  431 and a close; a malformed request gets 400 and a close;
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -45,6 +46,10 @@ BACKLOG = 2048
 
 KEEP_ALIVE_S = 5.0
 """An idle keep-alive connection is closed after this long (uvicorn's default)."""
+
+MAX_HEAD_BYTES = 1 << 20
+"""The most a request line and its headers may take (httptools keeps a header whole until it
+ends). Counted per read, so a head is refused somewhat past this, never before it."""
 
 STALL_S = 30.0
 """A request half received whose next bytes do not come for this long is answered 408 and
@@ -123,6 +128,8 @@ class HttpProtocol(asyncio.Protocol):
         self._write_ready: asyncio.Future[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._receiving = False
+        self._in_body = False
+        self._head_bytes = 0
         self._last_data = 0.0
         self._broken = False
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -148,6 +155,11 @@ class HttpProtocol(asyncio.Protocol):
         self._last_data = self._loop.time()
         try:
             self._parser.feed_data(data)
+            if self._receiving and not self._in_body:  # this read ended inside a head
+                self._head_bytes += len(data)
+                if self._head_bytes > self._server.max_head_bytes:
+                    too_long = f"request line and headers over {self._server.max_head_bytes} bytes"
+                    self._reject_now(_plain(431, too_long, "headers_too_large"))
         except httptools.HttpParserUpgrade:
             self._reject_now(_plain(400, "protocol upgrades are not supported"))
         except httptools.HttpParserError as exc:
@@ -164,6 +176,7 @@ class HttpProtocol(asyncio.Protocol):
     # -- httptools' callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._receiving = True  # the idle timer, if armed, now watches for a stall
+        self._head_bytes = 0
         self._url = b""
         self._headers = {}
         self._body = []
@@ -180,6 +193,7 @@ class HttpProtocol(asyncio.Protocol):
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        self._in_body = True
         declared = self._headers.get("content-length", "")
         limit = self._server.max_body_bytes
         expects = self._headers.get("expect", "").lower() == "100-continue"
@@ -203,7 +217,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._receiving = False
+        self._receiving = self._in_body = False
         self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
             return
@@ -330,12 +344,14 @@ class HttpServer:
         max_body_bytes: int,
         keep_alive_s: float = KEEP_ALIVE_S,
         stall_s: float = STALL_S,
+        max_head_bytes: int = MAX_HEAD_BYTES,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.keep_alive_s = keep_alive_s
         self.stall_s = stall_s
+        self.max_head_bytes = max_head_bytes
         self.ssl_context = ssl_context
         self.connections: set[HttpProtocol] = set()
         self.loop = asyncio.get_running_loop()

@@ -28,9 +28,15 @@ async def echo(request: HttpRequest) -> HttpResponse:
 
 @asynccontextmanager
 async def server(
-    keep_alive_s: float = 5.0, stall_s: float = 30.0
+    keep_alive_s: float = 5.0, stall_s: float = 30.0, max_head_bytes: int = 1 << 20
 ) -> AsyncIterator[tuple[HttpServer, int]]:
-    srv = HttpServer(echo, max_body_bytes=LIMIT, keep_alive_s=keep_alive_s, stall_s=stall_s)
+    srv = HttpServer(
+        echo,
+        max_body_bytes=LIMIT,
+        keep_alive_s=keep_alive_s,
+        stall_s=stall_s,
+        max_head_bytes=max_head_bytes,
+    )
     port = await srv.start("127.0.0.1", 0)
     try:
         yield srv, port
@@ -113,6 +119,33 @@ async def test_a_chunked_body_is_decoded_and_bounded() -> None:
         writer.write(chunked + big + big + b"0\r\n\r\n")  # two chunks: over the limit
         status, _, _ = await read_response(reader)
         assert status == 413
+        writer.close()
+
+
+async def test_headers_over_the_head_limit_are_431_and_closed() -> None:
+    async with server(max_head_bytes=4096) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /h HTTP/1.1\r\nhost: t\r\nx-long: ")
+        for _ in range(64):  # a header value that never ends, 1 KiB a write
+            if reader.at_eof() or writer.is_closing():
+                break
+            try:
+                writer.write(b"v" * 1024)
+                await writer.drain()
+            except ConnectionError:  # the server answered and closed: its answer is read
+                break
+        status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+        assert (status, headers["connection"]) == (431, "close")
+        assert orjson.loads(body)["code"] == "headers_too_large"
+        writer.close()
+
+
+async def test_a_large_body_read_together_with_its_head_is_not_a_long_head() -> None:
+    async with server(max_head_bytes=256) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/b", b"z" * 1000))  # head and body in one write, far over 256
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /b 1000 b'zzzzzzzzzzzzzzzz'")
         writer.close()
 
 
