@@ -19,7 +19,12 @@ from plaza.settings import PlazaSettings
 
 
 async def consume(
-    client: PlazaClient, stream: str, name: str, want: int, seen: dict[str, float]
+    client: PlazaClient,
+    stream: str,
+    name: str,
+    want: int,
+    seen: dict[str, float],
+    complete: asyncio.Event,
 ) -> None:
     async for entry_id, results in client.consume(
         stream, "pipeline", name, block_ms=1000, idle_exit=True
@@ -28,6 +33,8 @@ async def consume(
             seen[result.id] = float(result.output("OUTPUT0").to_numpy()[0, 0])
         await client.ack(stream, "pipeline", entry_id)
         if len(seen) >= want:
+            complete.set()
+        if complete.is_set():
             return
 
 
@@ -43,10 +50,18 @@ async def main(jobs: int, consumers: int) -> None:
         )
         published = time.monotonic() - start
         seen: dict[str, float] = {}
-        await asyncio.gather(
-            *(consume(client, stream, f"c{i}", jobs, seen) for i in range(consumers))
+        complete = asyncio.Event()
+        consumers_done = asyncio.gather(
+            *(consume(client, stream, f"c{i}", jobs, seen, complete) for i in range(consumers))
         )
+        # The pipeline is done when the last result is in. Then the other consumers are
+        # still blocked in their read (up to block_ms) with nothing left to come: their
+        # wind-down is not the pipeline's time.
+        completed = asyncio.ensure_future(complete.wait())
+        await asyncio.wait([completed, consumers_done], return_when=asyncio.FIRST_COMPLETED)
         elapsed = time.monotonic() - start
+        completed.cancel()  # the consumers may all have stopped short of the whole set
+        await consumers_done
         wrong = sum(1 for i, rid in enumerate(ids) if seen.get(rid) != float(i))
         print(
             f"published {jobs} jobs in {published:.2f}s; {len(seen)} results in "
