@@ -237,12 +237,12 @@ async def test_a_request_that_stalls_half_way_is_408_and_closed(partial: bytes) 
 
 
 async def test_a_slow_request_that_keeps_coming_is_not_cut() -> None:
-    async with server(keep_alive_s=0.05, stall_s=0.5) as (_, port):
+    async with server(keep_alive_s=0.05, stall_s=0.6) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         raw = post("/slow", b"abcdefgh")
-        assert len(raw) > 40  # 0.05 s a 4-byte piece: more than stall_s in all
-        for i in range(0, len(raw), 4):  # each gap well inside stall_s and past keep_alive_s
-            writer.write(raw[i : i + 4])
+        assert len(raw) > 48  # 0.05 s a 2-byte piece: well over stall_s in all
+        for i in range(0, len(raw), 2):  # each gap far inside stall_s and past keep_alive_s
+            writer.write(raw[i : i + 2])
             await asyncio.sleep(0.05)
         status, _, body = await asyncio.wait_for(read_response(reader), 5)
         assert (status, body) == (200, b"POST /slow 8 b'abcdefgh'")
