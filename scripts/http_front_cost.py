@@ -16,12 +16,13 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from plaza.stack.ports import accepts, free_port
 
 FRONTS = ("starlette", "asgi", "protocol")
 ANSWER = json.dumps(
@@ -84,24 +85,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_port(port: int, timeout_s: float = 20.0) -> None:
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
+    while not accepts(port):
+        if time.monotonic() > end:
+            raise RuntimeError(f"nothing listens on {port}")
         time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def measure(front: str, connections: int, seconds: float, script: Path) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", front, "--port", str(port)])
     try:
         _wait_port(port)
