@@ -19,16 +19,27 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.loadgen.inputs import input_pool
+from plaza.loadgen.stack import ConfigEdit, copy_model
 from plaza.loadgen.targets import HttpTarget, KafkaTarget, Target
 from plaza.model_control import model_spec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+
+
+def queue_delay(us: int) -> ConfigEdit:
+    def edit(config: mc.ModelConfig) -> None:
+        config.dynamic_batching.max_queue_delay_microseconds = us
+
+    return edit
+
 
 PORTS = (18120, 18121, 18122)
 COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -89,6 +100,10 @@ async def _main(args: argparse.Namespace) -> None:
         "PLAZA_GATEWAY__METRICS_PORT": str(PORTS[2]),
         "PLAZA_GATEWAY__MODELS": args.model,
     }
+    if args.delay_us is not None:  # a copy of the model with that delay
+        repo = Path(tempfile.mkdtemp(prefix="plaza-timeline-"))
+        copy_model(PlazaSettings().repository, repo, args.model, queue_delay(args.delay_us))
+        env["PLAZA_REPOSITORY"] = str(repo)
     os.environ.update(env)
     settings = PlazaSettings()
     spec = model_spec(ModelRepository(settings.repository), args.model, None)
@@ -126,6 +141,11 @@ def main() -> None:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("-n", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--delay-us",
+        type=int,
+        help="the model's max_queue_delay_microseconds (default: its config)",
+    )
     asyncio.run(_main(ap.parse_args()))
 
 
