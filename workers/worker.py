@@ -44,6 +44,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from plaza.batching import BatchingPolicy, DynamicBatcher
 from plaza.connections import ensure_topics, kafka_consumer
 from plaza.contract import InferResult
+from plaza.due_timer import DueTimer
 from plaza.errors import (
     ConfigError,
     DeadlineExceeded,
@@ -532,6 +533,15 @@ class Worker:
 
     # -- scheduling ------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
+        # The batcher's due times are a fraction of a millisecond apart at low load, finer
+        # than the loop's own timers keep (plaza/due_timer.py).
+        due = DueTimer(self._arrived)
+        try:
+            await self._schedule(due)
+        finally:
+            due.close()
+
+    async def _schedule(self, due: DueTimer) -> None:
         while True:
             self._arrived.clear()
             if self._suspects:
@@ -546,14 +556,8 @@ class Worker:
             if self._stopping.is_set() and not len(self.batcher):
                 return
             # Sleep until something arrives, or until the batcher's next due time.
-            timeout = None
-            if decision.wake_at is not None:
-                timeout = max(0.0, decision.wake_at - time.monotonic())
-            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait as a task
-            # of its own (a loop turn and an allocation per round of this loop).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
-                    await self._arrived.wait()
+            due.arm(decision.wake_at)
+            await self._arrived.wait()
 
     async def _unanswered(self, batch: list[WorkItem]) -> list[WorkItem]:
         """The items of ``batch`` to run: those already answered (cancelled by their
