@@ -2,7 +2,9 @@
 
 A gateway (or an SDK client) owns one reply stream. Waiting requests register a future
 under their correlation id before they publish; a single ``XREAD BLOCK`` loop reads the
-stream and resolves the futures. No connection or task per waiting request.
+stream and resolves the futures. No connection or task per waiting request: the loop
+reads on a connection of its own (``plaza.resp_channel``; redis-py's client on a Redis
+Cluster).
 """
 
 from __future__ import annotations
@@ -18,9 +20,21 @@ from plaza.codec import decode_results
 from plaza.contract import InferResult
 from plaza.errors import CodecError
 from plaza.naming import STREAM_FIELD_RESULTS
+from plaza.resp_channel import channel_for
 from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+READ_GRACE_S = 10.0
+"""How long past its ``BLOCK`` a read may take before the connection counts as dead."""
+
+
+def _field(flat: list[bytes], name: bytes) -> bytes | None:
+    """A stream entry's field ``name`` from its flat [field, value, ...] list."""
+    for i in range(0, len(flat) - 1, 2):
+        if flat[i] == name:
+            return flat[i + 1]
+    return None
 
 
 class ReplyMux:
@@ -29,6 +43,7 @@ class ReplyMux:
     def __init__(self, redis: aioredis.Redis, stream: str, *, ttl_s: int, maxlen: int) -> None:
         self.stream = stream
         self._redis = redis
+        self._channel = channel_for(redis)
         self._ttl_s = ttl_s
         self._maxlen = maxlen
         self._waiters: dict[str, asyncio.Future[InferResult]] = {}
@@ -53,6 +68,8 @@ class ReplyMux:
                 await cancel_and_wait([self._task])
             except asyncio.CancelledError:
                 pass
+        if self._channel is not None:
+            await self._channel.close()
         for fut in self._waiters.values():
             fut.cancel()
         self._waiters.clear()
@@ -84,9 +101,7 @@ class ReplyMux:
         touched = asyncio.get_running_loop().time()
         while not self._closing:
             try:
-                reply: Any = await self._redis.xread(
-                    {self.stream: self._last_id}, count=256, block=self._block_ms
-                )
+                entries = await self._read()
                 self.healthy = True
             except asyncio.CancelledError:
                 raise
@@ -95,20 +110,45 @@ class ReplyMux:
                 log.warning("reply stream read failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            for _, entries in reply or []:
-                for entry_id, fields in entries:
-                    self._last_id = entry_id
-                    self._dispatch(fields)
+            for entry_id, packed in entries:
+                self._last_id = entry_id
+                if packed is not None:
+                    self._dispatch(packed)
             now = asyncio.get_running_loop().time()
             if now - touched > self._ttl_s / 3:
                 touched = now
                 with contextlib.suppress(Exception):
                     await self._redis.expire(self.stream, self._ttl_s)
 
-    def _dispatch(self, fields: dict[bytes, bytes]) -> None:
-        packed = fields.get(STREAM_FIELD_RESULTS)
-        if packed is None:
-            return
+    async def _read(self) -> list[tuple[bytes, bytes | None]]:
+        """The next entries of the stream (waiting up to ``block_ms``): their ids and their
+        results field (None in an entry without one)."""
+        if self._channel is None:
+            reply: Any = await self._redis.xread(
+                {self.stream: self._last_id}, count=256, block=self._block_ms
+            )
+            return [
+                (entry_id, fields.get(STREAM_FIELD_RESULTS))
+                for _, entries in reply or []
+                for entry_id, fields in entries
+            ]
+        try:
+            async with asyncio.timeout(self._block_ms / 1000 + READ_GRACE_S):
+                raw: Any = await self._channel.call(
+                    "XREAD", "COUNT", 256, "BLOCK", self._block_ms, "STREAMS", self.stream,
+                    self._last_id,
+                )  # fmt: skip
+        except TimeoutError:
+            await self._channel.close()  # a connection that stopped answering: make another
+            raise
+        # RESP2: [[stream, [[id, [field, value, ...]], ...]]], or nil when nothing came
+        return [
+            (entry_id, _field(flat, STREAM_FIELD_RESULTS))
+            for _, entries in raw or []
+            for entry_id, flat in entries
+        ]
+
+    def _dispatch(self, packed: bytes) -> None:
         try:
             results = decode_results(packed)
         except CodecError as exc:

@@ -17,7 +17,8 @@ those of records in flight, not of every record ever served.
 
 The same call also looks whether each record's request already has an answer (its result
 key exists: a caller cancelled it, or it is a replay; ``workers/answered.py``), since the
-worker needs both before it admits the fetch: one round trip per fetch for both.
+worker needs both before it admits the fetch: one round trip per fetch for both, on the
+counter's own connection (``plaza.resp_channel``).
 
 On a Redis Cluster the records of a fetch have keys in many hash slots, where one script
 call may not reach: there the same commands go in one non-transactional pipeline, one key
@@ -34,6 +35,7 @@ import redis.asyncio as aioredis
 
 from plaza.connections import is_cluster
 from plaza.naming import Names
+from plaza.resp_channel import channel_for
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,13 @@ class DeliveryCounter:
         self._ttl_s = ttl_s
         self._script = redis.register_script(_COUNT_SCRIPT)
         self._cluster = is_cluster(redis)
+        self._channel = channel_for(redis)  # None on a cluster
         self._finished: list[str] = []
+
+    async def close(self) -> None:
+        """Close the counter's own Redis connection (the client stays the caller's)."""
+        if self._channel is not None:
+            await self._channel.close()
 
     def _key(self, record: RecordId) -> str:
         return self._names.delivery_key(*record)
@@ -113,9 +121,11 @@ class DeliveryCounter:
         ``finished``: one round trip."""
         n = len(keys)
         if not self._cluster:
-            out = await self._script(
-                keys=[*keys, *look, *finished], args=[self._ttl_s, n, len(look)]
-            )
+            all_keys, args = [*keys, *look, *finished], [self._ttl_s, n, len(look)]
+            if self._channel is not None:
+                out = await self._channel.evalsha(self._script, all_keys, args)
+            else:
+                out = await self._script(keys=all_keys, args=args)
             return [int(c) for c in out[:n]], [bool(e) for e in out[n:]]
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:

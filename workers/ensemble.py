@@ -277,6 +277,7 @@ class EnsembleRunner:
         if self._dead_letters is not None:
             await self._dead_letters.stop()
         await self.producer.stop()
+        await self.writer.close()
         await self.redis.aclose()
         log.info("ensemble runner %s stopped", self.id)
 

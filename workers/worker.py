@@ -325,7 +325,9 @@ class Worker:
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
             await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
-        await self.consumer.stop()
+        await self.consumer.stop()  # its revocation flushes the delivery counters
+        await self.writer.close()
+        await self.deliveries.close()
         self.device.remove_model(self.model)
         if self._owns_services:
             await self.services.close()

@@ -1,10 +1,11 @@
 """Writing a batch's results to Redis: one round trip, idempotent per correlation id.
 
-One Lua script call per batch. For each result it does ``SET result-key payload NX EX ttl``;
-only when that SET wins (the first answer for this correlation id) is the result also added
-to its reply stream. A replayed request (after a crash or a rebalance) therefore never shows
-a second, different answer: first write wins. The results that a batch sends to one stream
-travel as one stream entry (``n`` = count, ``r`` = the result batch of ``plaza.codec``).
+One Lua script call per batch, on the writer's own connection (``plaza.resp_channel``). For
+each result it does ``SET result-key payload NX EX ttl``; only when that SET wins (the
+first answer for this correlation id) is the result also added to its reply stream. A
+replayed request (after a crash or a rebalance) therefore never shows a second, different
+answer: first write wins. The results that a batch sends to one stream travel as one stream
+entry (``n`` = count, ``r`` = the result batch of ``plaza.codec``).
 
 Each result is encoded once, here in Python, with the codec; the script only stores those
 bytes and joins the winners of a stream (``plaza.codec.join_results`` is the same join), so
@@ -39,6 +40,7 @@ from plaza.codec import encode_result, join_results
 from plaza.connections import is_cluster
 from plaza.contract import InferResult
 from plaza.naming import Names
+from plaza.resp_channel import channel_for
 from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,12 @@ class ResultWriter:
         self._names = names
         self._cluster = is_cluster(redis)
         self._script = redis.register_script(_WRITE_SCRIPT)
+        self._channel = channel_for(redis)  # None on a cluster
+
+    async def close(self) -> None:
+        """Close the writer's own Redis connection (the client stays the caller's)."""
+        if self._channel is not None:
+            await self._channel.close()
 
     async def write(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
         """Write (result, reply stream) pairs; returns how many were first writes."""
@@ -131,7 +139,10 @@ class ResultWriter:
             args.append(encode_result(result))
             args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
         keys.extend(streams)
-        written, lost, error = await self._script(keys=keys, args=args)
+        if self._channel is not None:
+            written, lost, error = await self._channel.evalsha(self._script, keys, args)
+        else:
+            written, lost, error = await self._script(keys=keys, args=args)
         if lost:
             # Their result keys hold the answers (pollable); only the stream copy is gone.
             log.warning("%d results not added to their reply stream: %r", lost, error)
