@@ -110,11 +110,11 @@ class _Protocol(asyncio.Protocol):
         while self.waiting:
             fut = self.waiting.popleft()
             if not fut.done():
-                fut.set_exception(self.lost)
+                fut.set_exception(RedisConnectionError(str(self.lost)))
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         if self.transport is None or self.transport.is_closing():
-            raise self.lost or RedisConnectionError("not connected to Redis")
+            raise RedisConnectionError(str(self.lost or "not connected to Redis"))
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiting.append(fut)
         self.transport.write(packed)
