@@ -15,7 +15,7 @@ from plaza.connections import redis_client
 from plaza.event_loop import run
 from plaza.resp_channel import CommandError, RespChannel, channel_for
 from plaza.settings import RedisSettings
-from plaza.stack import RedisServer
+from plaza.stack import RedisServer, wait_for
 
 
 def channel(client: redis.asyncio.Redis) -> RespChannel:
@@ -104,7 +104,12 @@ async def test_a_lost_connection_fails_the_calls_in_flight_then_reconnects(
     try:
         client_id = await ch.call("CLIENT", "ID")
         blocked = asyncio.create_task(ch.call("BLPOP", f"{key_prefix}never", 10))
-        await asyncio.sleep(0.1)
+
+        async def blocked_in_blpop() -> bool:
+            listing = await redis_client.execute_command("CLIENT", "LIST", "ID", client_id)
+            return b"cmd=blpop" in listing
+
+        await wait_for(blocked_in_blpop, 5, "the channel's BLPOP to block in Redis")
         assert await redis_client.execute_command("CLIENT", "KILL", "ID", client_id) == 1
         with pytest.raises(RedisConnectionError):
             await asyncio.wait_for(blocked, 5)
