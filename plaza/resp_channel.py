@@ -210,3 +210,23 @@ def channel_for(redis: aioredis.Redis) -> RespChannel | None:
     # Only read for its settings: redis-py connects lazily, and this one never connects.
     kwargs["retry"] = Retry(NoBackoff(), 0)
     return RespChannel(pool.connection_class(**kwargs))
+
+
+class ChannelScript:
+    """A Lua script that runs on a channel of its own where there can be one (else through
+    redis-py, as on a Redis Cluster): what the result writer and the delivery counter
+    call once per batch or fetch."""
+
+    def __init__(self, redis: aioredis.Redis, source: str) -> None:
+        self._script = redis.register_script(source)
+        self._channel = channel_for(redis)
+
+    async def __call__(self, keys: Sequence[str | bytes], args: Sequence[Arg]) -> Any:
+        if self._channel is not None:
+            return await self._channel.evalsha(self._script, keys, args)
+        return await self._script(keys=keys, args=args)
+
+    async def close(self) -> None:
+        """Close the channel's connection (idempotent); the redis-py client stays open."""
+        if self._channel is not None:
+            await self._channel.close()

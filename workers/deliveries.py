@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 
 from plaza.connections import is_cluster
 from plaza.naming import Names
-from plaza.resp_channel import channel_for
+from plaza.resp_channel import ChannelScript
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +70,13 @@ class DeliveryCounter:
         self._redis = redis
         self._names = names
         self._ttl_s = ttl_s
-        self._script = redis.register_script(_COUNT_SCRIPT)
+        self._script = ChannelScript(redis, _COUNT_SCRIPT)
         self._cluster = is_cluster(redis)
-        self._channel = channel_for(redis)  # None on a cluster
         self._finished: list[str] = []
 
     async def close(self) -> None:
         """Close the counter's own Redis connection (the client stays the caller's)."""
-        if self._channel is not None:
-            await self._channel.close()
+        await self._script.close()
 
     def _key(self, record: RecordId) -> str:
         return self._names.delivery_key(*record)
@@ -121,11 +119,7 @@ class DeliveryCounter:
         ``finished``: one round trip."""
         n = len(keys)
         if not self._cluster:
-            all_keys, args = [*keys, *look, *finished], [self._ttl_s, n, len(look)]
-            if self._channel is not None:
-                out = await self._channel.evalsha(self._script, all_keys, args)
-            else:
-                out = await self._script(keys=all_keys, args=args)
+            out = await self._script([*keys, *look, *finished], [self._ttl_s, n, len(look)])
             return [int(c) for c in out[:n]], [bool(e) for e in out[n:]]
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:

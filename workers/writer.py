@@ -40,7 +40,7 @@ from plaza.codec import encode_result, join_results
 from plaza.connections import is_cluster
 from plaza.contract import InferResult
 from plaza.naming import Names
-from plaza.resp_channel import channel_for
+from plaza.resp_channel import ChannelScript
 from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -108,13 +108,11 @@ class ResultWriter:
         self._settings = settings
         self._names = names
         self._cluster = is_cluster(redis)
-        self._script = redis.register_script(_WRITE_SCRIPT)
-        self._channel = channel_for(redis)  # None on a cluster
+        self._script = ChannelScript(redis, _WRITE_SCRIPT)
 
     async def close(self) -> None:
         """Close the writer's own Redis connection (the client stays the caller's)."""
-        if self._channel is not None:
-            await self._channel.close()
+        await self._script.close()
 
     async def write(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
         """Write (result, reply stream) pairs; returns how many were first writes."""
@@ -139,10 +137,7 @@ class ResultWriter:
             args.append(encode_result(result))
             args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
         keys.extend(streams)
-        if self._channel is not None:
-            written, lost, error = await self._channel.evalsha(self._script, keys, args)
-        else:
-            written, lost, error = await self._script(keys=keys, args=args)
+        written, lost, error = await self._script(keys, args)
         if lost:
             # Their result keys hold the answers (pollable); only the stream copy is gone.
             log.warning("%d results not added to their reply stream: %r", lost, error)
