@@ -24,7 +24,7 @@ import hmac
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -37,13 +37,17 @@ from plaza.errors import ConfigError, PlazaError, Unauthorized
 from plaza.gateway import grpc_codec
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
+from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
-from plaza.gateway.tls import TlsFiles, grpc_credentials
+from plaza.gateway.tls import TlsFiles, grpc_credentials, ssl_context
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+"""Triton's service, as tritonclient's definitions describe it."""
 
 STREAM_MAX_INFLIGHT = 1024
 """Requests one ModelStreamInfer stream may have in flight before it stops reading."""
@@ -288,6 +292,28 @@ def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
         ("grpc.max_receive_message_length", limit),
         ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
     ]
+
+
+class Stoppable(Protocol):
+    async def stop(self, grace: float | None) -> None: ...
+
+
+async def start_server(
+    service: GatewayService, host: str, port: int, tls: TlsFiles | None = None
+) -> tuple[Stoppable, int]:
+    """The gRPC front listening on ``host:port`` (0: a free port), on the server that
+    ``gateway.grpc_server`` names (``h2``: the gateway's own, ``gateway.grpc_server``;
+    ``grpcio``: grpc.aio); returns it and the port it bound."""
+    if service.settings.gateway.grpc_server == "grpcio":
+        server, bound = create_server(service, host, port, tls)
+        await server.start()
+        return server, bound
+    own = GrpcServer(
+        methods_of(SERVICE, InferenceServicer(service), pb_grpc.GRPCInferenceServiceServicer),
+        max_message_bytes=service.settings.gateway.max_body_bytes,
+        ssl_context=alpn_h2(ssl_context(tls)),
+    )
+    return own, await own.start(host, port)
 
 
 def create_server(

@@ -28,10 +28,10 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 import orjson
@@ -372,18 +372,37 @@ class HttpServer:
     async def stop(self, grace_s: float) -> None:
         """Stop listening; requests in flight get ``grace_s`` to be answered, then every
         connection still open is closed."""
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn.shutdown()
-        waiting = [c.closed for c in self.connections]
-        if waiting:
-            await asyncio.wait(waiting, timeout=grace_s)
-        for conn in list(self.connections):
-            conn.abort()
-        if self._server is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+        await drain_and_close(self._server, self.connections, grace_s)
+
+
+class Draining(Protocol):
+    """A connection a server stops: ``shutdown`` (finish what is in flight, take nothing
+    new), ``closed`` (done once it is), ``abort`` (close it now)."""
+
+    closed: asyncio.Future[None]
+
+    def shutdown(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+async def drain_and_close(
+    server: asyncio.Server | None, connections: Set[Draining], grace_s: float | None
+) -> None:
+    """Stop listening, shut every connection down, give them ``grace_s`` (None: as long
+    as they take) to finish, then close the ones still open."""
+    if server is not None:
+        server.close()
+    for conn in list(connections):
+        conn.shutdown()
+    waiting = [c.closed for c in connections]
+    if waiting:
+        await asyncio.wait(waiting, timeout=grace_s)
+    for conn in list(connections):
+        conn.abort()
+    if server is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), 1.0)
 
 
 async def serve_canned(host: str, port: int, answer: bytes) -> None:

@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from plaza import event_loop, gc_tuning
 from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import api_key, create_app
-from plaza.gateway.grpc_front import create_server
+from plaza.gateway.grpc_front import start_server
 from plaza.gateway.http_front import HttpFront
 from plaza.gateway.http_server import HttpServer
 from plaza.gateway.metrics import serve_metrics
@@ -77,10 +77,9 @@ async def serving(
         http = HttpServer(front, max_body_bytes=gw.max_body_bytes, ssl_context=ssl_context(files))
         port = await http.start(gw.host, gw.http_port, http_socket)
         try:
-            grpc_server, bound = create_server(
+            grpc_server, bound = await start_server(
                 service, gw.host, gw.grpc_port if grpc_port is None else grpc_port, files
             )
-            await grpc_server.start()
             try:
                 scheme = "http" if files is None else "https"
                 yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, app)

@@ -1,0 +1,221 @@
+"""The gateway's own gRPC server (``gateway/grpc_server.py``) against grpc's own client,
+side by side with grpc.aio serving the same servicer: what a call ends with must not
+depend on which server answers it. The servicer here is a small one of this file's (an
+echo), so these tests need no Kafka or Redis; the gateway's servicer over this server is
+tested end to end in test_gateway_grpc.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from plaza.gateway.grpc_front import SERVICE
+from plaza.gateway.grpc_server import GrpcServer, methods_of
+
+LIMIT = 4 << 20
+
+
+class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """ModelInfer answers its raw inputs as outputs; the request id picks a behaviour."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        metadata = dict(context.invocation_metadata())
+        return pb.ServerLiveResponse(
+            live=metadata.get("x-key") == "v" and metadata.get("x-raw-bin") == b"\x00\xff"
+        )
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        if request.id == "sleep":
+            self.started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
+        if request.id == "nap":
+            self.started.set()
+            await asyncio.sleep(0.3)
+        if request.id == "abort":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "100% wrong: é\nsecond line")
+        if request.id == "boom":
+            raise RuntimeError("boom")
+        return pb.ModelInferResponse(id=request.id, raw_output_contents=request.raw_input_contents)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> Any:
+        try:
+            async for request in requests:
+                if request.id == "sleep":
+                    self.started.set()
+                    await asyncio.sleep(30)
+                yield pb.ModelStreamInferResponse(
+                    infer_response=pb.ModelInferResponse(
+                        id=request.id, raw_output_contents=request.raw_input_contents
+                    )
+                )
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+@asynccontextmanager
+async def serving(kind: str, servicer: Echo) -> AsyncIterator[tuple[Any, str]]:
+    """``servicer`` on the gateway's server (h2) or on grpc.aio; yields (server, address)."""
+    if kind == "h2":
+        server: Any = GrpcServer(
+            methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer),
+            max_message_bytes=LIMIT,
+        )
+        port = await server.start("127.0.0.1", 0)
+    else:
+        options = [("grpc.max_receive_message_length", LIMIT)]
+        server = grpc.aio.server(options=options)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+    try:
+        yield server, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(1.0)
+
+
+@asynccontextmanager
+async def stub(address: str, **kwargs: Any) -> AsyncIterator[pb_grpc.GRPCInferenceServiceStub]:
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    async with grpc.aio.insecure_channel(address, options=options, **kwargs) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+KINDS = pytest.mark.parametrize("kind", ["h2", "grpcio"])
+
+
+@KINDS
+async def test_unary_and_streaming_calls_carry_messages_past_the_flow_control_windows(
+    kind: str,
+) -> None:
+    big = bytes(range(256)) * (3 << 12)  # 3 MiB: past HTTP/2's windows both ways
+    async with serving(kind, Echo()) as (_, address), stub(address) as client:
+        answer = await client.ModelInfer(pb.ModelInferRequest(id="a", raw_input_contents=[big]))
+        parts = [big[: i * 997] for i in range(300)]
+        requests = [
+            pb.ModelInferRequest(id=f"s{i}", raw_input_contents=[p]) for i, p in enumerate(parts)
+        ]
+        streamed = [r async for r in client.ModelStreamInfer(iter(requests))]
+        live = await client.ServerLive(
+            pb.ServerLiveRequest(), metadata=(("x-key", "v"), ("x-raw-bin", b"\x00\xff"))
+        )
+    assert answer.id == "a" and answer.raw_output_contents == [big]
+    assert [r.infer_response.id for r in streamed] == [r.id for r in requests]
+    assert [r.infer_response.raw_output_contents for r in streamed] == [
+        r.raw_input_contents for r in requests
+    ]
+    assert live.live is True
+
+
+@KINDS
+async def test_errors_end_calls_with_the_status_grpc_aio_gives(kind: str) -> None:
+    async with serving(kind, Echo()) as (_, address), stub(address) as client:
+        codes = {}
+        for rid in ("abort", "boom"):
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await client.ModelInfer(pb.ModelInferRequest(id=rid))
+            codes[rid] = (failed.value.code(), failed.value.details())
+        with pytest.raises(grpc.aio.AioRpcError) as unimplemented:
+            await client.ServerMetadata(pb.ServerMetadataRequest())
+        with pytest.raises(grpc.aio.AioRpcError) as too_big:
+            await client.ModelInfer(pb.ModelInferRequest(raw_input_contents=[b"x" * (LIMIT + 1)]))
+    assert codes["abort"] == (grpc.StatusCode.INVALID_ARGUMENT, "100% wrong: é\nsecond line")
+    assert codes["boom"][0] == grpc.StatusCode.UNKNOWN
+    assert unimplemented.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_an_unknown_method_and_a_compressed_message_are_unimplemented() -> None:
+    async with serving("h2", Echo()) as (_, address):
+        async with grpc.aio.insecure_channel(address) as channel:
+            unknown = channel.unary_unary("/nope.Service/Method")
+            with pytest.raises(grpc.aio.AioRpcError) as missing:
+                await unknown(b"")
+        async with stub(address, compression=grpc.Compression.Gzip) as client:
+            with pytest.raises(grpc.aio.AioRpcError) as compressed:
+                await client.ModelInfer(pb.ModelInferRequest(raw_input_contents=[b"x" * 4096]))
+        async with stub(address) as client:  # the server goes on serving
+            answer = await client.ModelInfer(pb.ModelInferRequest(id="after"))
+    assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert compressed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert "compressed" in (compressed.value.details() or "")
+    assert answer.id == "after"
+
+
+@KINDS
+async def test_a_deadline_or_a_cancel_stops_the_handler(kind: str) -> None:
+    unary, stream = Echo(), Echo()
+    async with serving(kind, unary) as (_, address), stub(address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as late:
+            await client.ModelInfer(pb.ModelInferRequest(id="sleep"), timeout=0.5)
+        await asyncio.wait_for(unary.cancelled.wait(), 10)
+    async with serving(kind, stream) as (_, address), stub(address) as client:
+        call = client.ModelStreamInfer(iter([pb.ModelInferRequest(id="sleep")]))
+        await asyncio.wait_for(stream.started.wait(), 10)
+        call.cancel()
+        await asyncio.wait_for(stream.cancelled.wait(), 10)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_the_server_enforces_grpc_timeout_itself() -> None:
+    """A client that sent ``grpc-timeout`` and waits on past it (no timer of its own) is
+    answered DEADLINE_EXCEEDED by the server, whose handler is cancelled."""
+    servicer = Echo()
+    async with serving("h2", servicer) as (_, address):
+        host, port = address.split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+        conn.initiate_connection()
+        headers = [
+            (b":method", b"POST"), (b":scheme", b"http"), (b":authority", address.encode()),
+            (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
+            (b"content-type", b"application/grpc"), (b"te", b"trailers"),
+            (b"grpc-timeout", b"300m"),
+        ]  # fmt: skip
+        conn.send_headers(1, headers)
+        message = pb.ModelInferRequest(id="sleep").SerializeToString()
+        conn.send_data(1, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
+        writer.write(conn.data_to_send())
+        status = None
+        async with asyncio.timeout(10):
+            while status is None:
+                for event in conn.receive_data(await reader.read(65536)):
+                    if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                        status = dict(event.headers).get(b"grpc-status", status)
+                writer.write(conn.data_to_send())
+        writer.close()
+        await asyncio.wait_for(servicer.cancelled.wait(), 10)
+    assert status == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]).encode()
+
+
+async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> None:
+    servicer = Echo()
+    async with serving("h2", servicer) as (server, address), stub(address) as client:
+        slow = asyncio.ensure_future(client.ModelInfer(pb.ModelInferRequest(id="nap")))
+        await asyncio.wait_for(servicer.started.wait(), 10)
+        await asyncio.wait_for(server.stop(10), 20)  # returns once the nap is answered
+        answer = await slow
+        async with stub(address) as fresh:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await fresh.ServerLive(pb.ServerLiveRequest(), timeout=2)
+    assert answer.id == "nap"
+    assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
