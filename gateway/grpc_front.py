@@ -302,7 +302,7 @@ async def start_server(
     service: GatewayService, host: str, port: int, tls: TlsFiles | None = None
 ) -> tuple[Stoppable, int]:
     """The gRPC front listening on ``host:port`` (0: a free port), on the server that
-    ``gateway.grpc_server`` names (``h2``: the gateway's own, ``gateway.grpc_server``;
+    ``gateway.grpc_server`` names (``plaza``: the gateway's own, ``gateway.grpc_server``;
     ``grpcio``: grpc.aio); returns it and the port it bound."""
     if service.settings.gateway.grpc_server == "grpcio":
         server, bound = create_server(service, host, port, tls)

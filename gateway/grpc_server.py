@@ -1,9 +1,10 @@
-"""The gateway's gRPC server: HTTP/2 by h2's state machine under an asyncio protocol.
+"""The gateway's gRPC server: gRPC's calls over the gateway's HTTP/2 layer (``gateway.http2``)
+under an asyncio protocol.
 
 Why not grpc.aio: under perf_analyzer the gateway's one loop thread saturated on the gRPC
 front, calls reached Kafka one at a time and the worker's batches collapsed to 3 to 7 rows
-(docs/benchmarks.md, "The gateway's own gRPC server"). grpc.aio costs 240 to 250 µs of CPU
-per call on this machine before any work; this server 140 to 160 µs. It serves the same
+(docs/benchmarks.md, "The gateway's own gRPC server"). grpc.aio costs 258 to 278 µs of CPU
+per call on this machine before any work; this server 53 to 72 µs. It serves the same
 servicer (``gateway.grpc_front.InferenceServicer``), so the handlers are those grpc.aio runs,
 and keeps what Triton's clients use:
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import socket
 import ssl
@@ -43,17 +43,11 @@ from typing import Any
 from urllib.parse import quote
 
 import grpc
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
-from hyperframe.frame import GoAwayFrame
 
 from plaza.errors import ConfigError
+from plaza.gateway import http2
 from plaza.gateway.http_server import drain_and_close
 
 log = logging.getLogger(__name__)
@@ -69,8 +63,13 @@ BACKLOG = 2048
 """listen() backlog."""
 
 _PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
-_HEADERS = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-_OK = [(b"grpc-status", b"0")]
+_HEADERS = b"\x88" + http2.literal(b"content-type", b"application/grpc")  # 0x88: :status 200
+_OK = http2.literal(b"grpc-status", b"0")
+_PRINTABLE = (
+    " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # grpc-message keeps these, and %-encodes the rest
+)
+MAX_DETAILS = 4096
+"""An error's message is cut to this many characters in ``grpc-message``."""
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 
 
@@ -141,12 +140,12 @@ class Context:
         raise CallEnded(details)
 
 
-def _status(code: grpc.StatusCode, details: str) -> list[tuple[bytes, bytes]]:
-    status = [(b"grpc-status", str(code.value[0]).encode())]
+def _status(code: grpc.StatusCode, details: str) -> bytes:
+    """The trailers of a call that ends with ``code``, HPACK-encoded."""
+    status = http2.literal(b"grpc-status", str(code.value[0]).encode())
     if details:  # percent-encoded, as the gRPC spec asks of grpc-message
-        status.append(
-            (b"grpc-message", quote(details, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode())
-        )
+        message = quote(details[:MAX_DETAILS], safe=_PRINTABLE).encode()
+        status += http2.literal(b"grpc-message", message)
     return status
 
 
@@ -174,20 +173,11 @@ class _Call:
 
 
 class GrpcProtocol(asyncio.Protocol):
-    """One HTTP/2 connection."""
+    """One HTTP/2 connection (``gateway.http2.Connection``) and the calls on it."""
 
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
-        self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(
-                client_side=False,
-                header_encoding=None,
-                validate_inbound_headers=False,
-                normalize_inbound_headers=False,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
+        self.h2 = http2.Connection(self, max_streams=server.max_streams, window=WINDOW_BYTES)
         self.calls: dict[int, _Call] = {}
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = server.loop.create_future()
@@ -198,15 +188,7 @@ class GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
-        conn = self.conn
-        conn.initiate_connection()
-        conn.update_settings(
-            {
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.server.max_streams,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-            }
-        )
-        conn.increment_flow_control_window(WINDOW_BYTES)
+        self.h2.preamble()
         self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -218,53 +200,33 @@ class GrpcProtocol(asyncio.Protocol):
         for waiter in self._windows.values():
             if not waiter.done():
                 waiter.set_exception(ConnectionError("connection lost"))
+        self._windows.clear()
         if not self.closed.done():
             self.closed.set_result(None)
 
     def _flush(self) -> None:
-        out = self.conn.data_to_send()
+        out = self.h2.out
         if out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(out)
+            self.transport.write(bytes(out))
+        out.clear()
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.conn.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
+            self.h2.receive(data)
+        except http2.ConnectionError_ as exc:
             log.debug("gRPC connection closed on a protocol error: %s", exc)
-            self._flush()  # h2 has queued the GOAWAY
+            self.h2.goaway(exc.code, str(exc))
+            self._flush()
             if self.transport is not None:
                 self.transport.close()
             return
-        for ev in events:
-            if isinstance(ev, h2.events.RequestReceived):
-                self._request(ev.stream_id, ev.headers)
-            elif isinstance(ev, h2.events.DataReceived):
-                self._data(ev.stream_id, ev.data, ev.flow_controlled_length)
-            elif isinstance(ev, h2.events.StreamEnded):
-                self._half_closed(ev.stream_id)
-            elif isinstance(ev, h2.events.StreamReset):
-                self._reset(ev.stream_id)
-            elif isinstance(ev, h2.events.WindowUpdated):
-                self._window_opened(ev.stream_id)
-            elif isinstance(ev, h2.events.RemoteSettingsChanged):
-                self._window_opened(0)  # INITIAL_WINDOW_SIZE may have grown every window
-            elif isinstance(ev, h2.events.ConnectionTerminated):
-                if self.transport is not None:
-                    self.transport.close()
-                return
         self._flush()
 
     def shutdown(self) -> None:
-        """GOAWAY: no new calls; the calls in flight go on. Closes once they are done.
-
-        The frame is written past h2, whose own ``close_connection`` would close the
-        connection's state machine at once and with it the calls in flight."""
+        """GOAWAY: no new calls; the calls in flight go on. Closes once they are done."""
         self._going_away = True
-        goaway = GoAwayFrame(0)
-        goaway.last_stream_id = self.conn.highest_inbound_stream_id
+        self.h2.goaway(http2.NO_ERROR)
         self._flush()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(goaway.serialize())
         if not self.calls and self.transport is not None:
             self.transport.close()
 
@@ -272,13 +234,12 @@ class GrpcProtocol(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # -- streams ---------------------------------------------------------------------------
-    def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]]) -> None:
-        path = next((v for k, v in headers if k == b":path"), b"")
+    # -- the connection's stream events (gateway.http2.Handler) ---------------------------
+    def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
         if self._going_away:
-            status = _status(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
-            self._trailers_only(stream_id, status)
+            self._trailers_only(stream_id, _status(grpc.StatusCode.UNAVAILABLE, "stopping"))
             return
+        path = next((v for k, v in headers if k == b":path"), b"")
         method = self.server.methods.get(path)
         if method is None or method.handler is None:
             what = "Method not found!" if method is None else "Method not implemented!"
@@ -287,31 +248,65 @@ class GrpcProtocol(asyncio.Protocol):
         call = _Call(stream_id, method, Context(headers, _deadline(headers)))
         self.calls[stream_id] = call
         call.task = self.server.loop.create_task(self._serve(call))
+        if ended:
+            call.messages.put_nowait(None)
 
-    def _data(self, stream_id: int, data: bytes, flow_length: int) -> None:
-        conn = self.conn
+    def on_data(self, stream_id: int, data: bytes, flow_length: int, ended: bool) -> None:
         call = self.calls.get(stream_id)
-        if call is None:  # answered early (an error) or reset: the data is not wanted
-            conn.acknowledge_received_data(flow_length, stream_id)
+        if call is None:
             return
         # A unary call's window is given back at once (its one message is bounded by the
         # size limit); a stream's as its handler reads each message (``_requests``).
         streaming = call.method.streaming
-        conn.acknowledge_received_data(
-            flow_length - len(data) if streaming else flow_length, stream_id
-        )
-        call.buffer += data
+        self.h2.give_back(stream_id, flow_length - len(data) if streaming else flow_length)
+        if data:
+            self._messages(call, data)
+        if ended and stream_id in self.calls:
+            call.messages.put_nowait(None)
+
+    def on_end(self, stream_id: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is not None:
+            call.messages.put_nowait(None)
+
+    def on_reset(self, stream_id: int) -> None:
+        call = self.calls.pop(stream_id, None)
+        if call is not None and call.task is not None:
+            call.task.cancel()  # a cancelled call: its handler stops waiting
+        waiter = self._windows.pop(stream_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError("stream reset"))
+
+    def on_window(self, stream_id: int) -> None:
+        if stream_id == 0:
+            waiters, self._windows = self._windows, {}
+        else:
+            w = self._windows.pop(stream_id, None)
+            waiters = {stream_id: w} if w is not None else {}
+        for waiter in waiters.values():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- request messages ---------------------------------------------------------------------
+    def _messages(self, call: _Call, data: bytes) -> None:
+        """Cut the stream's bytes into gRPC messages (a 5-byte prefix each) and queue them."""
+        if call.buffer:
+            call.buffer += data
+            buf: bytes | bytearray = call.buffer
+        else:
+            buf = data
+        at, end = 0, len(buf)
         limit = self.server.max_message_bytes
-        while len(call.buffer) >= 5:
-            compressed, length = _PREFIX.unpack_from(call.buffer)
+        while end - at >= 5:
+            compressed, length = _PREFIX.unpack_from(buf, at)
             if length > limit:
                 too_big = f"request message of {length} bytes is over the limit of {limit}"
                 self._refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED, too_big)
                 return
-            if len(call.buffer) < 5 + length:
+            if end - at - 5 < length:
                 break
-            raw = bytes(call.buffer[5 : 5 + length])
-            del call.buffer[: 5 + length]
+            raw = buf[at + 5 : at + 5 + length]
+            at += 5 + length
             if compressed:
                 self._refuse(
                     call, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not served"
@@ -322,61 +317,30 @@ class GrpcProtocol(asyncio.Protocol):
             except DecodeError as exc:
                 self._refuse(call, grpc.StatusCode.INTERNAL, f"could not parse the request: {exc}")
                 return
-            call.messages.put_nowait((message, 5 + length if streaming else 0))
-
-    def _grant(self, call: _Call, n: int) -> None:
-        """Give back ``n`` bytes of a stream's window (a message its handler has read)."""
-        if n > 0 and call.id in self.calls:
-            self.conn.acknowledge_received_data(n, call.id)
-            self._flush()
-
-    def _half_closed(self, stream_id: int) -> None:
-        call = self.calls.get(stream_id)
-        if call is not None:
-            call.ended = True
-            call.messages.put_nowait(None)
-
-    def _reset(self, stream_id: int) -> None:
-        call = self.calls.pop(stream_id, None)
-        if call is not None and call.task is not None:
-            call.task.cancel()  # a cancelled call: its handler stops waiting
-        waiter = self._windows.pop(stream_id, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError("stream reset"))
+            call.messages.put_nowait((message, 5 + length if call.method.streaming else 0))
+        if buf is call.buffer:
+            del call.buffer[:at]
+        elif at < end:
+            call.buffer += buf[at:]
 
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
-        """End a call that cannot go on with ``code``: its handler is cancelled."""
+        """End a call that cannot go on with ``code``: its handler is cancelled, and the
+        client is told to stop sending (RST_STREAM NO_ERROR after the status)."""
         self.calls.pop(call.id, None)
         if call.task is not None:
             call.task.cancel()
-        if call.headers_sent:
-            self._end(call.id, _status(code, details))
-        else:
-            self._trailers_only(call.id, _status(code, details))
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.reset_stream(call.id, h2.errors.ErrorCodes.NO_ERROR)
-        self._flush()
-
-    def _window_opened(self, stream_id: int) -> None:
-        if stream_id == 0:
-            waiters, self._windows = self._windows, {}
-        else:
-            w = self._windows.pop(stream_id, None)
-            waiters = {stream_id: w} if w is not None else {}
-        for waiter in waiters.values():
-            if not waiter.done():
-                waiter.set_result(None)
+        status = _status(code, details)
+        self.h2.send_headers(call.id, status if call.headers_sent else _HEADERS + status, True)
+        self.h2.reset(call.id, http2.NO_ERROR)
 
     # -- answering -------------------------------------------------------------------------
     async def _serve(self, call: _Call) -> None:
         deadline = call.context.deadline
         timer = None
         if deadline is not None:
-            timer = self.server.loop.call_at(
-                self.server.loop.time() + max(deadline - time.monotonic(), 0.0),
-                self._expire,
-                call,
-            )
+            loop = self.server.loop
+            left = max(deadline - time.monotonic(), 0.0)
+            timer = loop.call_at(loop.time() + left, self._expire, call)
         try:
             handler = call.method.handler
             assert handler is not None
@@ -384,30 +348,28 @@ class GrpcProtocol(asyncio.Protocol):
                 async for response in handler(self._requests(call), call.context):
                     await self._send_message(call, response)
             else:
-                request = await self._one_request(call)
-                if request is None:
+                got = await call.messages.get()
+                if got is None:
+                    status = _status(grpc.StatusCode.INTERNAL, "a unary call sent no message")
+                    self._finish(call, status)
                     return
-                response = await handler(request, call.context)
+                response = await handler(got[0], call.context)
                 await self._send_message(call, response)
             self._finish(call, _OK)
         except CallEnded:
-            self._finish(
-                call, _status(call.context.code or grpc.StatusCode.UNKNOWN, call.context.details)
-            )
+            code = call.context.code or grpc.StatusCode.UNKNOWN
+            self._finish(call, _status(code, call.context.details))
         except NotImplementedError:
-            self._finish(
-                call,
-                _status(
-                    grpc.StatusCode.UNIMPLEMENTED, call.context.details or "Method not implemented!"
-                ),
-            )
+            details = call.context.details or "Method not implemented!"
+            self._finish(call, _status(grpc.StatusCode.UNIMPLEMENTED, details))
         except ConnectionError:
             pass  # the stream or the connection went away while an answer waited for window
         except asyncio.CancelledError:
-            if call.context.code is grpc.StatusCode.DEADLINE_EXCEEDED:
-                self._finish(call, _status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
-            else:
+            if call.context.code is not grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
+            self._finish(call, _status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            self.h2.reset(call.id, http2.CANCEL)
+            self._flush()
         except Exception as exc:
             log.exception("gRPC call %s failed", call.method.handler)
             code = call.context.code or grpc.StatusCode.UNKNOWN
@@ -421,65 +383,45 @@ class GrpcProtocol(asyncio.Protocol):
             call.context.code = grpc.StatusCode.DEADLINE_EXCEEDED
             call.task.cancel()
 
-    async def _one_request(self, call: _Call) -> Message | None:
-        got = await call.messages.get()
-        if got is None:
-            self._finish(
-                call, _status(grpc.StatusCode.INTERNAL, "a unary call sent no request message")
-            )
-            return None
-        return got[0]
-
     async def _requests(self, call: _Call) -> AsyncIterator[Message]:
         while (got := await call.messages.get()) is not None:
             message, size = got
-            self._grant(call, size)  # window for the next one only as this one is read
+            self.h2.give_back(call.id, size)  # the next messages' window, as this one is read
+            self._flush()
             yield message
 
     async def _send_message(self, call: _Call, response: Message) -> None:
         msg = response.SerializeToString()
-        data = _PREFIX.pack(0, len(msg)) + msg
-        conn = self.conn
+        h2 = self.h2
+        if call.id not in self.calls:
+            raise ConnectionError("stream reset")
         if not call.headers_sent:
-            if call.id not in self.calls:
-                raise ConnectionError("stream reset")
-            conn.send_headers(call.id, _HEADERS)
+            h2.send_headers(call.id, _HEADERS)
             call.headers_sent = True
-        view = memoryview(data)
-        while view:
+        data = memoryview(_PREFIX.pack(0, len(msg)) + msg)
+        while data:
+            sent = h2.send_data(call.id, data)
+            data = data[sent:]
+            if not data:
+                break
             if call.id not in self.calls:
                 raise ConnectionError("stream reset")
-            window = min(conn.local_flow_control_window(call.id), conn.max_outbound_frame_size)
-            if window <= 0:
-                self._flush()
-                waiter = self._windows.get(call.id)
-                if waiter is None:
-                    waiter = self._windows[call.id] = self.server.loop.create_future()
-                await waiter
-                continue
-            conn.send_data(call.id, view[:window].tobytes())
-            view = view[window:]
-        self._flush()
+            self._flush()
+            waiter = self._windows.get(call.id)
+            if waiter is None:
+                waiter = self._windows[call.id] = self.server.loop.create_future()
+            await waiter
 
-    def _finish(self, call: _Call, status: list[tuple[bytes, bytes]]) -> None:
+    def _finish(self, call: _Call, status: bytes) -> None:
         if self.calls.pop(call.id, None) is None:
             return  # reset by the client: nothing more to say
-        if call.headers_sent:
-            self._end(call.id, status)
-        else:
-            self._trailers_only(call.id, status)
+        self.h2.send_headers(call.id, status if call.headers_sent else _HEADERS + status, True)
         self._flush()
         if self._going_away and not self.calls and self.transport is not None:
             self.transport.close()
 
-    def _end(self, stream_id: int, status: list[tuple[bytes, bytes]]) -> None:
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.send_headers(stream_id, status, end_stream=True)
-
-    def _trailers_only(self, stream_id: int, status: list[tuple[bytes, bytes]]) -> None:
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.conn.send_headers(stream_id, _HEADERS + status, end_stream=True)
-        self._flush()
+    def _trailers_only(self, stream_id: int, status: bytes) -> None:
+        self.h2.send_headers(stream_id, _HEADERS + status, True)
 
 
 class GrpcServer:

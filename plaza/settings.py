@@ -235,11 +235,11 @@ class GatewaySettings(_Section):
     host: str = Field("127.0.0.1", description="address the gateway listens on")
     http_port: int = Field(8000, description="KServe v2 HTTP port")
     grpc_port: int = Field(8001, description="KServe v2 gRPC port (0: a free one)")
-    grpc_server: Literal["h2", "grpcio"] = Field(
-        "h2",
-        description="the gRPC front's server: h2 (the gateway's own HTTP/2 server, "
+    grpc_server: Literal["plaza", "grpcio"] = Field(
+        "plaza",
+        description="the gRPC front's server: plaza (the gateway's own, over its own HTTP/2, "
         "gateway/grpc_server.py; chosen by measurement, docs/benchmarks.md) or grpcio "
-        "(grpc.aio, which also serves gRPC's compression)",
+        "(grpc.aio, which also serves gRPC's message compression)",
     )
     metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
     workers: int = Field(

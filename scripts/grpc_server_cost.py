@@ -1,8 +1,9 @@
-"""A canned gRPC server's CPU per call under perf_analyzer: grpc.aio against grpcio's sync
-server, alone and handing each call to an asyncio loop (as a gateway on the sync server
-would have to).
+"""A canned gRPC server's CPU per call under perf_analyzer: the gateway's own server
+(``own``, gateway/grpc_server.py) against grpc.aio, and grpcio's sync server alone and
+handing each call to an asyncio loop (as a gateway on the sync server would have to).
 
-    python scripts/grpc_server_cost.py [--modes aio,sync,sync-loop,aio] [-c 16,64]
+    python scripts/grpc_server_cost.py [--modes own,aio,aio,own] [-c 16,64]
+    python scripts/grpc_server_cost.py --modes aio,sync,sync-loop,aio
     python scripts/grpc_server_cost.py --modes aio-sleep-5,aio-sleep-20 -c 16,64
 
 Each mode runs the baseline's canned mlp answer (``loadgen/baseline_grpc.py``) in a server
@@ -29,6 +30,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza.event_loop import loop_factory, run
+from plaza.gateway.grpc_front import SERVICE
+from plaza.gateway.grpc_server import GrpcServer, methods_of
 from plaza.loadgen import perf_analyzer as pa
 from plaza.loadgen.baseline_grpc import LaneServicer
 from plaza.loadgen.baseline_server import Lane
@@ -118,9 +121,22 @@ def _serve_sync(lane: Lane, hand_off: bool) -> None:
     server.wait_for_termination()
 
 
+def _serve_own(lane: Lane) -> None:
+    async def main() -> None:
+        servicer = LaneServicer(lane)
+        table = methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer)
+        server = GrpcServer(table, max_message_bytes=64 << 20)
+        await server.start("127.0.0.1", PORT)
+        await asyncio.Event().wait()
+
+    run(main())
+
+
 def serve(mode: str) -> None:
     lane = Lane(PlazaSettings().repository, MODEL, 1, False, True)
-    if mode.startswith("aio"):
+    if mode == "own":
+        _serve_own(lane)
+    elif mode.startswith("aio"):
         sleep_ms = float(mode.split("-")[-1]) if mode.startswith("aio-sleep-") else 0.0
         _serve_aio(lane, sleep_ms / 1000)
     else:
@@ -158,7 +174,7 @@ def measure(modes: list[str], concurrencies: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--modes", default="aio,sync,sync-loop,aio")
+    parser.add_argument("--modes", default="own,aio,aio,own")
     parser.add_argument("-c", default="16,64", help="concurrencies, comma-separated")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -13,13 +13,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
-import h2.config
-import h2.connection
-import h2.events
+import hpack
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from plaza.gateway import http2
 from plaza.gateway.grpc_front import SERVICE
 from plaza.gateway.grpc_server import GrpcServer, methods_of
 
@@ -74,8 +73,8 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
 @asynccontextmanager
 async def serving(kind: str, servicer: Echo) -> AsyncIterator[tuple[Any, str]]:
-    """``servicer`` on the gateway's server (h2) or on grpc.aio; yields (server, address)."""
-    if kind == "h2":
+    """``servicer`` on the gateway's server (plaza) or on grpc.aio; yields (server, address)."""
+    if kind == "plaza":
         server: Any = GrpcServer(
             methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer),
             max_message_bytes=LIMIT,
@@ -100,7 +99,7 @@ async def stub(address: str, **kwargs: Any) -> AsyncIterator[pb_grpc.GRPCInferen
         yield pb_grpc.GRPCInferenceServiceStub(channel)
 
 
-KINDS = pytest.mark.parametrize("kind", ["h2", "grpcio"])
+KINDS = pytest.mark.parametrize("kind", ["plaza", "grpcio"])
 
 
 @KINDS
@@ -145,7 +144,7 @@ async def test_errors_end_calls_with_the_status_grpc_aio_gives(kind: str) -> Non
 
 
 async def test_an_unknown_method_and_a_compressed_message_are_unimplemented() -> None:
-    async with serving("h2", Echo()) as (_, address):
+    async with serving("plaza", Echo()) as (_, address):
         async with grpc.aio.insecure_channel(address) as channel:
             unknown = channel.unary_unary("/nope.Service/Method")
             with pytest.raises(grpc.aio.AioRpcError) as missing:
@@ -178,38 +177,47 @@ async def test_a_deadline_or_a_cancel_stops_the_handler(kind: str) -> None:
 
 async def test_the_server_enforces_grpc_timeout_itself() -> None:
     """A client that sent ``grpc-timeout`` and waits on past it (no timer of its own) is
-    answered DEADLINE_EXCEEDED by the server, whose handler is cancelled."""
+    answered DEADLINE_EXCEEDED by the server, whose handler is cancelled. The client here
+    writes its frames by hand (HPACK by the ``hpack`` package)."""
     servicer = Echo()
-    async with serving("h2", servicer) as (_, address):
+    async with serving("plaza", servicer) as (_, address):
         host, port = address.split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
-        conn.initiate_connection()
         headers = [
-            (b":method", b"POST"), (b":scheme", b"http"), (b":authority", address.encode()),
-            (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
-            (b"content-type", b"application/grpc"), (b"te", b"trailers"),
-            (b"grpc-timeout", b"300m"),
+            (":method", "POST"), (":scheme", "http"), (":authority", address),
+            (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            ("content-type", "application/grpc"), ("te", "trailers"), ("grpc-timeout", "300m"),
         ]  # fmt: skip
-        conn.send_headers(1, headers)
         message = pb.ModelInferRequest(id="sleep").SerializeToString()
-        conn.send_data(1, b"\0" + len(message).to_bytes(4, "big") + message, end_stream=True)
-        writer.write(conn.data_to_send())
-        status = None
+        body = b"\0" + len(message).to_bytes(4, "big") + message
+        writer.write(
+            http2.PREFACE
+            + http2.frame(http2.SETTINGS, 0, 0)
+            + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.Encoder().encode(headers))
+            + http2.frame(http2.DATA, http2.END_STREAM, 1, body)
+        )
+        decoder, received, trailers = hpack.Decoder(), b"", None
         async with asyncio.timeout(10):
-            while status is None:
-                for event in conn.receive_data(await reader.read(65536)):
-                    if isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
-                        status = dict(event.headers).get(b"grpc-status", status)
-                writer.write(conn.data_to_send())
+            while trailers is None:
+                received += await reader.read(65536)
+                while len(received) >= 9:
+                    length = int.from_bytes(received[:3], "big")
+                    if len(received) < 9 + length:
+                        break
+                    kind, flags, payload = received[3], received[4], received[9 : 9 + length]
+                    received = received[9 + length :]
+                    if kind == http2.HEADERS:
+                        block = dict(decoder.decode(payload))
+                        if flags & http2.END_STREAM:
+                            trailers = block
         writer.close()
         await asyncio.wait_for(servicer.cancelled.wait(), 10)
-    assert status == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0]).encode()
+    assert trailers["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
 
 
 async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> None:
     servicer = Echo()
-    async with serving("h2", servicer) as (server, address), stub(address) as client:
+    async with serving("plaza", servicer) as (server, address), stub(address) as client:
         slow = asyncio.ensure_future(client.ModelInfer(pb.ModelInferRequest(id="nap")))
         await asyncio.wait_for(servicer.started.wait(), 10)
         await asyncio.wait_for(server.stop(10), 20)  # returns once the nap is answered
