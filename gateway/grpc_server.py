@@ -403,6 +403,8 @@ class GrpcProtocol(asyncio.Protocol):
             sent = h2.send_data(call.id, data)
             data = data[sent:]
             if not data:
+                if call.method.streaming:  # now: a unary answer goes with its trailers
+                    self._flush()
                 break
             if call.id not in self.calls:
                 raise ConnectionError("stream reset")

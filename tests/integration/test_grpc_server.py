@@ -126,6 +126,21 @@ async def test_unary_and_streaming_calls_carry_messages_past_the_flow_control_wi
 
 
 @KINDS
+async def test_a_stream_answers_each_request_before_the_next_is_sent(kind: str) -> None:
+    """Ping-pong on one stream: every answer must go out as soon as it is made."""
+    async with serving(kind, Echo()) as (_, address), stub(address) as client:
+        call = client.ModelStreamInfer()
+        ids = []
+        for i in range(20):
+            await call.write(pb.ModelInferRequest(id=f"p{i}", raw_input_contents=[b"%d" % i]))
+            answer = await asyncio.wait_for(call.read(), 10)
+            ids.append(answer.infer_response.id)
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF
+    assert ids == [f"p{i}" for i in range(20)]
+
+
+@KINDS
 async def test_errors_end_calls_with_the_status_grpc_aio_gives(kind: str) -> None:
     async with serving(kind, Echo()) as (_, address), stub(address) as client:
         codes = {}
