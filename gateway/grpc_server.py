@@ -183,6 +183,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.closed: asyncio.Future[None] = server.loop.create_future()
         self._windows: dict[int, asyncio.Future[None]] = {}  # sends waiting for window
         self._going_away = False
+        self._flush_due = False
 
     # -- the connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -209,6 +210,18 @@ class GrpcProtocol(asyncio.Protocol):
         if out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(bytes(out))
         out.clear()
+
+    def _flush_soon(self) -> None:
+        """Write what is pending once the loop has run the callbacks already due: answers
+        that complete together (a reply stream's read resolves many calls at once) go out
+        in one write, not one system call each."""
+        if not self._flush_due:
+            self._flush_due = True
+            self.server.loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_due = False
+        self._flush()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -387,7 +400,7 @@ class GrpcProtocol(asyncio.Protocol):
         while (got := await call.messages.get()) is not None:
             message, size = got
             self.h2.give_back(call.id, size)  # the next messages' window, as this one is read
-            self._flush()
+            self._flush_soon()
             yield message
 
     async def _send_message(self, call: _Call, response: Message) -> None:
@@ -404,7 +417,7 @@ class GrpcProtocol(asyncio.Protocol):
             data = data[sent:]
             if not data:
                 if call.method.streaming:  # now: a unary answer goes with its trailers
-                    self._flush()
+                    self._flush_soon()
                 break
             if call.id not in self.calls:
                 raise ConnectionError("stream reset")
@@ -418,9 +431,11 @@ class GrpcProtocol(asyncio.Protocol):
         if self.calls.pop(call.id, None) is None:
             return  # reset by the client: nothing more to say
         self.h2.send_headers(call.id, status if call.headers_sent else _HEADERS + status, True)
-        self._flush()
         if self._going_away and not self.calls and self.transport is not None:
+            self._flush()
             self.transport.close()
+        else:
+            self._flush_soon()
 
     def _trailers_only(self, stream_id: int, status: bytes) -> None:
         self.h2.send_headers(stream_id, _HEADERS + status, True)
