@@ -21,6 +21,7 @@ and keeps what Triton's clients use:
   request messages are granted window only as its handler reads them (a streaming client
   that sends faster than its answers are made is held back by HTTP/2 itself);
 - at most ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS);
+  a connection whose HTTP/2 preface does not come within ``handshake_s`` is closed;
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
@@ -58,6 +59,9 @@ MAX_STREAMS = 1024
 WINDOW_BYTES = 1 << 20
 """The receive window this server grants each stream and the connection: a request of the
 sample models' size arrives without waiting for a WINDOW_UPDATE."""
+
+HANDSHAKE_S = 20.0
+"""A connection whose HTTP/2 preface has not come this long after it opened is closed."""
 
 BACKLOG = 2048
 """listen() backlog."""
@@ -184,6 +188,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._windows: dict[int, asyncio.Future[None]] = {}  # sends waiting for window
         self._going_away = False
         self._flush_due = False
+        self._handshake: asyncio.TimerHandle | None = None
 
     # -- the connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -191,8 +196,17 @@ class GrpcProtocol(asyncio.Protocol):
         self.server.connections.add(self)
         self.h2.preamble()
         self._flush()
+        # a client that never sends HTTP/2's preface must not hold a connection for ever
+        self._handshake = self.server.loop.call_later(self.server.handshake_s, self._no_preface)
+
+    def _no_preface(self) -> None:
+        if not self.h2.started and self.transport is not None:
+            log.debug("gRPC connection closed: no HTTP/2 preface in %g s", self.server.handshake_s)
+            self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake is not None:
+            self._handshake.cancel()
         self.server.connections.discard(self)
         for call in self.calls.values():  # the client went away: its calls are cancelled
             if call.task is not None:
@@ -450,11 +464,13 @@ class GrpcServer:
         *,
         max_message_bytes: int,
         max_streams: int = MAX_STREAMS,
+        handshake_s: float = HANDSHAKE_S,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
         self.max_streams = max_streams
+        self.handshake_s = handshake_s
         self.ssl_context = ssl_context
         self.connections: set[GrpcProtocol] = set()
         self.loop = asyncio.get_running_loop()

@@ -126,7 +126,7 @@ class Connection:
         self.streams: dict[int, _Stream] = {}
         self.last_stream_id = 0  # the highest stream the client opened
         self._buffer = bytearray()
-        self._preface = False
+        self.started = False  # the client's preface has come
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_BLOCK
         self._send_window = DEFAULT_WINDOW  # the connection's, granted by the client
@@ -156,7 +156,7 @@ class Connection:
         """Take bytes from the client; the handler hears of what they complete."""
         buf = self._buffer
         buf += data
-        if not self._preface:
+        if not self.started:
             if len(buf) < len(PREFACE):
                 if not PREFACE.startswith(bytes(buf)):
                     raise ConnectionError_(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
@@ -164,7 +164,7 @@ class Connection:
             if buf[: len(PREFACE)] != PREFACE:
                 raise ConnectionError_(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             del buf[: len(PREFACE)]
-            self._preface = True
+            self.started = True
         at = 0
         end = len(buf)
         while end - at >= 9:

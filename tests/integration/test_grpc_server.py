@@ -230,6 +230,21 @@ async def test_the_server_enforces_grpc_timeout_itself() -> None:
     assert trailers["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
 
 
+async def test_a_connection_without_the_http2_preface_is_closed() -> None:
+    table = methods_of(SERVICE, Echo(), pb_grpc.GRPCInferenceServiceServicer)
+    server = GrpcServer(table, max_message_bytes=LIMIT, handshake_s=0.3)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        async with asyncio.timeout(10):  # the server's SETTINGS, then the close
+            while await reader.read(65536):
+                pass
+        writer.close()
+    finally:
+        await server.stop(1.0)
+    assert not server.connections
+
+
 async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> None:
     servicer = Echo()
     async with serving("plaza", servicer) as (server, address), stub(address) as client:
