@@ -19,7 +19,9 @@ and keeps what Triton's clients use:
   UNIMPLEMENTED (no client of Triton's compresses unless told to);
 - HTTP/2 flow control both ways: answers wait for the client's window, and a stream's
   request messages are granted window only as its handler reads them (a streaming client
-  that sends faster than its answers are made is held back by HTTP/2 itself);
+  that sends faster than its answers are made is held back by HTTP/2 itself); a client
+  that does not read its answers holds the next ones back (the transport's
+  ``pause_writing``), so they are not queued in memory;
 - at most ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS);
   a connection whose HTTP/2 preface does not come within ``handshake_s`` is closed;
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
@@ -59,6 +61,11 @@ MAX_STREAMS = 1024
 WINDOW_BYTES = 1 << 20
 """The receive window this server grants each stream and the connection: a request of the
 sample models' size arrives without waiting for a WINDOW_UPDATE."""
+
+FLUSH_BYTES = 64 << 10
+"""Frames pending past this are written at once rather than at the end of the loop's
+iteration, so that a client that does not read holds the next answers back
+(``pause_writing``) instead of having them queued in memory."""
 
 HANDSHAKE_S = 20.0
 """A connection whose HTTP/2 preface has not come this long after it opened is closed."""
@@ -189,6 +196,8 @@ class GrpcProtocol(asyncio.Protocol):
         self._going_away = False
         self._flush_due = False
         self._handshake: asyncio.TimerHandle | None = None
+        self._writable = asyncio.Event()  # cleared while the transport's buffer is full
+        self._writable.set()
 
     # -- the connection ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -216,8 +225,15 @@ class GrpcProtocol(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_exception(ConnectionError("connection lost"))
         self._windows.clear()
+        self._writable.set()  # (the calls waiting on it are cancelled above)
         if not self.closed.done():
             self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable.clear()  # a client that does not read: answers wait (bounded buffer)
+
+    def resume_writing(self) -> None:
+        self._writable.set()
 
     def _flush(self) -> None:
         out = self.h2.out
@@ -418,6 +434,8 @@ class GrpcProtocol(asyncio.Protocol):
             yield message
 
     async def _send_message(self, call: _Call, response: Message) -> None:
+        if not self._writable.is_set():
+            await self._writable.wait()
         msg = response.SerializeToString()
         h2 = self.h2
         if call.id not in self.calls:
@@ -430,7 +448,9 @@ class GrpcProtocol(asyncio.Protocol):
             sent = h2.send_data(call.id, data)
             data = data[sent:]
             if not data:
-                if call.method.streaming:  # now: a unary answer goes with its trailers
+                if len(h2.out) >= FLUSH_BYTES:
+                    self._flush()  # big answers go now: the transport can push back
+                elif call.method.streaming:  # soon: a unary answer goes with its trailers
                     self._flush_soon()
                 break
             if call.id not in self.calls:

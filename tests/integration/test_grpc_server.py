@@ -8,6 +8,7 @@ tested end to end in test_gateway_grpc.py.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,8 +22,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from plaza.gateway import http2
 from plaza.gateway.grpc_front import SERVICE
 from plaza.gateway.grpc_server import GrpcServer, methods_of
+from tests.support import wait_for
 
 LIMIT = 4 << 20
+BIG = b"x" * (256 << 10)
 
 
 class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -31,6 +34,7 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self) -> None:
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
+        self.answered = 0
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         metadata = dict(context.invocation_metadata())
@@ -61,11 +65,11 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 if request.id == "sleep":
                     self.started.set()
                     await asyncio.sleep(30)
+                out = [BIG] if request.id == "big" else request.raw_input_contents
                 yield pb.ModelStreamInferResponse(
-                    infer_response=pb.ModelInferResponse(
-                        id=request.id, raw_output_contents=request.raw_input_contents
-                    )
+                    infer_response=pb.ModelInferResponse(id=request.id, raw_output_contents=out)
                 )
+                self.answered += 1
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
@@ -243,6 +247,43 @@ async def test_a_connection_without_the_http2_preface_is_closed() -> None:
     finally:
         await server.stop(1.0)
     assert not server.connections
+
+
+async def test_a_client_that_does_not_read_holds_its_answers_back() -> None:
+    """A client that grants HTTP/2 windows without end but never reads: the server stops
+    making answers once the socket's buffer is full, and does not queue them in memory."""
+    servicer = Echo()
+    table = methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer)
+    server = GrpcServer(table, max_message_bytes=LIMIT)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        huge = (1 << 31) - 1
+        headers = [
+            (":method", "POST"), (":scheme", "http"), (":authority", "x"),
+            (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+            ("content-type", "application/grpc"), ("te", "trailers"),
+        ]  # fmt: skip
+        message = pb.ModelInferRequest(id="big").SerializeToString()
+        body = (b"\0" + len(message).to_bytes(4, "big") + message) * 200  # 200 x 256 KiB asked
+        writer.write(
+            http2.PREFACE
+            + http2.frame(http2.SETTINGS, 0, 0, struct.pack(">HI", http2.INITIAL_WINDOW_SIZE, huge))
+            + http2.frame(http2.WINDOW_UPDATE, 0, 0, struct.pack(">I", huge - 65535))
+            + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, hpack.Encoder().encode(headers))
+            + http2.frame(http2.DATA, 0, 1, body)
+        )
+        await writer.drain()
+        await wait_for(lambda: servicer.answered > 0, 10, "the first answers")
+        await asyncio.sleep(1.0)  # time enough to make all 200 were nothing holding it back
+        (conn,) = server.connections
+        assert conn.transport is not None
+        buffered = conn.transport.get_write_buffer_size()
+        writer.close()
+    finally:
+        await server.stop(1.0)
+    assert servicer.answered < 200
+    assert buffered < 2 * len(BIG)  # at most about one answer past the transport's limit
 
 
 async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> None:
