@@ -165,6 +165,14 @@ class WorkerSettings(_Section):
     heartbeat_interval_s: float = Field(
         2.0, gt=0, description="registry heartbeat and stats flush interval"
     )
+    commit_interval_ms: int = Field(
+        50,
+        ge=0,
+        le=10_000,
+        description="least time between two of the worker's offset commits under load: the "
+        "batches written meanwhile share one (a stop or a rebalance commits at once; 0: "
+        "after every write). Measured in docs/benchmarks.md",
+    )
     metrics_host: str = Field("127.0.0.1", description="address the worker's /metrics listens on")
     metrics_port: int = Field(
         0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"

@@ -678,11 +678,14 @@ class Worker:
     async def _commit_loop(self) -> None:
         """Commit what became safe, one commit at a time, apart from the writer: the next
         batch's write does not wait for Kafka's answer, and the batches written meanwhile
-        share the next commit (one per round trip, not one per batch)."""
+        (and for ``worker.commit_interval_ms`` after a commit) share the next one."""
+        spacing_s = self.settings.worker.commit_interval_ms / 1000
         while True:
             await self._commit_due.wait()
             self._commit_due.clear()
             await self._commit()
+            if spacing_s:
+                await asyncio.sleep(spacing_s)
 
     async def _commit(self) -> None:
         async with self._commit_lock:
