@@ -170,16 +170,16 @@ def _deadline(headers: list[tuple[bytes, bytes]]) -> float | None:
 class _Call:
     """One stream: its request messages as they arrive, and the task that answers it."""
 
-    __slots__ = ("buffer", "context", "ended", "headers_sent", "id", "messages", "method", "task")
+    __slots__ = ("buffer", "context", "headers_sent", "id", "messages", "method", "task")
 
     def __init__(self, stream_id: int, method: Method, context: Context) -> None:
         self.id = stream_id
         self.method = method
         self.context = context
         self.buffer = bytearray()
+        # bounded by HTTP/2: a stream's window is given back only as its messages are read
         self.messages: asyncio.Queue[tuple[Message, int] | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
-        self.ended = False  # the client half-closed (END_STREAM)
         self.headers_sent = False
 
 
