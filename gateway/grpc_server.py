@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import quote
 
 import grpc
+from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError, Message
 
@@ -110,7 +111,7 @@ def methods_of(service: ServiceDescriptor, servicer: object, base: type) -> dict
         both = m.client_streaming and m.server_streaming
         one_way = m.client_streaming != m.server_streaming
         handler = getattr(servicer, m.name) if implemented and not one_way else None
-        request = m.input_type._concrete_class
+        request = message_factory.GetMessageClass(m.input_type)
         table[f"/{service.full_name}/{m.name}".encode()] = Method(request, both, handler)
     return table
 
