@@ -35,6 +35,8 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
         self.answered = 0
+        self.release = asyncio.Event()  # what a "held" call waits for (set by a test)
+        self.never = asyncio.Event()  # what a "sleep" call waits for: it ends only cancelled
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         metadata = dict(context.invocation_metadata())
@@ -46,13 +48,13 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         if request.id == "sleep":
             self.started.set()
             try:
-                await asyncio.sleep(30)
+                await self.never.wait()
             except asyncio.CancelledError:
                 self.cancelled.set()
                 raise
-        if request.id == "nap":
+        if request.id == "held":
             self.started.set()
-            await asyncio.sleep(0.3)
+            await self.release.wait()
         if request.id == "abort":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "100% wrong: é\nsecond line")
         if request.id == "boom":
@@ -64,7 +66,7 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             async for request in requests:
                 if request.id == "sleep":
                     self.started.set()
-                    await asyncio.sleep(30)
+                    await self.never.wait()
                 out = [BIG] if request.id == "big" else request.raw_input_contents
                 yield pb.ModelStreamInferResponse(
                     infer_response=pb.ModelInferResponse(id=request.id, raw_output_contents=out)
@@ -291,12 +293,15 @@ async def test_a_client_that_does_not_read_holds_its_answers_back() -> None:
 async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> None:
     servicer = Echo()
     async with serving("plaza", servicer) as (server, address), stub(address) as client:
-        slow = asyncio.ensure_future(client.ModelInfer(pb.ModelInferRequest(id="nap")))
+        slow = asyncio.ensure_future(client.ModelInfer(pb.ModelInferRequest(id="held")))
         await asyncio.wait_for(servicer.started.wait(), 10)
-        await asyncio.wait_for(server.stop(10), 20)  # returns once the nap is answered
+        stopping = asyncio.ensure_future(server.stop(10))  # returns once the call is answered
+        await wait_for(lambda: not server._server.is_serving(), 10, "the stop to begin")
+        servicer.release.set()
+        await asyncio.wait_for(stopping, 20)
         answer = await slow
         async with stub(address) as fresh:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await fresh.ServerLive(pb.ServerLiveRequest(), timeout=2)
-    assert answer.id == "nap"
+    assert answer.id == "held"
     assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
