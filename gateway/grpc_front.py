@@ -14,7 +14,8 @@ a ``cancelled`` answer, so a worker that has not run the request yet skips it. W
 ``gateway.tls_cert_file`` set the port serves TLS (``gateway.tls``).
 
 The API key (``gateway.api_key``) is required as ``authorization: Bearer <key>`` metadata on
-every RPC but the health ones (ServerLive, ServerReady, ModelReady), as over HTTP.
+every RPC but the health ones (ServerLive, ServerReady, ModelReady, and gRPC's own
+``grpc.health.v1.Health/Check``: ``gateway.grpc_health``), as over HTTP.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
 from plaza.errors import ConfigError, PlazaError, Unauthorized
-from plaza.gateway import grpc_codec
+from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
 from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of
@@ -308,12 +309,23 @@ async def start_server(
         server, bound = create_server(service, host, port, tls)
         await server.start()
         return server, bound
+    methods = methods_of(SERVICE, InferenceServicer(service), pb_grpc.GRPCInferenceServiceServicer)
+    methods.update(methods_of(grpc_health.SERVICE, health_servicer(service), object))
     own = GrpcServer(
-        methods_of(SERVICE, InferenceServicer(service), pb_grpc.GRPCInferenceServiceServicer),
+        methods,
         max_message_bytes=service.settings.gateway.max_body_bytes,
         ssl_context=alpn_h2(ssl_context(tls)),
     )
     return own, await own.start(host, port)
+
+
+def health_servicer(service: GatewayService) -> grpc_health.HealthServicer:
+    """gRPC's health service, SERVING when the gateway is ready (``/v2/health/ready``)."""
+
+    async def ready() -> bool:
+        return (await service.ready()).ready
+
+    return grpc_health.HealthServicer(ready)
 
 
 def create_server(
@@ -323,6 +335,7 @@ def create_server(
     and the port it bound (``port`` 0: a free one); over TLS when ``tls`` is given."""
     server = grpc.aio.server(options=server_options(service.settings))
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
+    server.add_generic_rpc_handlers((grpc_health.generic_handler(health_servicer(service)),))
     address = f"{host}:{port}"
     if tls is None:
         bound = server.add_insecure_port(address)

@@ -15,8 +15,11 @@ and keeps what Triton's clients use:
 - ``grpc-timeout``: past it the handler is cancelled and the call ends DEADLINE_EXCEEDED;
   a stream the client resets (a cancelled call) or a connection it drops cancels its
   handlers, as grpc.aio does;
-- a message over ``max_message_bytes`` is RESOURCE_EXHAUSTED; a compressed one
-  UNIMPLEMENTED (no client of Triton's compresses unless told to);
+- request messages compressed with ``gzip`` or ``deflate`` (``grpc-encoding``, as
+  tritonclient's ``compression_algorithm`` sends them) are inflated, up to the size limit;
+  another encoding is UNIMPLEMENTED, and every answer names the accepted ones in
+  ``grpc-accept-encoding``; answers are sent uncompressed;
+- a message over ``max_message_bytes``, before or after inflating, is RESOURCE_EXHAUSTED;
 - HTTP/2 flow control both ways: answers wait for the client's window, and a stream's
   request messages are granted window only as its handler reads them (a streaming client
   that sends faster than its answers are made is held back by HTTP/2 itself); a client
@@ -27,8 +30,8 @@ and keeps what Triton's clients use:
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
-Not served: gRPC's compression, server reflection and health service; binary (``-bin``)
-metadata is decoded from base64 as gRPC does.
+Not served: compressed answers and server reflection; binary (``-bin``) metadata is decoded
+from base64 as gRPC does.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import socket
 import ssl
 import struct
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +79,13 @@ BACKLOG = 2048
 """listen() backlog."""
 
 _PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
-_HEADERS = b"\x88" + http2.literal(b"content-type", b"application/grpc")  # 0x88: :status 200
+_WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+"""zlib's window bits of the request encodings served (gRPC's deflate is zlib's format)."""
+_HEADERS = (
+    b"\x88"  # :status 200, from HPACK's static table
+    + http2.literal(b"content-type", b"application/grpc")
+    + http2.literal(b"grpc-accept-encoding", b"identity,deflate,gzip")
+)
 _OK = http2.literal(b"grpc-status", b"0")
 _PRINTABLE = (
     " !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~"  # grpc-message keeps these, and %-encodes the rest
@@ -171,12 +181,15 @@ def _deadline(headers: list[tuple[bytes, bytes]]) -> float | None:
 class _Call:
     """One stream: its request messages as they arrive, and the task that answers it."""
 
-    __slots__ = ("buffer", "context", "headers_sent", "id", "messages", "method", "task")
+    __slots__ = (
+        "buffer", "context", "headers_sent", "id", "messages", "method", "task", "wbits"
+    )  # fmt: skip
 
-    def __init__(self, stream_id: int, method: Method, context: Context) -> None:
+    def __init__(self, stream_id: int, method: Method, context: Context, wbits: int | None) -> None:
         self.id = stream_id
         self.method = method
         self.context = context
+        self.wbits = wbits  # how its compressed messages inflate (None: no grpc-encoding)
         self.buffer = bytearray()
         # bounded by HTTP/2: a stream's window is given back only as its messages are read
         self.messages: asyncio.Queue[tuple[Message, int] | None] = asyncio.Queue()
@@ -289,7 +302,14 @@ class GrpcProtocol(asyncio.Protocol):
             what = "Method not found!" if method is None else "Method not implemented!"
             self._trailers_only(stream_id, _status(grpc.StatusCode.UNIMPLEMENTED, what))
             return
-        call = _Call(stream_id, method, Context(headers, _deadline(headers)))
+        encoding = next((v for k, v in headers if k == b"grpc-encoding"), b"identity")
+        if encoding != b"identity" and encoding not in _WBITS:
+            text = encoding.decode("latin-1")
+            why = f"grpc-encoding {text!r} is not served (identity, deflate and gzip are)"
+            self._trailers_only(stream_id, _status(grpc.StatusCode.UNIMPLEMENTED, why))
+            return
+        context = Context(headers, _deadline(headers))
+        call = _Call(stream_id, method, context, _WBITS.get(encoding))
         self.calls[stream_id] = call
         call.task = self.server.loop.create_task(self._serve(call))
         if ended:
@@ -351,15 +371,16 @@ class GrpcProtocol(asyncio.Protocol):
                 break
             raw = buf[at + 5 : at + 5 + length]
             at += 5 + length
-            if compressed:
-                self._refuse(
-                    call, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not served"
-                )
-                return
             try:
+                if compressed:
+                    raw = _inflate(raw, call.wbits, limit)
                 message = call.method.request.FromString(raw)
-            except DecodeError as exc:
-                self._refuse(call, grpc.StatusCode.INTERNAL, f"could not parse the request: {exc}")
+            except _TooBig:
+                too_big = f"request message inflates past the limit of {limit} bytes"
+                self._refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED, too_big)
+                return
+            except (zlib.error, DecodeError) as exc:
+                self._refuse(call, grpc.StatusCode.INTERNAL, f"could not read the request: {exc}")
                 return
             call.messages.put_nowait((message, 5 + length if call.method.streaming else 0))
         if buf is call.buffer:
@@ -474,6 +495,24 @@ class GrpcProtocol(asyncio.Protocol):
 
     def _trailers_only(self, stream_id: int, status: bytes) -> None:
         self.h2.send_headers(stream_id, _HEADERS + status, True)
+
+
+class _TooBig(Exception):
+    """A compressed message that inflates past the size limit."""
+
+
+def _inflate(raw: bytes | bytearray, wbits: int | None, limit: int) -> bytes:
+    """A compressed message's bytes, inflated by at most ``limit`` bytes (a small message
+    that inflates to gigabytes is refused part way, not held in memory)."""
+    if wbits is None:
+        raise zlib.error("a message is flagged compressed but the call has no grpc-encoding")
+    inflater = zlib.decompressobj(wbits)
+    out = inflater.decompress(raw, limit + 1)
+    if len(out) > limit:
+        raise _TooBig
+    if not inflater.eof:
+        raise zlib.error("the compressed message is cut short")
+    return out
 
 
 class GrpcServer:

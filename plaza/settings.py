@@ -247,7 +247,7 @@ class GatewaySettings(_Section):
         "plaza",
         description="the gRPC front's server: plaza (the gateway's own, over its own HTTP/2, "
         "gateway/grpc_server.py; chosen by measurement, docs/benchmarks.md) or grpcio "
-        "(grpc.aio, which also serves gRPC's message compression)",
+        "(grpc.aio, serving the same services)",
     )
     metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
     workers: int = Field(

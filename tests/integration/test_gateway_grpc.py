@@ -22,6 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from plaza.gateway import grpc_health
 from plaza.gateway.registry import MODEL_CONTROL_DISABLED
 from plaza.settings import PlazaSettings
 from tests.support import gateway_fronts, running_worker, wait_for
@@ -125,7 +126,7 @@ async def test_typed_contents_are_accepted_like_raw_ones(
     assert "cannot both be given" in (refused.value.details() or "")
 
 
-async def test_sync_client_and_stream_with_many_requests_in_flight(
+async def test_sync_client_and_compressed_stream_with_many_requests_in_flight(
     settings_for: Callable[..., PlazaSettings],
 ) -> None:
     settings = settings_for("identity")
@@ -135,9 +136,13 @@ async def test_sync_client_and_stream_with_many_requests_in_flight(
         def drive() -> tuple[np.ndarray[Any, Any], dict[str, Any]]:
             client = grpcclient.InferenceServerClient(gw.grpc_address)
             answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-            try:
-                one = client.infer("identity", identity_input(xs["r1"])).as_numpy("OUTPUT0")
-                client.start_stream(callback=lambda result, error: answers.put((result, error)))
+            try:  # compressed both ways a client of Triton's can ask
+                x = identity_input(xs["r1"])
+                one = client.infer("identity", x, compression_algorithm="gzip").as_numpy("OUTPUT0")
+                client.start_stream(
+                    callback=lambda result, error: answers.put((result, error)),
+                    compression_algorithm="deflate",
+                )
                 for rid, x in xs.items():  # all sent before any answer is read
                     client.async_stream_infer("identity", identity_input(x), request_id=rid)
                 got = {}
@@ -219,8 +224,17 @@ async def test_api_key_is_required_as_metadata_but_not_for_health(
             result = await client.infer("identity", identity_input(x), headers=auth)
         finally:
             await client.close()
+        async with grpc.aio.insecure_channel(gw.grpc_address) as channel:
+            request = grpc_health.HealthCheckRequest(service="")  # no key, as a probe calls
+            check = channel.unary_unary(
+                "/grpc.health.v1.Health/Check",
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=grpc_health.HealthCheckResponse.FromString,
+            )
+            health = await check(request)
     assert refused.value.status() == wrong.value.status() == "StatusCode.UNAUTHENTICATED"
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    assert health.status == grpc_health.SERVING
 
 
 async def test_a_cancelled_call_stops_waiting_and_the_worker_skips_it(
