@@ -7,6 +7,8 @@ import struct
 
 import hpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plaza.gateway import http2
 
@@ -136,3 +138,32 @@ def test_literals_round_trip_through_a_decoder() -> None:
         (b"grpc-status", b"3"),
         (b"grpc-message", b"m" * 200),
     ]
+
+
+_FRAMES = st.tuples(
+    st.integers(0, 10),  # every frame type, and one past CONTINUATION
+    st.integers(0, 255),
+    st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1]),
+    st.one_of(
+        st.binary(max_size=64),
+        st.builds(lambda h: hpack.Encoder().encode(h), st.just(REQUEST)),
+        st.builds(struct.pack, st.just(">HI"), st.integers(0, 7), st.integers(0, 2**32 - 1)),
+        st.builds(struct.pack, st.just(">I"), st.integers(0, 2**32 - 1)),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_FRAMES, max_size=12), st.integers(1, 40))
+def test_any_frames_end_in_events_or_a_protocol_error_never_a_crash(
+    sent: list[tuple[int, int, int, bytes]], chunk: int
+) -> None:
+    """A client's bytes, well-formed frames or not and cut anywhere, make stream events
+    or a ConnectionError_ (GOAWAY): no other exception reaches the server's protocol."""
+    conn, _ = opened()
+    wire = b"".join(http2.frame(kind, flags, sid, payload) for kind, flags, sid, payload in sent)
+    try:
+        for at in range(0, len(wire), chunk):
+            conn.receive(wire[at : at + chunk])
+    except http2.ConnectionError_ as exc:
+        assert exc.code in range(0x0, 0xE)
