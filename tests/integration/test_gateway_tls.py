@@ -8,10 +8,7 @@ both fronts and one with a certificate the CA signed is served.
 from __future__ import annotations
 
 import ssl
-import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,45 +17,13 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from plaza.settings import PlazaSettings
+from tests.pki import Pki, make_pki
 from tests.support import gateway_fronts, running_worker
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def _openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-def _signed(root: Path, name: str, ca: Path, ca_key: Path, ext: str) -> tuple[Path, Path]:
-    key, csr, cert, extfile = (root / f"{name}.{s}" for s in ("key", "csr", "pem", "ext"))
-    extfile.write_text(ext)
-    _openssl("genrsa", "-out", key, "2048")
-    _openssl("req", "-new", "-key", key, "-subj", f"/CN={name}", "-out", csr)
-    _openssl(
-        "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-        "-days", "2", "-out", cert, "-extfile", extfile,
-    )  # fmt: skip
-    return cert, key
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    root = tmp_path_factory.mktemp("pki")
-    ca, ca_key = root / "ca.pem", root / "ca.key"
-    _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", "/CN=plaza-test-ca", "-keyout", ca_key, "-out", ca,
-    )  # fmt: skip
-    server = _signed(root, "server", ca, ca_key, "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    client = _signed(root, "client", ca, ca_key, "extendedKeyUsage=clientAuth\n")
-    return Pki(ca, server[0], server[1], client[0], client[1])
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 async def test_both_fronts_serve_tls(settings_for: Callable[..., PlazaSettings], pki: Pki) -> None:
