@@ -1,17 +1,21 @@
 """The gateway's HTTP/1.1 server over loopback sockets, with raw bytes as the client:
 keep-alive, pipelining in order, body limits, chunked bodies, Expect: 100-continue, HEAD,
-HTTP/1.0, malformed requests, idle connections and the stop's drain."""
+HTTP/1.0, malformed requests, idle connections and the stop's drain; and, on a fake
+transport, any run of requests and garbage cut anywhere (hypothesis)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from plaza.gateway.http_server import HttpRequest, HttpResponse, HttpServer
+from plaza.gateway.http_server import HttpProtocol, HttpRequest, HttpResponse, HttpServer
 
 LIMIT = 1024
 
@@ -265,3 +269,136 @@ async def test_stop_answers_the_request_in_flight_then_refuses_new_connections()
         await asyncio.open_connection("127.0.0.1", port)
     writer.close()
     idle_writer.close()
+
+
+# -- any requests, cut anywhere ------------------------------------------------------------
+
+
+class FakeTransport:
+    """What the protocol writes, and whether it paused reading or closed; a write after
+    the close fails the test."""
+
+    def __init__(self, protocol: HttpProtocol) -> None:
+        self.protocol = protocol
+        self.out = bytearray()
+        self.closed = False
+        self.paused = False
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed, "written after the close"
+        self.out += data
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def parse_responses(out: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Every response in ``out``, which must hold whole responses and nothing else."""
+    responses = []
+    at = 0
+    while at < len(out):
+        head_end = out.index(b"\r\n\r\n", at)
+        status_line, *lines = out[at:head_end].decode("latin-1").split("\r\n")
+        assert status_line.startswith("HTTP/1.1 "), status_line
+        headers = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        length = int(headers["content-length"])
+        body = out[head_end + 4 : head_end + 4 + length]
+        assert len(body) == length, "a response cut short"
+        responses.append((int(status_line.split()[1]), headers, body))
+        at = head_end + 4 + length
+    return responses
+
+
+def wire_request(method: str, path: str, body: bytes, chunk: int) -> bytes:
+    """``chunk`` 0: the body framed by Content-Length; else sent chunked, ``chunk`` bytes a
+    piece."""
+    if chunk == 0:
+        return post(path, body).replace(b"POST", method.encode(), 1)
+    pieces = [body[i : i + chunk] for i in range(0, len(body), chunk)]
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+    return head.encode() + framed
+
+
+async def serve_pieces(pieces: list[bytes]) -> FakeTransport:
+    """Feed ``pieces`` to one connection as a loop would (reading stops while paused, and
+    answers run between reads), then let the answers finish."""
+    protocol = HttpProtocol(HttpServer(echo, max_body_bytes=LIMIT))
+    transport = FakeTransport(protocol)
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    for piece in pieces:
+        for _ in range(100):
+            if not transport.paused or transport.closed:
+                break
+            await asyncio.sleep(0)
+        if transport.closed or transport.paused:
+            break
+        protocol.data_received(piece)
+        await asyncio.sleep(0)
+    for _ in range(100):  # the echo handler never waits: a few turns answer everything
+        await asyncio.sleep(0)
+    if not transport.closed:
+        transport.close()  # the client goes; the idle timer must not outlive the loop
+        await asyncio.sleep(0)
+    return transport
+
+
+_REQUESTS = st.lists(
+    st.tuples(
+        st.sampled_from(["GET", "POST", "PUT"]),
+        st.from_regex(r"/[a-z0-9]{0,8}", fullmatch=True),
+        st.one_of(st.binary(max_size=64), st.binary(min_size=LIMIT - 4, max_size=LIMIT + 4)),
+        st.sampled_from([0, 0, 1, 7, 300]),
+    ),
+    max_size=5,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    _REQUESTS,
+    st.one_of(st.none(), st.binary(max_size=40).map(lambda b: b"\x00" + b)),
+    st.lists(st.integers(1, 4000), max_size=8),
+)
+def test_any_requests_and_garbage_cut_anywhere_get_their_answers_in_order(
+    requests: list[tuple[str, str, bytes, int]], garbage: bytes | None, cuts: list[int]
+) -> None:
+    """Requests (framed by length or chunked, some over the body limit), then perhaps bytes
+    that are not HTTP, cut into any pieces: each request under the limit gets its echo, in
+    order, on the one connection; the first over it gets 413 and the close; garbage after
+    whole requests gets 400 and the close; nothing else comes out, and no exception."""
+    wire = b"".join(wire_request(*r) for r in requests) + (garbage or b"")
+    at = sorted({c for c in cuts if c < len(wire)} | {0, len(wire)})
+    pieces = [wire[a:b] for a, b in itertools.pairwise(at)]
+    transport = asyncio.run(serve_pieces(pieces))
+
+    expected: list[tuple[int, bytes | None]] = []
+    for method, path, body, _ in requests:
+        if len(body) > LIMIT:
+            expected.append((413, None))
+            break
+        expected.append((200, f"{method} {path} {len(body)} {body[:16]!r}".encode()))
+    else:
+        if garbage is not None:
+            expected.append((400, None))
+    answers = parse_responses(bytes(transport.out))
+    assert [status for status, _, _ in answers] == [status for status, _ in expected]
+    for (_, _, body), (_, echoed) in zip(answers, expected, strict=True):
+        if echoed is not None:
+            assert body == echoed
+    closes = [headers.get("connection") == "close" for _, headers, _ in answers]
+    if answers:  # only an error answer closes, and it is the last
+        assert closes == [False] * (len(answers) - 1) + [answers[-1][0] != 200]
