@@ -208,6 +208,32 @@ def _platform(config: mc.ModelConfig, source: str) -> str:
     return platform
 
 
+_TENSOR_NOT_BUILT = {
+    "reshape": "Plaza hands tensors to the model in the shape the client sent",
+    "allow_ragged_batch": "Plaza has no ragged batching",
+    "is_shape_tensor": "Plaza has no shape tensors",
+}
+
+
+def _refuse_unbuilt(config: mc.ModelConfig, source: str) -> None:
+    """Refuse the config fields whose meaning Plaza does not carry out: served without it,
+    such a model would get the wrong batches or the wrong shapes (a stateful model its
+    sequences interleaved), not an error. Fields that only tune speed or load (model_warmup,
+    optimization) are read and ignored."""
+    if config.HasField("sequence_batching"):
+        why = "Plaza has no sequence batcher for stateful models"
+        raise _fail(source, "sequence_batching", f"is not supported: {why}")
+    for name in ("batch_input", "batch_output"):
+        if getattr(config, name):
+            raise _fail(source, name, "is not supported: Plaza has no ragged batching")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for i, tensor in enumerate(tensors):
+            set_fields = {f.name for f, _ in tensor.ListFields()}
+            for name, why in _TENSOR_NOT_BUILT.items():
+                if name in set_fields:
+                    raise _fail(source, f"{kind}[{i}].{name}", f"is not supported: {why}")
+
+
 def _ensemble_steps(
     config: mc.ModelConfig, platform: str, source: str, name: str
 ) -> tuple[EnsembleStep, ...]:
@@ -374,6 +400,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     if config.max_batch_size < 0:
         raise _fail(source, "max_batch_size", "must be >= 0")
     platform = _platform(config, source)
+    _refuse_unbuilt(config, source)
     batching = config.max_batch_size > 0
     groups = _instance_groups(config, source)
     inputs = _tensor_specs(config.input, "input", source, batching)

@@ -100,6 +100,61 @@ def test_bad_config_names_file_and_field(edit: tuple[str, str], field: str) -> N
     assert info.value.code == "bad_config"
 
 
+_X = 'name: "x" data_type: TYPE_FP32 dims: [ 512 ]'
+_LOGITS = 'name: "logits" data_type: TYPE_FP32 dims: [ 10 ]'
+_DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (
+            (_DYNAMIC, "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"),
+            "sequence_batching",
+        ),
+        ((_X, _X + " reshape: { shape: [ ] }"), "input[0].reshape"),
+        ((_X, _X + " allow_ragged_batch: true"), "input[0].allow_ragged_batch"),
+        ((_X, _X + " is_shape_tensor: true"), "input[0].is_shape_tensor"),
+        ((_LOGITS, _LOGITS + " reshape: { shape: [ 2, 5 ] }"), "output[0].reshape"),
+        (
+            (
+                "version_policy",
+                'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "n" '
+                'data_type: TYPE_INT32 source_input: "x" } ]\nversion_policy',
+            ),
+            "batch_input",
+        ),
+        (
+            (
+                "version_policy",
+                'batch_output [ { target_name: "logits" '
+                'kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]\nversion_policy',
+            ),
+            "batch_output",
+        ),
+    ],
+)
+def test_fields_plaza_would_ignore_wrongly_are_refused(edit: tuple[str, str], field: str) -> None:
+    """A stateful model's sequences, reshaped or ragged tensors: served as if the field were
+    absent, the model would get wrong batches or shapes, so the config is refused."""
+    old, new = edit
+    assert old in GOOD
+    with pytest.raises(ConfigError) as info:
+        spec(GOOD.replace(old, new, 1))
+    assert f"field '{field}': is not supported" in info.value.message
+    assert info.value.code == "bad_config"
+
+
+def test_fields_that_only_tune_are_read_and_ignored() -> None:
+    tuned = GOOD + (
+        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { '
+        "data_type: TYPE_FP32 dims: [ 512 ] zero_data: true } } } ]\n"
+        "optimization { priority: PRIORITY_MAX }\n"
+    )
+    assert spec(tuned).config.HasField("optimization")
+    assert spec(GOOD.replace(_X, _X + " allow_ragged_batch: false")).inputs[0].name == "x"
+
+
 def test_syntax_error_names_file_and_line() -> None:
     with pytest.raises(ConfigError, match=r"mlp/config.pbtxt: 2:\d+"):
         spec('name: "mlp"\nmax_batch_size: "lots"\n')
