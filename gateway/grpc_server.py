@@ -28,6 +28,8 @@ and keeps what Triton's clients use:
 - at most ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS);
   a connection whose HTTP/2 preface does not come within ``handshake_s`` is closed;
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
+- TCP keepalive on every connection (``KEEPALIVE``: probes after 2 h idle, as grpc-core's
+  servers ping), so a client gone without closing is found and its connection closed;
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
 Not served: compressed answers and server reflection; binary (``-bin``) metadata is decoded
@@ -77,6 +79,12 @@ HANDSHAKE_S = 20.0
 
 BACKLOG = 2048
 """listen() backlog."""
+
+KEEPALIVE = ((socket.TCP_KEEPIDLE, 7200), (socket.TCP_KEEPINTVL, 20), (socket.TCP_KEEPCNT, 3))
+"""TCP keepalive on every connection: probes after 2 h without traffic (grpc-core servers'
+default keepalive time), 20 s apart, three unanswered ones close it. gRPC clients keep
+their connections for as long as they live, so no idle timeout closes them; a client gone
+without a FIN (its host down, a network cut) is found this way instead of held forever."""
 
 _PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
@@ -217,6 +225,7 @@ class GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
+        _keep_alive(transport.get_extra_info("socket"))
         self.h2.preamble()
         self._flush()
         # a client that never sends HTTP/2's preface must not hold a connection for ever
@@ -513,6 +522,15 @@ def _inflate(raw: bytes | bytearray, wbits: int | None, limit: int) -> bytes:
     if not inflater.eof:
         raise zlib.error("the compressed message is cut short")
     return out
+
+
+def _keep_alive(sock: socket.socket | None) -> None:
+    """Turn TCP keepalive on with ``KEEPALIVE``'s timing (TCP connections only)."""
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in KEEPALIVE:
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class GrpcServer:

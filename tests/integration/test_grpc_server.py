@@ -8,6 +8,7 @@ tested end to end in test_gateway_grpc.py.
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +22,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza.gateway import grpc_health, http2
 from plaza.gateway.grpc_front import SERVICE
-from plaza.gateway.grpc_server import GrpcServer, methods_of
+from plaza.gateway.grpc_server import KEEPALIVE, GrpcServer, methods_of
 from tests.support import wait_for
 
 LIMIT = 4 << 20
@@ -345,6 +346,18 @@ async def test_a_connection_without_the_http2_preface_is_closed() -> None:
     finally:
         await server.stop(1.0)
     assert not server.connections
+
+
+async def test_every_connection_has_tcp_keepalive_with_the_servers_timing() -> None:
+    """An idle gRPC connection is never closed for idling; TCP keepalive finds a client
+    that went without a FIN."""
+    async with serving("plaza", Echo()) as (server, address), stub(address) as s:
+        await s.ServerLive(pb.ServerLiveRequest())
+        (conn,) = server.connections
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        for option, value in KEEPALIVE:
+            assert sock.getsockopt(socket.IPPROTO_TCP, option) == value
 
 
 async def test_a_client_that_does_not_read_holds_its_answers_back() -> None:
