@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from plaza import reshape as reshaping
 from plaza.datatypes import to_numpy_dtype
 from plaza.modelconfig import ModelSpec, TensorSpec
 
@@ -44,6 +45,15 @@ def make_inputs(spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Genera
         shape = (batch, *dims) if spec.max_batch_size > 0 else dims
         feeds[tensor.name] = _input_values(tensor, shape, rng)
     return feeds
+
+
+def model_inputs(spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Generator) -> InputSet:
+    """``make_inputs`` in the shapes the model itself takes (its config's ``reshape``): what
+    a backend called directly, not through the runner, is given."""
+    batched = spec.max_batch_size > 0
+    return reshaping.arrays(
+        make_inputs(spec, batch, seq_len, rng), reshaping.to_model(spec.inputs), batched
+    )
 
 
 _SUBJECTS = ("A man", "The woman", "A child", "The old dog", "Two engineers", "A tired cat")

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from plaza.loadgen.inputs import make_inputs
+from plaza.loadgen.inputs import model_inputs
 from plaza.loadgen.raw_backend import WORKER_DEFAULT_THREADS
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
@@ -101,7 +101,7 @@ def measure_curve(
     """Time ``backend.infer`` per batch size: ``rounds`` windows each, interleaved."""
     rng = np.random.default_rng(seed)
     outputs = [o.name for o in spec.outputs]
-    feeds = {n: make_inputs(spec, n, seq_len, rng) for n in sizes}
+    feeds = {n: model_inputs(spec, n, seq_len, rng) for n in sizes}
     for n in sizes:  # warm-up: first calls allocate
         backend.infer(feeds[n], outputs)
     samples: dict[int, list[float]] = {n: [] for n in sizes}

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from plaza.errors import PlazaError
-from plaza.loadgen.inputs import InputSet, make_inputs
+from plaza.loadgen.inputs import InputSet, model_inputs
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository, ModelVersion
 from plaza.samples.simulated import ensure_servable
@@ -116,7 +116,9 @@ def benchmark(
     """Interleaved timed windows of ``backend.infer`` over ``batch_sizes``; medians and
     paired ratios."""
     rng = np.random.default_rng(config.seed)
-    calls = {b: _infer_call(backend, spec, make_inputs(spec, b, seq_len, rng)) for b in batch_sizes}
+    calls = {
+        b: _infer_call(backend, spec, model_inputs(spec, b, seq_len, rng)) for b in batch_sizes
+    }
     for b in batch_sizes:
         time_calls(calls[b], WARMUP_S)
     rates: dict[int, list[float]] = {b: [] for b in batch_sizes}

@@ -14,6 +14,7 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from plaza import reshape as reshaping
 from plaza.datatypes import from_config_type
 from plaza.ensembles import EnsembleStep, check_graph
 from plaza.errors import ConfigError
@@ -42,6 +43,9 @@ class TensorSpec:
     datatype: str
     dims: tuple[int, ...]
     optional: bool = False
+    reshape: tuple[int, ...] | None = None
+    """Triton's ``reshape``: the shape the model takes (an input) or makes (an output) past
+    the batch dim, when it is not ``dims`` (``plaza.reshape``); None: ``dims``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,13 +213,12 @@ def _platform(config: mc.ModelConfig, source: str) -> str:
 
 
 _TENSOR_NOT_BUILT = {
-    "reshape": "Plaza hands tensors to the model in the shape the client sent",
     "allow_ragged_batch": "Plaza has no ragged batching",
     "is_shape_tensor": "Plaza has no shape tensors",
 }
 
 
-def _refuse_unbuilt(config: mc.ModelConfig, source: str) -> None:
+def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     """Refuse the config fields whose meaning Plaza does not carry out: served without it,
     such a model would get the wrong batches or the wrong shapes (a stateful model its
     sequences interleaved), not an error. Fields that only tune speed or load (model_warmup,
@@ -232,6 +235,9 @@ def _refuse_unbuilt(config: mc.ModelConfig, source: str) -> None:
             for name, why in _TENSOR_NOT_BUILT.items():
                 if name in set_fields:
                     raise _fail(source, f"{kind}[{i}].{name}", f"is not supported: {why}")
+            if platform == PLATFORM_ENSEMBLE and "reshape" in set_fields:
+                why = "an ensemble hands its tensors to its steps as they are"
+                raise _fail(source, f"{kind}[{i}].reshape", f"is not supported: {why}")
 
 
 def _ensemble_steps(
@@ -283,10 +289,30 @@ def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[T
             datatype = from_config_type(type_name)
         except ConfigError as exc:
             raise _fail(source, f"{where}.data_type", exc.message) from exc
-        specs.append(TensorSpec(item.name, datatype, dims, bool(getattr(item, "optional", False))))
+        optional = bool(getattr(item, "optional", False))
+        specs.append(
+            TensorSpec(item.name, datatype, dims, optional, _reshape(item, kind, where, source))
+        )
     if not specs:
         raise _fail(source, kind, "at least one is required")
     return tuple(specs)
+
+
+def _reshape(item: Any, kind: str, where: str, source: str) -> tuple[int, ...] | None:
+    """A tensor's checked ``reshape.shape`` (None without one). An input goes from dims to
+    it, an output from it to dims: the shape reshaped to may hold one -1, and where the
+    other is fixed the element counts must be able to agree."""
+    if not item.HasField("reshape"):
+        return None
+    shape = tuple(int(d) for d in item.reshape.shape)
+    if any(d < -1 or d == 0 for d in shape):
+        raise _fail(source, f"{where}.reshape", f"{list(shape)}: each dim is -1 or positive")
+    dims = tuple(int(d) for d in item.dims)
+    origin, target = (dims, shape) if kind == "input" else (shape, dims)
+    why = reshaping.consistent(origin, target)
+    if why is not None:
+        raise _fail(source, f"{where}.reshape", why)
+    return shape
 
 
 def _queue_policy(p: mc.ModelQueuePolicy) -> QueuePolicy:
@@ -400,7 +426,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     if config.max_batch_size < 0:
         raise _fail(source, "max_batch_size", "must be >= 0")
     platform = _platform(config, source)
-    _refuse_unbuilt(config, source)
+    _refuse_unbuilt(config, platform, source)
     batching = config.max_batch_size > 0
     groups = _instance_groups(config, source)
     inputs = _tensor_specs(config.input, "input", source, batching)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from plaza.contract import InferRequest
 from plaza.errors import InvalidInput
 from plaza.modelconfig import ModelSpec, TensorSpec
+from plaza.reshape import reshape
 from plaza.tensors import Tensor, deserialize_bytes
 
 
@@ -41,6 +42,17 @@ def _check_shape(tensor: Tensor, spec: TensorSpec, max_batch_size: int) -> int:
                 tensor=tensor.name,
             )
     return rows
+
+
+def _check_reshape(tensor: Tensor, target: tuple[int, ...], batched: bool) -> None:
+    """A shape that fits dims but not the model's (a -1 in dims settled to a size that the
+    config's reshape cannot take)."""
+    if reshape(tensor.shape, target, batched) is None:
+        raise InvalidInput(
+            f"input {tensor.name!r}: shape {list(tensor.shape)} cannot be reshaped to the "
+            f"model's {list(target)} (config.pbtxt reshape)",
+            tensor=tensor.name,
+        )
 
 
 def _check_data(tensor: Tensor) -> None:
@@ -80,6 +92,8 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
                 tensor=ispec.name,
             )
         rows.add(_check_shape(tensor, ispec, spec.max_batch_size))
+        if ispec.reshape is not None:
+            _check_reshape(tensor, ispec.reshape, spec.max_batch_size > 0)
         _check_data(tensor)
     if len(rows) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(rows)}")

@@ -19,15 +19,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 from aiokafka.structs import TopicPartition
 
+from plaza import reshape as reshaping
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
 from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
-from plaza.workers.backends.base import Arrays, Backend, RequestBackend
+from plaza.workers.backends.base import Answer, Arrays, Backend, RequestBackend
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
@@ -89,6 +91,10 @@ class BatchRunner:
         self.worker_id = worker_id
         self.observer = observer
         self._all_outputs = [o.name for o in spec.outputs]
+        self._batched = spec.max_batch_size > 0
+        # Triton's reshape (plaza.reshape): inputs to the model's shape, outputs back to dims
+        self._to_model = reshaping.to_model(spec.inputs)
+        self._to_client = reshaping.to_client(spec.outputs)
 
     async def run(self, items: Sequence[WorkItem]) -> list[InferResult]:
         """Results in the order of ``items``; inference runs in the executor thread."""
@@ -144,18 +150,34 @@ class BatchRunner:
         t0 = time.monotonic()
         backend = self.backends[items[0].version]
         if isinstance(backend, RequestBackend):
-            answers = backend.execute_requests([it.request for it in items])
+            requests = [self._request_to_model(it.request) for it in items]
+            answers = [self._answer_to_client(a) for a in backend.execute_requests(requests)]
             t2 = time.monotonic()
             return [
                 self._error(it, a) if isinstance(a, PlazaError) else self._ok(it, a, t0, t0, t2)
                 for it, a in zip(items, answers, strict=True)
             ]
         wanted = sorted({o for it in items for o in (it.request.outputs or self._all_outputs)})
-        inputs = stack_inputs(items, self.spec.max_batch_size > 0)
+        inputs = stack_inputs(items, self._batched)
+        if self._to_model:
+            inputs = reshaping.arrays(inputs, self._to_model, self._batched)
         t1 = time.monotonic()
         outputs = backend.infer(inputs, wanted)
         t2 = time.monotonic()
+        if self._to_client:  # a model's output that dims cannot hold fails as the model's
+            outputs = reshaping.arrays(outputs, self._to_client, self._batched)
         return self._split(items, outputs, t0, t1, t2)
+
+    def _request_to_model(self, request: InferRequest) -> InferRequest:
+        if not self._to_model:
+            return request
+        inputs = reshaping.tensors(request.inputs, self._to_model, self._batched)
+        return msgspec.structs.replace(request, inputs=inputs)
+
+    def _answer_to_client(self, answer: Answer) -> Answer:
+        if not self._to_client or isinstance(answer, PlazaError):
+            return answer
+        return reshaping.tensors(answer, self._to_client, self._batched)
 
     def _split(
         self, items: Sequence[WorkItem], outputs: Arrays, t0: float, t1: float, t2: float

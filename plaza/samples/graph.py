@@ -76,12 +76,13 @@ class GraphBuilder:
 
 def value_info(tensor: TensorSpec, variable_dims: Sequence[str], batched: bool) -> Any:
     """A graph input/output for a configured tensor: its name and dtype, the batch dim first
-    when the model batches, and each ``-1`` dim named by ``variable_dims`` in turn."""
+    when the model batches, and each ``-1`` dim named by ``variable_dims`` in turn. The
+    shape is the model's: ``reshape``'s where the config has one, else ``dims``."""
     from onnx import helper
 
     names = iter(variable_dims)
     shape: list[int | str] = [BATCH_DIM] if batched else []
-    for dim in tensor.dims:
+    for dim in tensor.dims if tensor.reshape is None else tensor.reshape:
         shape.append(next(names) if dim == -1 else dim)
     elem_type = helper.np_dtype_to_tensor_dtype(to_numpy_dtype(tensor.datatype))
     return helper.make_tensor_value_info(tensor.name, elem_type, shape)

@@ -101,7 +101,6 @@ def test_bad_config_names_file_and_field(edit: tuple[str, str], field: str) -> N
 
 
 _X = 'name: "x" data_type: TYPE_FP32 dims: [ 512 ]'
-_LOGITS = 'name: "logits" data_type: TYPE_FP32 dims: [ 10 ]'
 _DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
 
 
@@ -112,10 +111,8 @@ _DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
             (_DYNAMIC, "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"),
             "sequence_batching",
         ),
-        ((_X, _X + " reshape: { shape: [ ] }"), "input[0].reshape"),
         ((_X, _X + " allow_ragged_batch: true"), "input[0].allow_ragged_batch"),
         ((_X, _X + " is_shape_tensor: true"), "input[0].is_shape_tensor"),
-        ((_LOGITS, _LOGITS + " reshape: { shape: [ 2, 5 ] }"), "output[0].reshape"),
         (
             (
                 "version_policy",
@@ -135,7 +132,7 @@ _DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
     ],
 )
 def test_fields_plaza_would_ignore_wrongly_are_refused(edit: tuple[str, str], field: str) -> None:
-    """A stateful model's sequences, reshaped or ragged tensors: served as if the field were
+    """A stateful model's sequences, ragged or shape tensors: served as if the field were
     absent, the model would get wrong batches or shapes, so the config is refused."""
     old, new = edit
     assert old in GOOD
