@@ -221,8 +221,8 @@ _TENSOR_NOT_BUILT = {
 def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     """Refuse the config fields whose meaning Plaza does not carry out: served without it,
     such a model would get the wrong batches or the wrong shapes (a stateful model its
-    sequences interleaved), not an error. Fields that only tune speed or load (model_warmup,
-    optimization) are read and ignored."""
+    sequences interleaved), not an error. Fields that only tune speed (optimization) are
+    read and ignored."""
     if config.HasField("sequence_batching"):
         why = "Plaza has no sequence batcher for stateful models"
         raise _fail(source, "sequence_batching", f"is not supported: {why}")

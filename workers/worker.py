@@ -58,6 +58,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
+from plaza.workers import warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
@@ -279,15 +280,32 @@ class Worker:
         return len(self.batcher) + len(self._suspects) + self._in_flight
 
     async def _load_backends(self, repo: ModelRepository) -> None:
+        """Load every instance's backend of every served version, then run the model's
+        warmup samples on each (``workers/warmup.py``)."""
         device = self.services.device
         loop = asyncio.get_running_loop()
-        for runner, executor in zip(self.instances, self._executors, strict=True):
-            for mv in repo.served_versions(self.model, self.spec):
-                backend = create_backend(
-                    mv, device, self.settings.worker.intra_op_threads, settings=self.settings
-                )
-                await loop.run_in_executor(executor, backend.load)
-                runner.backends[mv.version] = backend
+        samples = warmup.samples(self.spec, repo.root / self.model)
+        try:
+            for runner, executor in zip(self.instances, self._executors, strict=True):
+                for mv in repo.served_versions(self.model, self.spec):
+                    backend = create_backend(
+                        mv, device, self.settings.worker.intra_op_threads, settings=self.settings
+                    )
+                    await loop.run_in_executor(executor, backend.load)
+                    runner.backends[mv.version] = backend
+                    if samples:
+                        await loop.run_in_executor(
+                            executor, warmup.run, runner, mv.version, samples
+                        )
+        except BaseException:  # a failed load or warmup: nothing stays loaded (stop() won't run)
+            for runner in self.instances:
+                for backend in runner.backends.values():
+                    with contextlib.suppress(Exception):
+                        backend.unload()
+                runner.backends.clear()
+            for executor in self._executors:
+                executor.shutdown(wait=False)
+            raise
 
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a task fails (then re-raise after stopping)."""

@@ -143,12 +143,10 @@ def test_fields_plaza_would_ignore_wrongly_are_refused(edit: tuple[str, str], fi
 
 
 def test_fields_that_only_tune_are_read_and_ignored() -> None:
-    tuned = GOOD + (
-        'model_warmup [ { name: "w" batch_size: 1 inputs { key: "x" value { '
-        "data_type: TYPE_FP32 dims: [ 512 ] zero_data: true } } } ]\n"
-        "optimization { priority: PRIORITY_MAX }\n"
-    )
+    tuned = GOOD.replace("dynamic_batching {", "dynamic_batching {\n  preserve_ordering: true")
+    tuned += "optimization { priority: PRIORITY_MAX }\n"
     assert spec(tuned).config.HasField("optimization")
+    assert spec(tuned).config.dynamic_batching.preserve_ordering
     assert spec(GOOD.replace(_X, _X + " allow_ragged_batch: false")).inputs[0].name == "x"
 
 

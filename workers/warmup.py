@@ -1,0 +1,167 @@
+"""Triton's ``model_warmup``: sample requests each model instance runs once it has loaded,
+before its worker joins the model's consumer group.
+
+A backend's first calls are slow (ONNX Runtime sizes its memory arena, a TorchScript model is
+optimised on its first runs); warmup spends that time before the worker takes requests, so
+the first clients do not. A worker counts as ready (its heartbeat in the model's registry)
+only once every sample has run, as Triton shows a model ready only after its warmup.
+
+Each ``model_warmup`` entry is a request of ``batch_size`` rows (one, for a model that does
+not batch) with its inputs made of zeros (``zero_data``), random values (``random_data``,
+from a fixed seed), or the raw bytes of ``<model>/warmup/<input_data_file>`` (C order; BYTES
+in Triton's length-prefixed layout). It is validated as a request is, runs ``count`` times
+(at least once) on every instance of every served version, through the same runner (so
+``reshape`` applies), and is not counted in the model's statistics. A sample that cannot be
+made is a ``bad_config`` naming it; one that fails to run fails the load, as in Triton.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from plaza.client import make_request
+from plaza.contract import InferRequest
+from plaza.datatypes import from_config_type, itemsize, to_numpy_dtype
+from plaza.errors import ConfigError, ModelExecutionError, PlazaError
+from plaza.modelconfig import ModelSpec
+from plaza.tensors import deserialize_bytes
+from plaza.validation import validate_request
+from plaza.workers.runner import BatchRunner, WorkItem
+
+log = logging.getLogger(__name__)
+
+WARMUP_DIR = "warmup"
+"""The folder under a model's folder that holds its ``input_data_file`` files."""
+
+SEED = 0
+"""``random_data`` comes from this seed: the same warmup every load."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One ``model_warmup`` entry, made into a request."""
+
+    name: str
+    request: InferRequest
+    rows: int
+    count: int
+
+
+def samples(spec: ModelSpec, model_dir: Path) -> list[Sample]:
+    """The model's warmup samples as requests; ConfigError for one that cannot be made."""
+    rng = np.random.default_rng(SEED)
+    made = []
+    for i, entry in enumerate(spec.config.model_warmup):
+        where = f"{model_dir / 'config.pbtxt'}: model_warmup[{i}] {entry.name!r}"
+        try:
+            made.append(_sample(spec, entry, model_dir, rng))
+        except PlazaError as exc:
+            raise ConfigError(f"{where}: {exc.message}", field=f"model_warmup[{i}]") from exc
+    return made
+
+
+def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generator) -> Sample:
+    batching = spec.max_batch_size > 0
+    rows = int(entry.batch_size)
+    if batching and not 1 <= rows <= spec.max_batch_size:
+        raise ConfigError(f"batch_size {rows} is outside 1..{spec.max_batch_size}")
+    if not entry.inputs:
+        raise ConfigError("has no inputs")
+    arrays = {}
+    for name, data in entry.inputs.items():
+        if spec.input(name) is None:
+            raise ConfigError(f"names input {name!r}, which the model does not have")
+        datatype = from_config_type(mc.DataType.Name(data.data_type))
+        dims = tuple(int(d) for d in data.dims)
+        if any(d < 0 for d in dims):
+            raise ConfigError(f"input {name!r}: dims {list(dims)} must be sizes, not -1")
+        shape = (rows, *dims) if batching else dims
+        arrays[name] = _values(name, data, datatype, shape, model_dir, rng)
+    request = make_request(spec.name, arrays, correlation_id=f"warmup-{entry.name}")
+    validate_request(request, spec)  # InvalidInput: the sample does not fit the model
+    return Sample(entry.name, request, rows if batching else 1, max(1, int(entry.count)))
+
+
+def _values(
+    name: str,
+    data: Any,
+    datatype: str,
+    shape: tuple[int, ...],
+    model_dir: Path,
+    rng: np.random.Generator,
+) -> np.ndarray[Any, Any]:
+    dtype = to_numpy_dtype(datatype)
+    count = int(np.prod(shape))
+    kind = data.WhichOneof("input_data_type")
+    if kind == "zero_data":
+        return np.full(shape, b"", dtype=object) if dtype.kind == "O" else np.zeros(shape, dtype)
+    if kind == "random_data":
+        if dtype.kind == "O":  # short lower-case words
+            words = [rng.integers(97, 123, size=8).astype(np.uint8).tobytes() for _ in range(count)]
+            return np.array(words, dtype=object).reshape(shape)
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape).astype(bool)
+        if dtype.kind in "iu":
+            return rng.integers(0, 100, size=shape).astype(dtype)
+        return rng.random(size=shape).astype(dtype)
+    if kind == "input_data_file":
+        return _from_file(name, data.input_data_file, dtype, datatype, shape, model_dir)
+    raise ConfigError(f"input {name!r}: one of zero_data, random_data, input_data_file is needed")
+
+
+def _from_file(
+    name: str,
+    filename: str,
+    dtype: np.dtype[Any],
+    datatype: str,
+    shape: tuple[int, ...],
+    model_dir: Path,
+) -> np.ndarray[Any, Any]:
+    folder = (model_dir / WARMUP_DIR).resolve()
+    path = (folder / filename).resolve()
+    if path.parent != folder:
+        raise ConfigError(f"input {name!r}: input_data_file {filename!r} is not a file name")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"input {name!r}: cannot read {path}: {exc.strerror}") from exc
+    count = int(np.prod(shape))
+    if dtype.kind == "O":
+        return deserialize_bytes(raw, count).reshape(shape)
+    expected = count * itemsize(datatype)
+    if len(raw) != expected:
+        raise ConfigError(
+            f"input {name!r}: {path} has {len(raw)} bytes; shape {list(shape)} of {datatype} "
+            f"needs {expected}"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def run(runner: BatchRunner, version: int, made: list[Sample]) -> None:
+    """Run every sample ``count`` times on ``runner``'s backend of ``version`` (blocking: in
+    the instance's executor thread); ModelExecutionError when one fails."""
+    for sample in made:
+        item = WorkItem(request=sample.request, rows=sample.rows, version=version)
+        started = time.monotonic()
+        for _ in range(sample.count):
+            (result,) = runner.run_group([item])
+            if result.error is not None:
+                raise ModelExecutionError(
+                    f"model {runner.spec.name!r} version {version}: warmup sample "
+                    f"{sample.name!r} failed: {result.error.message}"
+                )
+        log.info(
+            "%s v%d: warmup sample %r ran %d time(s) in %.1f ms",
+            runner.spec.name,
+            version,
+            sample.name,
+            sample.count,
+            (time.monotonic() - started) * 1e3,
+        )
