@@ -35,6 +35,7 @@ from plaza.settings import PlazaSettings
 HEALTH_PREFIX = "/v2/health/"
 """Health endpoints answer without an API key (probes carry none)."""
 EXTENSIONS = (
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "parameters",

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 from plaza.contract import InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
-from plaza.gateway.requests import FrontRequest, refuse_unsupported
+from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
 from plaza.tensors import Tensor, serialize_bytes
 
 _CONTENTS_FIELD: dict[str, str] = {
@@ -51,10 +51,11 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> FrontRequest:
     inputs = tuple(
         _input_tensor(item, raw[i] if raw else None) for i, item in enumerate(msg.inputs)
     )
-    outputs = tuple(_requested_output(o) for o in msg.outputs)
+    outputs = tuple(str(o.name) for o in msg.outputs)
+    classes = {str(o.name): n for o in msg.outputs if (n := _output_classes(o)) is not None}
     params = decode_parameters(msg.parameters, "request")
     refuse_unsupported(params, "request")
-    return FrontRequest.from_parameters(inputs, outputs, params)
+    return FrontRequest.from_parameters(inputs, outputs, params, classification=classes)
 
 
 def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
@@ -98,10 +99,11 @@ def _typed_contents(name: str, datatype: str, contents: pb.InferTensorContents) 
     return np.asarray(array, dtype=dtype).tobytes()
 
 
-def _requested_output(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> str:
-    if item.parameters:
-        refuse_unsupported(decode_parameters(item.parameters, f"output {item.name!r}"), "output")
-    return str(item.name)
+def _output_classes(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> int | None:
+    """The output's ``classification`` count (None: none asked); its parameters checked."""
+    if not item.parameters:
+        return None
+    return output_classes(decode_parameters(item.parameters, f"output {item.name!r}"), item.name)
 
 
 def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> dict[str, Scalar]:

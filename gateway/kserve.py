@@ -24,7 +24,7 @@ import orjson
 from plaza.contract import InferRequest, InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
-from plaza.gateway.requests import FrontRequest, refuse_unsupported
+from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tensors import Buffer, Tensor, serialize_bytes
 
@@ -53,6 +53,8 @@ class RequestedOutput:
     name: str
     binary: bool | None = None
     """``parameters.binary_data``; None follows the request's ``binary_data_output``."""
+    classes: int | None = None
+    """``parameters.classification``: its top classes in place of its values."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +131,9 @@ def decode_infer_request(body: Buffer, header_length: int | None = None) -> Infe
     params = _parameters(doc.get("parameters"), "request")
     outputs = _decode_outputs(doc.get("outputs"))
     names = tuple(o.name for o in outputs)
+    classes = {o.name: o.classes for o in outputs if o.classes is not None}
     return InferBody(
-        request=FrontRequest.from_parameters(inputs, names, params, _CONSUMED_PARAMS),
+        request=FrontRequest.from_parameters(inputs, names, params, _CONSUMED_PARAMS, classes),
         outputs=outputs,
         client_id=_client_id(doc.get("id")),
         binary_output=_flag(params, _PARAM_BINARY_OUTPUT),
@@ -155,15 +158,19 @@ def _client_id(value: Any) -> str | None:
     return value
 
 
-def _parameters(value: Any, where: str) -> dict[str, Scalar]:
+def _parameters(value: Any, where: str | None) -> dict[str, Scalar]:
+    """A ``parameters`` object, checked; ``where`` None: an output's, whose extensions
+    ``output_classes`` checks."""
+    shown = where or "output"
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidInput(f"{where} 'parameters' must be a JSON object")
+        raise InvalidInput(f"{shown} 'parameters' must be a JSON object")
     for key, item in value.items():
         if not isinstance(item, str | int | float | bool):
-            raise InvalidInput(f"{where} parameter {key!r} must be a string, number or bool")
-    refuse_unsupported(value, where)
+            raise InvalidInput(f"{shown} parameter {key!r} must be a string, number or bool")
+    if where is not None:
+        refuse_unsupported(value, where)
     return value
 
 
@@ -183,11 +190,11 @@ def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
     for i, item in enumerate(value):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise InvalidInput(f"outputs[{i}] must be an object with a non-empty 'name'")
-        params = _parameters(item.get("parameters"), f"output {item['name']!r}")
+        params = _parameters(item.get("parameters"), None)
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInput(f"output {item['name']!r}: 'binary_data' must be true or false")
-        outputs.append(RequestedOutput(item["name"], binary))
+        outputs.append(RequestedOutput(item["name"], binary, output_classes(params, item["name"])))
     return tuple(outputs)
 
 

@@ -2,9 +2,11 @@
 the Plaza request they become.
 
 Triton's ``timeout`` (microseconds) and ``priority`` are consumed here: the timeout shortens
-the sync wait and sets the request's deadline, the priority picks its level. The other
-parameters travel to the worker as they are; the shared-memory and classification
-extensions are refused, since no worker can honour them.
+the sync wait and sets the request's deadline, the priority picks its level. An output's
+``classification`` (Triton's classification extension) becomes the request's
+``classification`` counts. The other parameters travel to the worker as they are; the
+shared-memory extension is refused, since no worker can read a client's memory, and so is
+``classification`` anywhere but on an output.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from plaza.tensors import Tensor
 
 PARAM_TIMEOUT = "timeout"
 PARAM_PRIORITY = "priority"
+PARAM_CLASSIFICATION = "classification"
 UNSUPPORTED_PARAMS = ("shared_memory_region", "classification")
 """Parameter name prefixes of Triton extensions Plaza does not serve."""
 
@@ -35,6 +38,8 @@ class FrontRequest:
     priority: int = 0
     parameters: dict[str, Scalar] = field(default_factory=dict)
     """The parameters the worker receives (``timeout`` and ``priority`` taken out)."""
+    classification: dict[str, int] = field(default_factory=dict)
+    """Outputs to classify: name -> how many top classes (``output_classes``)."""
 
     @classmethod
     def from_parameters(
@@ -43,6 +48,7 @@ class FrontRequest:
         outputs: tuple[str, ...],
         params: Mapping[str, Scalar],
         consumed: frozenset[str] = frozenset(),
+        classification: Mapping[str, int] | None = None,
     ) -> FrontRequest:
         """Take Triton's ``timeout`` and ``priority`` (and the front's own ``consumed``
         keys) out of ``params``; InvalidInput when they are not non-negative integers."""
@@ -53,6 +59,7 @@ class FrontRequest:
             timeout_us=non_negative_int(params, PARAM_TIMEOUT),
             priority=non_negative_int(params, PARAM_PRIORITY) or 0,
             parameters={k: v for k, v in params.items() if k not in taken},
+            classification=dict(classification or {}),
         )
 
     def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
@@ -69,6 +76,7 @@ class FrontRequest:
             priority=self.priority,
             parameters=self.parameters,
             created_ms=now_ms,
+            classification=self.classification,
         )
 
 
@@ -79,6 +87,18 @@ def non_negative_int(params: Mapping[str, Scalar], key: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidInput(f"parameter {key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def output_classes(params: Mapping[str, Scalar], name: str) -> int | None:
+    """An output's ``classification`` parameter: how many top classes to return (None:
+    its values, as usual); InvalidInput unless an integer >= 1. The other parameters are
+    checked by ``refuse_unsupported``."""
+    value = params.get(PARAM_CLASSIFICATION)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise InvalidInput(f"output {name!r}: 'classification' must be an integer >= 1")
+    rest = {k: v for k, v in params.items() if k != PARAM_CLASSIFICATION}
+    refuse_unsupported(rest, f"output {name!r}")
     return value
 
 

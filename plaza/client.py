@@ -50,8 +50,10 @@ def make_request(
     priority: int = 0,
     parameters: Mapping[str, Scalar] | None = None,
     correlation_id: str | None = None,
+    classification: Mapping[str, int] | None = None,
 ) -> InferRequest:
-    """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``."""
+    """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``;
+    ``classification``: outputs to answer with their top classes (output name -> count)."""
     tensors = (
         tuple(Tensor.from_numpy(n, a) for n, a in inputs.items())
         if isinstance(inputs, Mapping)
@@ -69,6 +71,7 @@ def make_request(
         priority=priority,
         parameters=dict(parameters or {}),
         created_ms=now_ms,
+        classification=dict(classification or {}),
     )
 
 

@@ -79,6 +79,8 @@ def encode_request(req: InferRequest, *, sent_us: int | None = None) -> bytes:
     }
     if req.outputs:
         body["outputs"] = list(req.outputs)
+    if req.classification:
+        body["classification"] = req.classification
     if req.reply.stream:
         body["reply_stream"] = req.reply.stream
     if req.deadline_ms is not None:
@@ -170,6 +172,7 @@ class _WireRequest(msgspec.Struct):
     parameters: dict[str, Any] = {}
     created_ms: int = 0
     sent_us: int = 0
+    classification: dict[_Name, Annotated[int, msgspec.Meta(ge=1)]] = {}
 
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(_WireRequest)
@@ -196,6 +199,7 @@ def decode_request(data: Buffer) -> InferRequest:
         parameters=wire.parameters,
         created_ms=wire.created_ms,
         sent_us=wire.sent_us,
+        classification=wire.classification,
     )
 
 
@@ -232,6 +236,11 @@ def _decode_checked(data: Buffer) -> InferRequest:
     priority = _opt_int(body, "priority", 0) if "priority" in body else 0
     created = _opt_int(body, "created_ms", 0) if "created_ms" in body else 0
     sent = _opt_int(body, "sent_us", 0) if "sent_us" in body else 0
+    classes = get("classification", _NO_PARAMETERS)
+    if not isinstance(classes, Mapping) or not all(
+        isinstance(k, str) and k and type(n) is int and n >= 1 for k, n in classes.items()
+    ):
+        raise CodecError("request 'classification' must map output names to counts >= 1")
     return InferRequest(
         id=rid,
         model=model,
@@ -244,6 +253,7 @@ def _decode_checked(data: Buffer) -> InferRequest:
         parameters=dict(params) if params else {},
         created_ms=created or 0,
         sent_us=sent or 0,
+        classification=dict(classes),
     )
 
 

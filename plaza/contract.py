@@ -55,6 +55,9 @@ class InferRequest(msgspec.Struct, frozen=True):
     sent_us: int = 0
     """When it was handed to Kafka, Unix epoch microseconds (0: not known). Set by the
     publisher; a worker counts the model's ``max_queue_delay_microseconds`` from here."""
+    classification: dict[str, int] = msgspec.field(default_factory=dict)
+    """Triton's classification extension: output name -> how many of its top classes come
+    back (as BYTES strings ``value:index[:label]``) in place of its values."""
 
 
 Status = Literal["ok", "error"]

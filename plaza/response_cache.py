@@ -9,7 +9,7 @@ success, is stored (``ResponseCache.store``). Errors are never stored.
 The key (``cache_key``) is a BLAKE2b digest over the model, the version that answers (the
 request's, or the newest its version policy serves), every input's name, datatype, shape
 and bytes (by input name, so their order does not matter), the requested outputs (in
-order) and every request parameter that reaches the worker.
+order), every request parameter that reaches the worker, and the outputs to classify.
 
 Bounds, per cached model: an entry lives ``response_cache.ttl_s`` seconds (Redis TTL); an
 answer whose entry would pass ``response_cache.max_entry_bytes`` is not stored; and the
@@ -81,6 +81,8 @@ def cache_key(req: InferRequest, version: str) -> bytes:
         _frame(h, t.data)
     _frame(h, msgpack.packb(list(req.outputs)))
     _frame(h, msgpack.packb(sorted(req.parameters.items())))
+    if req.classification:  # absent from most requests: their keys stay as they were
+        _frame(h, msgpack.packb(sorted(req.classification.items())))
     return h.digest()
 
 

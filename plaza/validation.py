@@ -100,4 +100,20 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
     for name in req.outputs:
         if spec.output(name) is None:
             raise InvalidInput(f"unknown output {name!r} for model {spec.name!r}")
+    if req.classification:
+        _check_classification(req, spec)
     return rows.pop() if rows else 1
+
+
+def _check_classification(req: InferRequest, spec: ModelSpec) -> None:
+    """Triton's classification extension: requested, numeric outputs; counts >= 1."""
+    for name, count in req.classification.items():
+        ospec = spec.output(name)
+        if ospec is None:
+            raise InvalidInput(f"classification of unknown output {name!r} for model {spec.name!r}")
+        if req.outputs and name not in req.outputs:
+            raise InvalidInput(f"output {name!r} is to be classified but is not requested")
+        if ospec.datatype == "BYTES":
+            raise InvalidInput(f"output {name!r} is BYTES: only numeric outputs can be classified")
+        if type(count) is not int or count < 1:
+            raise InvalidInput(f"output {name!r}: classification count must be >= 1, got {count!r}")

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
 from plaza.workers.backends.base import Answer, Arrays, Backend, RequestBackend
+from plaza.workers.classification import classify
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
@@ -84,8 +85,11 @@ class BatchRunner:
         executor: Executor | None = None,
         worker_id: str = "",
         observer: ExecutionObserver | None = None,
+        labels: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        """``labels``: each output's class labels (``workers/classification.py``)."""
         self.spec = spec
+        self.labels = labels or {}
         self.backends = backends
         self.executor = executor
         self.worker_id = worker_id
@@ -214,6 +218,8 @@ class BatchRunner:
     def _ok(
         self, it: WorkItem, tensors: tuple[Tensor, ...], t0: float, t1: float, t2: float
     ) -> InferResult:
+        if it.request.classification:
+            tensors = self._classified(it.request.classification, tensors)
         t3 = time.monotonic()
         timing = {
             "queue": int((t0 - it.received) * 1e6),
@@ -228,6 +234,17 @@ class BatchRunner:
             outputs=tensors,
             timing_us=timing,
             worker=self.worker_id,
+        )
+
+    def _classified(
+        self, counts: Mapping[str, int], tensors: tuple[Tensor, ...]
+    ) -> tuple[Tensor, ...]:
+        batched = self._batched
+        return tuple(
+            classify(t, counts[t.name], batched, self.labels.get(t.name, ()))
+            if t.name in counts
+            else t
+            for t in tensors
         )
 
     def _error(self, it: WorkItem, err: PlazaError) -> InferResult:

@@ -58,7 +58,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
-from plaza.workers import warmup
+from plaza.workers import classification, warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
@@ -190,8 +190,9 @@ class Worker:
             ThreadPoolExecutor(1, thread_name_prefix=f"infer-{self.model}-{i}")
             for i in range(self.spec.instance_count)
         ]
+        labels = classification.labels(self.spec, self._repo.root / self.model)
         self.instances = [
-            BatchRunner(self.spec, {}, ex, self.id, observer=self.metrics.executed)
+            BatchRunner(self.spec, {}, ex, self.id, observer=self.metrics.executed, labels=labels)
             for ex in self._executors
         ]
         self.runner = self.instances[0]

@@ -195,6 +195,9 @@ def _envelope(**fields) -> bytes:
         (_envelope(sent_us=1.5), CodecError, "'sent_us' must be an integer"),
         (_envelope(reply_stream=""), CodecError, "reply_stream"),
         (_envelope(parameters=[1]), CodecError, "'parameters' must be a map"),
+        (_envelope(classification={"y": 0}), CodecError, "'classification' must map"),
+        (_envelope(classification={"y": True}), CodecError, "'classification' must map"),
+        (_envelope(classification=["y"]), CodecError, "'classification' must map"),
     ],
 )
 def test_malformed_envelopes(data: bytes, error: type[Exception], text: str) -> None:
@@ -279,3 +282,12 @@ def test_the_encoder_writes_what_msgpack_writes() -> None:
 def test_tensor_byte_length_mismatch_is_invalid_input() -> None:
     with pytest.raises(InvalidInput, match="expected 8"):
         Tensor("x", "FP32", (2,), b"\0" * 7).to_numpy()
+
+
+def test_classification_counts_travel_and_are_absent_when_none_asked() -> None:
+    req = decode_request(_envelope(classification={"y": 3}))
+    assert req.classification == {"y": 3}
+    assert decode_request(encode_request(req)).classification == {"y": 3}
+    plain = decode_request(_envelope())
+    assert plain.classification == {}
+    assert b"classification" not in encode_request(plain)

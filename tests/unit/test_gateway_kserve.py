@@ -324,9 +324,22 @@ _MALFORMED_JSON: list[tuple[str, Any, str]] = [
         "'binary_data' must be true or false",
     ),
     (
-        "classification",
-        {"inputs": [_GOOD], "outputs": [{"name": "O", "parameters": {"classification": 3}}]},
-        "not supported",
+        "classification of none",
+        {"inputs": [_GOOD], "outputs": [{"name": "O", "parameters": {"classification": 0}}]},
+        "'classification' must be an integer >= 1",
+    ),
+    (
+        "classification on the request",
+        {"inputs": [_GOOD], "parameters": {"classification": 3}},
+        "request parameter 'classification' is not supported",
+    ),
+    (
+        "shared memory on an output",
+        {
+            "inputs": [_GOOD],
+            "outputs": [{"name": "O", "parameters": {"shared_memory_region": "r"}}],
+        },
+        "output 'O' parameter 'shared_memory_region' is not supported",
     ),
     (
         "binary without header",
@@ -418,3 +431,14 @@ def test_empty_tensors_decode() -> None:
     doc = {"inputs": [_input("X", "FP32", [1, 0], data=[]), _input("S", "BYTES", [0], data=[])]}
     body = kserve.decode_infer_request(_json_body(doc))
     assert [t.to_numpy().shape for t in body.inputs] == [(1, 0), (0,)]
+
+
+def test_an_outputs_classification_becomes_the_requests_counts() -> None:
+    doc = {
+        "inputs": [_GOOD],
+        "outputs": [{"name": "O", "parameters": {"classification": 3}}, {"name": "P"}],
+    }
+    body = kserve.decode_infer_request(_json_body(doc))
+    req = body.to_request("m", "", "id1")
+    assert req.outputs == ("O", "P") and req.classification == {"O": 3}
+    assert "classification" not in req.parameters

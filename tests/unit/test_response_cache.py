@@ -89,12 +89,18 @@ def test_same_request_same_key_whatever_its_id_deadline_priority_or_input_order(
         ("parameter type", (request(parameters={"flag": True}), "1")),
         ("parameter added", (request(parameters={"flag": 1, "x": "y"}), "1")),
         ("no parameters", (request(parameters={}), "1")),
+        ("classified", (request(classification={"OUT": 3}), "1")),
     ],
 )
 def test_any_change_that_can_change_the_answer_changes_the_key(
     what: str, changed: tuple[InferRequest, str]
 ) -> None:
     assert cache_key(*changed) != cache_key(request(), "1"), what
+
+
+def test_classification_counts_are_part_of_the_key() -> None:
+    three, five = request(classification={"OUT": 3}), request(classification={"OUT": 5})
+    assert cache_key(three, "1") != cache_key(five, "1")
 
 
 def test_field_boundaries_do_not_alias() -> None:
