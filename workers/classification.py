@@ -7,7 +7,8 @@ line i labels index i), largest first, ties in index order. A batching model's o
 classified row by row (its shape becomes ``[rows, N]``), another's as a whole (``[N]``); N
 is cut to the number of values there are. A float prints with six decimals, as Triton
 prints it; an integer or a bool as an integer. Only numeric outputs can be classified:
-``validate_request`` refuses the others.
+``validate_request`` refuses the others. The batch runner classifies a model's outputs, the
+ensemble runner an ensemble's.
 """
 
 from __future__ import annotations

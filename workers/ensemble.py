@@ -75,6 +75,7 @@ from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
+from plaza.workers import classification
 from plaza.workers.admission import DeadLetter, Rejected, admit
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
@@ -174,6 +175,7 @@ class EnsembleRunner:
             )
         self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
         self.step_specs = _step_specs(repo, self.spec)
+        self.labels = classification.labels(self.spec, repo.root / self.model)
         self.topics = self.names.request_topics(self.model, self.spec.batching.priority_levels)
         self.redis = redis_client(settings.redis)
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
@@ -380,7 +382,7 @@ class EnsembleRunner:
         try:
             tensors = await self._run_graph(req, priority)
             wanted = req.outputs or tuple(o.name for o in self.spec.outputs)
-            outputs = tuple(_output(tensors, name, self.spec) for name in wanted)
+            outputs = tuple(self._answered(req, _output(tensors, n, self.spec)) for n in wanted)
         except StepFailed as exc:
             result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
             return result, req.reply.stream
@@ -394,6 +396,14 @@ class EnsembleRunner:
         }
         result = InferResult(req.id, self.model, version, outputs, timing_us=timing, worker=self.id)
         return result, req.reply.stream
+
+    def _answered(self, req: InferRequest, tensor: Tensor) -> Tensor:
+        """An output as the request asked it: its top classes where it asked them."""
+        count = req.classification.get(tensor.name)
+        if count is None:
+            return tensor
+        batched = self.spec.max_batch_size > 0
+        return classification.classify(tensor, count, batched, self.labels.get(tensor.name, ()))
 
     async def _run_graph(self, req: InferRequest, priority: int) -> dict[str, Tensor]:
         """Every ensemble tensor the steps produce: each step starts once its inputs exist."""

@@ -171,6 +171,7 @@ async def test_the_numeric_dag_ensemble_equals_its_parts_via_the_sdk_and_http(
     expected = numeric_dag_answer(REPOSITORY, raw)
     async with serving(settings, *DAG_STEPS, ensemble="numeric_dag") as client:
         by_sdk = (await client.infer("numeric_dag", {"RAW": raw})).as_numpy()["COMBINED"]
+        top = await client.infer("numeric_dag", {"RAW": raw}, classification={"COMBINED": 2})
         body = {
             "inputs": [
                 {
@@ -186,5 +187,9 @@ async def test_the_numeric_dag_ensemble_equals_its_parts_via_the_sdk_and_http(
     assert response.status_code == 200, response.text
     (output,) = response.json()["outputs"]
     by_http = np.asarray(output["data"], dtype=np.float32).reshape(4, 522)
+    # the ensemble classifies its own output (Triton's classification extension)
+    assert top.as_numpy()["COMBINED"].astype(str).tolist() == [
+        [f"{row[i]:f}:{i}" for i in np.argsort(-row, kind="stable")[:2]] for row in by_sdk
+    ]
     np.testing.assert_allclose(by_sdk, expected, atol=1e-5)
     np.testing.assert_allclose(by_http, expected, atol=1e-5)
