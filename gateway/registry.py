@@ -234,11 +234,13 @@ class ModelRegistry:
         self.unloaded.add(name)
 
     def _fingerprint(self, name: str) -> str:
-        """What poll mode compares: the config text and the version folders' contents."""
+        """What poll mode compares: the config text (none for a model whose config is made
+        from its ONNX file) and the version folders' contents."""
         folder = self.repo.root / name
         digest = hashlib.sha256()
         try:
-            digest.update((folder / CONFIG_FILENAME).read_bytes())
+            config = folder / CONFIG_FILENAME
+            digest.update(config.read_bytes() if config.exists() else b"no config")
             for item in sorted(folder.glob("*/*")):
                 stat = item.stat()
                 digest.update(

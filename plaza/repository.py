@@ -2,6 +2,8 @@
 ``<root>/<model>/<version>/<model file>``.
 
 Reading is cheap and repeatable (nothing is cached), so ``poll`` mode can simply read again.
+An ONNX model's folder may go without config.pbtxt: its config is then made from the model
+(``plaza.autocomplete``, remembered per file), as Triton auto-completes one.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from plaza.errors import ConfigError, ModelNotFound
+from plaza.autocomplete import MODEL_FILENAME, model_file, onnx_spec
+from plaza.errors import ConfigError, InvalidInput, ModelNotFound
 from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config
 from plaza.naming import check_model_name
 
@@ -32,23 +35,33 @@ class ModelRepository:
         self.root = Path(root)
 
     def model_names(self) -> list[str]:
-        """Every folder that holds a config.pbtxt, sorted."""
+        """Every folder that holds a config.pbtxt, or a version folder with a model.onnx
+        (a config made from the model), sorted."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder", file=str(self.root))
-        return sorted(p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}"))
+        configured = {p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}")}
+        onnx_only = {p.parent.parent.name for p in self.root.glob(f"*/[0-9]*/{MODEL_FILENAME}")}
+        return sorted(configured | {n for n in onnx_only if _is_model_name(n)})
 
     def _model_dir(self, name: str) -> Path:
         # check_model_name allows no slash and no "..", so the folder is a direct child of
         # the root; it may be a symlink to a folder elsewhere, as in Triton.
         check_model_name(name)
         path = self.root / name
-        if not (path / CONFIG_FILENAME).is_file():
+        if not (path / CONFIG_FILENAME).is_file() and model_file(path) is None:
             raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
         return path
 
     def spec(self, name: str) -> ModelSpec:
-        """The parsed config of ``name``; ModelNotFound or ConfigError."""
-        return load_model_config(self._model_dir(name) / CONFIG_FILENAME)
+        """The parsed config of ``name`` (made from its ONNX model when it has no
+        config.pbtxt); ModelNotFound or ConfigError."""
+        folder = self._model_dir(name)
+        if (folder / CONFIG_FILENAME).is_file():
+            return load_model_config(folder / CONFIG_FILENAME)
+        made_from = model_file(folder)
+        if made_from is None:  # removed since _model_dir looked
+            raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
+        return onnx_spec(name, made_from)
 
     def available_versions(self, name: str) -> list[int]:
         """Numeric version folders present on disk (others are ignored, as in Triton)."""
@@ -80,3 +93,11 @@ class ModelRepository:
                 field="default_model_filename",
             )
         return ModelVersion(spec, version, path)
+
+
+def _is_model_name(name: str) -> bool:
+    try:
+        check_model_name(name)
+    except InvalidInput:
+        return False
+    return True

@@ -93,3 +93,19 @@ def test_unload_dependents_finds_the_ensembles_that_call_a_model(repo: Path) -> 
     assert {"simulated", "inner", "outer", "apart"} <= set(reg.models)
     assert reg.dependents("simulated") == ["inner", "outer"]
     assert reg.dependents("outer") == []
+
+
+def test_a_model_without_a_config_is_served_and_its_file_changes_are_seen(repo: Path) -> None:
+    """An ONNX model with no config.pbtxt (its config made from the file) is a model of the
+    repository; poll mode sees its model file change."""
+    from onnx import TensorProto
+
+    from tests.unit.test_autocomplete import tensor, write_model
+
+    x, y = tensor("x", TensorProto.FLOAT, ["b", 2]), tensor("y", TensorProto.FLOAT, ["b", 2])
+    path = write_model(repo / "made", [x], [y])
+    reg = registry(repo)
+    assert "made" in reg.models and reg.models["made"].spec.max_batch_size == 4
+    before = reg._fingerprint("made")
+    path.write_bytes(path.read_bytes() + b"\0")  # the file changed (size and time)
+    assert reg._fingerprint("made") != before

@@ -1,0 +1,146 @@
+"""A config made from an ONNX model whose folder has no config.pbtxt (``plaza.autocomplete``,
+Triton's auto-completed configuration): batching or not by the first dims, Triton's types,
+what the repository lists, and files it cannot describe."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from plaza.errors import ConfigError
+from plaza.repository import ModelRepository
+
+
+def write_model(
+    folder: Path,
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    version: str = "1",
+) -> Path:
+    """An ONNX model passing each input to the output of the same position (Identity)."""
+    nodes = [
+        helper.make_node("Identity", [i.name], [o.name])
+        for i, o in zip(inputs, outputs, strict=True)
+    ]
+    graph = helper.make_graph(nodes, "g", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (folder / version).mkdir(parents=True, exist_ok=True)
+    path = folder / version / "model.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def tensor(name: str, elem: int, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def test_a_model_whose_first_dims_are_free_batches(tmp_path: Path) -> None:
+    write_model(
+        tmp_path / "ranker",
+        [
+            tensor("x", TensorProto.FLOAT, ["batch", 4]),
+            tensor("ids", TensorProto.INT64, ["b", "s"]),
+        ],
+        [
+            tensor("y", TensorProto.FLOAT, ["batch", 4]),
+            tensor("ids_out", TensorProto.INT64, ["b", "s"]),
+        ],
+    )
+    repo = ModelRepository(tmp_path)
+    assert repo.model_names() == ["ranker"]
+    spec = repo.spec("ranker")
+    assert (spec.platform, spec.max_batch_size, spec.batching.enabled) == (
+        "onnxruntime_onnx",
+        4,
+        True,
+    )
+    assert [(t.name, t.datatype, t.dims) for t in spec.inputs] == [
+        ("x", "FP32", (4,)),
+        ("ids", "INT64", (-1,)),
+    ]
+    assert [(t.name, t.dims) for t in spec.outputs] == [("y", (4,)), ("ids_out", (-1,))]
+    assert spec.config_json()["dynamic_batching"] == {}
+    assert [mv.path.name for mv in repo.served_versions("ranker")] == ["model.onnx"]
+
+
+def test_a_model_with_a_fixed_first_dim_does_not_batch(tmp_path: Path) -> None:
+    write_model(
+        tmp_path / "fixed",
+        [tensor("x", TensorProto.STRING, [2, "n"])],
+        [tensor("y", TensorProto.STRING, [2, "n"])],
+    )
+    spec = ModelRepository(tmp_path).spec("fixed")
+    assert (spec.max_batch_size, spec.batching.enabled) == (0, False)
+    assert [(t.datatype, t.dims) for t in spec.inputs] == [("BYTES", (2, -1))]
+
+
+def test_a_written_config_wins_and_the_newest_version_describes_the_model(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    write_model(
+        folder,
+        [tensor("old", TensorProto.FLOAT, ["b", 1])],
+        [tensor("o", TensorProto.FLOAT, ["b", 1])],
+    )
+    write_model(
+        folder,
+        [tensor("new", TensorProto.FLOAT, ["b", 1])],
+        [tensor("o", TensorProto.FLOAT, ["b", 1])],
+        "2",
+    )
+    repo = ModelRepository(tmp_path)
+    assert [t.name for t in repo.spec("m").inputs] == ["new"]
+    (folder / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx" max_batch_size: 8 '
+        'input [ { name: "new" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+        'output [ { name: "o" data_type: TYPE_FP32 dims: [ 1 ] } ]'
+    )
+    assert repo.spec("m").max_batch_size == 8
+
+
+def test_the_made_config_is_remembered_until_the_file_changes(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    path = write_model(
+        folder,
+        [tensor("a", TensorProto.FLOAT, ["b", 1])],
+        [tensor("o", TensorProto.FLOAT, ["b", 1])],
+    )
+    repo = ModelRepository(tmp_path)
+    first = repo.spec("m")
+    assert repo.spec("m") is first
+    write_model(
+        folder,
+        [tensor("z", TensorProto.FLOAT, ["b", 1])],
+        [tensor("o", TensorProto.FLOAT, ["b", 1])],
+    )
+    os.utime(path, ns=(1, 1))  # a clearly different modification time
+    assert [t.name for t in repo.spec("m").inputs] == ["z"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "why"),
+    [
+        ([tensor("x", TensorProto.BFLOAT16, ["b", 2])], "no Triton type"),
+        ([tensor("x", TensorProto.FLOAT, [])], "scalar of a model that does not batch"),
+    ],
+)
+def test_a_model_it_cannot_describe_asks_for_a_config(
+    tmp_path: Path,
+    inputs: list[onnx.ValueInfoProto],
+    why: str,
+) -> None:
+    write_model(tmp_path / "m", inputs, [tensor("o", inputs[0].type.tensor_type.elem_type, [])])
+    with pytest.raises(ConfigError, match=why) as info:
+        ModelRepository(tmp_path).spec("m")
+    assert "write a config.pbtxt" in info.value.message
+
+
+def test_a_file_that_is_not_a_model_is_a_bad_config(tmp_path: Path) -> None:
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(ConfigError, match="cannot read the model"):
+        ModelRepository(tmp_path).spec("m")
