@@ -101,3 +101,11 @@ def _is_model_name(name: str) -> bool:
     except InvalidInput:
         return False
     return True
+
+
+def file_in(folder: Path, name: str) -> Path | None:
+    """``folder / name`` when ``name`` names a file directly in ``folder`` (a config's file
+    names: labels, warmup data), else None: no path may lead out of a model's folder."""
+    base = folder.resolve()
+    path = (base / name).resolve()
+    return path if path.parent == base else None

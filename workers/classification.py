@@ -21,6 +21,7 @@ import numpy as np
 
 from plaza.errors import ConfigError
 from plaza.modelconfig import ModelSpec
+from plaza.repository import file_in
 from plaza.tensors import Tensor
 
 
@@ -28,13 +29,12 @@ def labels(spec: ModelSpec, model_dir: Path) -> dict[str, list[str]]:
     """Each output's labels, from its ``label_filename``; ConfigError naming a file that
     cannot be read, or a name that is not a file of the model's folder."""
     found = {}
-    folder = model_dir.resolve()
     for i, output in enumerate(spec.config.output):
         if not output.label_filename:
             continue
-        path = (folder / output.label_filename).resolve()
+        path = file_in(model_dir, output.label_filename)
         where = f"{model_dir / 'config.pbtxt'}: output[{i}].label_filename"
-        if path.parent != folder:
+        if path is None:
             raise ConfigError(f"{where}: {output.label_filename!r} is not a file name")
         try:
             found[output.name] = path.read_text(encoding="utf-8").splitlines()

@@ -31,6 +31,7 @@ from plaza.contract import InferRequest
 from plaza.datatypes import from_config_type, itemsize, to_numpy_dtype
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
+from plaza.repository import file_in
 from plaza.tensors import deserialize_bytes
 from plaza.validation import validate_request
 from plaza.workers.runner import BatchRunner, WorkItem
@@ -124,9 +125,8 @@ def _from_file(
     shape: tuple[int, ...],
     model_dir: Path,
 ) -> np.ndarray[Any, Any]:
-    folder = (model_dir / WARMUP_DIR).resolve()
-    path = (folder / filename).resolve()
-    if path.parent != folder:
+    path = file_in(model_dir / WARMUP_DIR, filename)
+    if path is None:
         raise ConfigError(f"input {name!r}: input_data_file {filename!r} is not a file name")
     try:
         raw = path.read_bytes()
