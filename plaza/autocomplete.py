@@ -1,23 +1,27 @@
-"""A config made from the model itself, for an ONNX model whose folder has no config.pbtxt
-(Triton's auto-completed model configuration).
+"""Configs completed from the model itself, for ONNX models (Triton's auto-completed model
+configuration): a folder with no config.pbtxt at all, or a config.pbtxt that names no inputs
+or no outputs.
 
-The newest numeric version folder's ``model.onnx`` is opened with ONNX Runtime (graph
-optimisations off: only its inputs and outputs are read) and the config follows Triton's
-rules for ONNX models:
+The model file of the newest numeric version folder (``model.onnx``, or the config's
+``default_model_filename``) is opened with ONNX Runtime, graph optimisations off: only its
+inputs and outputs are read. Triton's rules for ONNX models:
 
-- platform ``onnxruntime_onnx``;
-- when every input and output has a first dimension of free size, the model batches:
-  ``max_batch_size`` 4 (Triton's ``default-max-batch-size``), ``dynamic_batching`` on, and
-  the dims are the rest of each shape; otherwise ``max_batch_size`` 0 and the dims are the
-  whole shapes;
-- a dimension of free size is -1; element types map to Triton's (``tensor(float)`` ->
-  ``TYPE_FP32``, ``tensor(string)`` -> ``TYPE_STRING``, ...).
+- the platform is ``onnxruntime_onnx`` when the config names neither platform nor backend;
+- when the config names no tensors and ``max_batch_size`` is 0 (or there is no config), the
+  model batches if every input and output has a first dimension of free size:
+  ``max_batch_size`` 4 (Triton's ``default-max-batch-size``) and ``dynamic_batching`` on
+  (unless the config chose another scheduler);
+- a batching model's dims are the rest of each shape, another's the whole shape; a
+  dimension of free size is -1; element types map to Triton's (``tensor(float)`` ->
+  ``TYPE_FP32``, ``tensor(string)`` -> ``TYPE_STRING``, ...);
+- what the config names stays as written: its inputs (or outputs) are completed only when
+  it names none, and a config that names both is not touched.
 
-The made config is what the model-config endpoints answer, and is checked as a written one
-is. A model Plaza cannot describe this way (an element type without a Triton type, a scalar
-input of a model that does not batch) is a ``bad_config`` that asks for a config.pbtxt.
-Reading is remembered per file (path, size and modification time), so a repository poll does
-not open every model again.
+The completed config is what the model-config endpoints answer, and is checked as a written
+one is. A model Plaza cannot describe this way (an element type without a Triton type, a
+scalar input of a model that does not batch) is a ``bad_config`` that asks for the tensors
+to be written. A model file is read once per path, size and modification time, so a
+repository poll does not open every model again.
 """
 
 from __future__ import annotations
@@ -26,13 +30,12 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.errors import ConfigError
-from plaza.modelconfig import ModelSpec, parse_model_config
 
 MODEL_FILENAME = "model.onnx"
+PLATFORM_ONNX = "onnxruntime_onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
 """Triton's ``--backend-config=default-max-batch-size``."""
 
@@ -52,33 +55,50 @@ _TYPES = {
     "tensor(string)": "TYPE_STRING",
 }
 
+Shape = list[int | str | None]
+Signature = tuple[list[tuple[str, str, Shape]], list[tuple[str, str, Shape]]]
+"""A model's inputs and outputs: (name, ONNX type, shape) each."""
 
-def model_file(folder: Path) -> Path | None:
-    """The ``model.onnx`` of the newest numeric version folder that has one, or None."""
-    versions = [p for p in folder.glob(f"[0-9]*/{MODEL_FILENAME}") if p.parent.name.isdigit()]
+
+def model_file(folder: Path, filename: str = MODEL_FILENAME) -> Path | None:
+    """``filename`` in the newest numeric version folder that has it, or None."""
+    versions = [p for p in folder.glob(f"[0-9]*/{filename}") if p.parent.name.isdigit()]
     return max(versions, key=lambda p: int(p.parent.name)) if versions else None
 
 
-def onnx_spec(name: str, path: Path) -> ModelSpec:
-    """The spec of the config made from ``path`` (an ONNX model of model ``name``)."""
+def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
+    """Fill in, from the model file in ``folder``, what an ONNX model's ``config`` leaves
+    out (see the module doc); any other config is left as it is."""
+    if config.input and config.output:
+        return
+    if config.platform not in ("", PLATFORM_ONNX) or config.backend not in ("", "onnxruntime"):
+        return
+    path = model_file(folder, config.default_model_filename or MODEL_FILENAME)
+    if path is None:
+        return  # nothing to read: the config's own checks say what is missing
+    inputs, outputs = signature(path)
+    if not config.platform and not config.backend:
+        config.platform = PLATFORM_ONNX
+    untyped = not config.input and not config.output and config.max_batch_size == 0
+    if untyped and all(shape and _free(shape[0]) for _, _, shape in inputs + outputs):
+        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+        if config.WhichOneof("scheduling_choice") is None:
+            config.dynamic_batching.SetInParent()
+    batching = config.max_batch_size > 0
+    if not config.input:
+        _add(config.input, inputs, batching, "input", f"{source} (completed from {path})")
+    if not config.output:
+        _add(config.output, outputs, batching, "output", f"{source} (completed from {path})")
+
+
+def signature(path: Path) -> Signature:
+    """``path``'s inputs and outputs (remembered per path, size and modification time)."""
     stat = path.stat()
-    return _made(name, str(path), stat.st_size, stat.st_mtime_ns)
+    return _read(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=64)
-def _made(name: str, path: str, size: int, mtime_ns: int) -> ModelSpec:
-    source = f"{path} (no config.pbtxt: config made from the model)"
-    config = _config(name, *_signature(path, source), source)
-    text = text_format.MessageToString(config)
-    return parse_model_config(text, source=source, default_name=name)
-
-
-Shape = list[int | str | None]
-
-
-def _signature(
-    path: str, source: str
-) -> tuple[list[tuple[str, str, Shape]], list[tuple[str, str, Shape]]]:
+def _read(path: str, size: int, mtime_ns: int) -> Signature:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -86,7 +106,7 @@ def _signature(
     try:
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own types for a file it cannot read
-        raise ConfigError(f"{source}: cannot read the model: {exc}", file=path) from exc
+        raise ConfigError(f"{path}: cannot read the model: {exc}", file=path) from exc
     inputs = [(a.name, a.type, list(a.shape)) for a in session.get_inputs()]
     outputs = [(a.name, a.type, list(a.shape)) for a in session.get_outputs()]
     return inputs, outputs
@@ -96,36 +116,23 @@ def _free(dim: Any) -> bool:
     return not isinstance(dim, int) or dim < 0
 
 
-def _config(
-    name: str,
-    inputs: list[tuple[str, str, Shape]],
-    outputs: list[tuple[str, str, Shape]],
-    source: str,
-) -> mc.ModelConfig:
-    tensors = inputs + outputs
-    batching = all(shape and _free(shape[0]) for _, _, shape in tensors)
-    config = mc.ModelConfig(name=name, platform="onnxruntime_onnx")
-    if batching:
-        config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
-        config.dynamic_batching.SetInParent()
-    for kind, items, field in (("input", inputs, config.input), ("output", outputs, config.output)):
-        for tensor_name, onnx_type, shape in items:
-            data_type = _TYPES.get(onnx_type)
-            if data_type is None:
-                raise ConfigError(
-                    f"{source}: {kind} {tensor_name!r} is {onnx_type}, which has no Triton "
-                    "type: write a config.pbtxt",
-                    file=source,
-                )
-            dims = [
-                d if isinstance(d, int) and d >= 0 else -1
-                for d in (shape[1:] if batching else shape)
-            ]
-            if not dims and not batching:
-                raise ConfigError(
-                    f"{source}: {kind} {tensor_name!r} is a scalar of a model that does not "
-                    "batch: write a config.pbtxt",
-                    file=source,
-                )
-            field.add(name=tensor_name, data_type=mc.DataType.Value(data_type), dims=dims)
-    return config
+def _add(
+    field: Any, items: list[tuple[str, str, Shape]], batching: bool, kind: str, source: str
+) -> None:
+    for name, onnx_type, shape in items:
+        data_type = _TYPES.get(onnx_type)
+        if data_type is None:
+            raise ConfigError(
+                f"{source}: {kind} {name!r} is {onnx_type}, which has no Triton type: "
+                f"write its {kind}s in config.pbtxt",
+                file=source,
+            )
+        rest = shape[1:] if batching else shape
+        dims = [d if isinstance(d, int) and d >= 0 else -1 for d in rest]
+        if not dims and not batching:
+            raise ConfigError(
+                f"{source}: {kind} {name!r} is a scalar of a model that does not batch: "
+                f"write its {kind}s in config.pbtxt",
+                file=source,
+            )
+        field.add(name=name, data_type=mc.DataType.Value(data_type), dims=dims)

@@ -7,6 +7,7 @@ the version policy and the instance count. Errors name the file and the field.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,13 +163,22 @@ class ModelSpec:
         return out
 
 
-def parse_model_config(text: str, *, source: str, default_name: str) -> ModelSpec:
-    """Parse config.pbtxt text; ConfigError naming ``source`` and the field on any problem."""
+Completion = Callable[[mc.ModelConfig], None]
+"""Fills in what a parsed config leaves out, before it is checked (``plaza.autocomplete``)."""
+
+
+def parse_model_config(
+    text: str, *, source: str, default_name: str, complete: Completion | None = None
+) -> ModelSpec:
+    """Parse config.pbtxt text (then ``complete`` it); ConfigError naming ``source`` and
+    the field on any problem."""
     config = mc.ModelConfig()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
         raise ConfigError(f"{source}: {exc}", file=source) from exc
+    if complete is not None:
+        complete(config)
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
@@ -182,13 +192,15 @@ def parse_model_config_json(text: str, *, source: str, default_name: str) -> Mod
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
-def load_model_config(path: Path) -> ModelSpec:
+def load_model_config(path: Path, complete: Completion | None = None) -> ModelSpec:
     """Read ``<model>/config.pbtxt``; the model name defaults to the folder name."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(path)) from exc
-    return parse_model_config(text, source=str(path), default_name=path.parent.name)
+    return parse_model_config(
+        text, source=str(path), default_name=path.parent.name, complete=complete
+    )
 
 
 def _fail(source: str, fieldname: str, message: str) -> ConfigError:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from plaza.autocomplete import MODEL_FILENAME, model_file, onnx_spec
+from plaza.autocomplete import MODEL_FILENAME, complete, model_file
 from plaza.errors import ConfigError, InvalidInput, ModelNotFound
-from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config
+from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, parse_model_config
 from plaza.naming import check_model_name
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -53,15 +53,17 @@ class ModelRepository:
         return path
 
     def spec(self, name: str) -> ModelSpec:
-        """The parsed config of ``name`` (made from its ONNX model when it has no
-        config.pbtxt); ModelNotFound or ConfigError."""
+        """The parsed config of ``name``, an ONNX model's completed from its model file
+        (``plaza.autocomplete``: when it has no config.pbtxt, or one that names no inputs
+        or outputs); ModelNotFound or ConfigError."""
         folder = self._model_dir(name)
-        if (folder / CONFIG_FILENAME).is_file():
-            return load_model_config(folder / CONFIG_FILENAME)
-        made_from = model_file(folder)
-        if made_from is None:  # removed since _model_dir looked
-            raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
-        return onnx_spec(name, made_from)
+        path = folder / CONFIG_FILENAME
+        if path.is_file():
+            return load_model_config(path, lambda c: complete(c, folder, str(path)))
+        source = f"{folder} (no config.pbtxt: made from its model file)"
+        return parse_model_config(
+            "", source=source, default_name=name, complete=lambda c: complete(c, folder, source)
+        )
 
     def available_versions(self, name: str) -> list[int]:
         """Numeric version folders present on disk (others are ignored, as in Triton)."""

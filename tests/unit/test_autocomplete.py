@@ -11,6 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from plaza.autocomplete import signature
 from plaza.errors import ConfigError
 from plaza.repository import ModelRepository
 
@@ -102,7 +103,7 @@ def test_a_written_config_wins_and_the_newest_version_describes_the_model(tmp_pa
     assert repo.spec("m").max_batch_size == 8
 
 
-def test_the_made_config_is_remembered_until_the_file_changes(tmp_path: Path) -> None:
+def test_the_model_file_is_read_once_until_it_changes(tmp_path: Path) -> None:
     folder = tmp_path / "m"
     path = write_model(
         folder,
@@ -110,8 +111,8 @@ def test_the_made_config_is_remembered_until_the_file_changes(tmp_path: Path) ->
         [tensor("o", TensorProto.FLOAT, ["b", 1])],
     )
     repo = ModelRepository(tmp_path)
-    first = repo.spec("m")
-    assert repo.spec("m") is first
+    assert signature(path) is signature(path)
+    assert [t.name for t in repo.spec("m").inputs] == ["a"]
     write_model(
         folder,
         [tensor("z", TensorProto.FLOAT, ["b", 1])],
@@ -136,7 +137,7 @@ def test_a_model_it_cannot_describe_asks_for_a_config(
     write_model(tmp_path / "m", inputs, [tensor("o", inputs[0].type.tensor_type.elem_type, [])])
     with pytest.raises(ConfigError, match=why) as info:
         ModelRepository(tmp_path).spec("m")
-    assert "write a config.pbtxt" in info.value.message
+    assert "in config.pbtxt" in info.value.message
 
 
 def test_a_file_that_is_not_a_model_is_a_bad_config(tmp_path: Path) -> None:
@@ -144,3 +145,53 @@ def test_a_file_that_is_not_a_model_is_a_bad_config(tmp_path: Path) -> None:
     (tmp_path / "m" / "1" / "model.onnx").write_bytes(b"not onnx")
     with pytest.raises(ConfigError, match="cannot read the model"):
         ModelRepository(tmp_path).spec("m")
+
+
+MINIMAL = 'platform: "onnxruntime_onnx"\n'
+
+
+@pytest.mark.parametrize(
+    ("written", "batch", "x_dims"),
+    [
+        ("", 4, (3,)),  # names nothing: batching found from the model, as with no config
+        ("max_batch_size: 16", 16, (3,)),  # its own batch size; the dims past the batch dim
+        ('platform: "onnxruntime_onnx" sequence_batching { }', 0, None),  # refused below
+    ],
+)
+def test_a_config_that_names_no_tensors_gets_the_models(
+    tmp_path: Path, written: str, batch: int, x_dims: tuple[int, ...] | None
+) -> None:
+    write_model(
+        tmp_path / "m",
+        [tensor("x", TensorProto.FLOAT, ["b", 3])],
+        [tensor("y", TensorProto.FLOAT, ["b", 3])],
+    )
+    (tmp_path / "m" / "config.pbtxt").write_text(written)
+    repo = ModelRepository(tmp_path)
+    if x_dims is None:
+        with pytest.raises(ConfigError, match="sequence_batching"):
+            repo.spec("m")
+        return
+    spec = repo.spec("m")
+    assert (spec.platform, spec.max_batch_size) == ("onnxruntime_onnx", batch)
+    assert [(t.name, t.dims) for t in spec.inputs] == [("x", x_dims)]
+    assert [(t.name, t.dims) for t in spec.outputs] == [("y", x_dims)]
+
+
+def test_what_a_config_names_stays_as_written(tmp_path: Path) -> None:
+    write_model(
+        tmp_path / "m",
+        [tensor("x", TensorProto.FLOAT, ["b", 3])],
+        [tensor("y", TensorProto.FLOAT, ["b", 3])],
+    )
+    (tmp_path / "m" / "config.pbtxt").write_text(
+        MINIMAL + 'input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]'
+    )
+    spec = ModelRepository(tmp_path).spec("m")
+    assert spec.max_batch_size == 0  # named inputs: its batch size is the config's (none)
+    assert [(t.name, t.dims) for t in spec.outputs] == [("y", (-1, 3))]  # the whole shape
+    other = tmp_path / "t"
+    (other / "1").mkdir(parents=True)
+    (other / "config.pbtxt").write_text('platform: "pytorch_libtorch" max_batch_size: 2')
+    with pytest.raises(ConfigError, match="at least one is required"):
+        ModelRepository(tmp_path).spec("t")  # only ONNX models are completed
