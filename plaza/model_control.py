@@ -29,6 +29,7 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
+from plaza.autocomplete import complete
 from plaza.errors import ConfigError
 from plaza.modelconfig import ModelSpec, parse_model_config_json
 from plaza.naming import Names
@@ -63,12 +64,16 @@ class DesiredModel:
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
     """The model's spec: the override ``config`` (Triton JSON) when given, else its
-    config.pbtxt. ConfigError or ModelNotFound."""
+    config.pbtxt; an ONNX model's completed from its file either way (``plaza.autocomplete``).
+    ConfigError or ModelNotFound."""
     if not config:
         return repo.spec(name)
     repo.available_versions(name)  # ModelNotFound for a model that is not in the repository
     source = f"{repo.root / name / CONFIG_FILENAME} (overridden by the load request)"
-    return parse_model_config_json(config, source=source, default_name=name)
+    folder = repo.root / name
+    return parse_model_config_json(
+        config, source=source, default_name=name, complete=lambda c: complete(c, folder, source)
+    )
 
 
 def check_config_override(config: str) -> str:

@@ -182,13 +182,18 @@ def parse_model_config(
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
-def parse_model_config_json(text: str, *, source: str, default_name: str) -> ModelSpec:
-    """Parse a config in Triton's JSON form (a load request's ``parameters.config``)."""
+def parse_model_config_json(
+    text: str, *, source: str, default_name: str, complete: Completion | None = None
+) -> ModelSpec:
+    """Parse a config in Triton's JSON form (a load request's ``parameters.config``), then
+    ``complete`` it."""
     config = mc.ModelConfig()
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
         raise ConfigError(f"{source}: {exc}", file=source) from exc
+    if complete is not None:
+        complete(config)
     return _spec_from_config(config, source=source, default_name=default_name)
 
 

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 from plaza.autocomplete import signature
 from plaza.errors import ConfigError
+from plaza.model_control import model_spec
 from plaza.repository import ModelRepository
 
 
@@ -195,3 +196,15 @@ def test_what_a_config_names_stays_as_written(tmp_path: Path) -> None:
     (other / "config.pbtxt").write_text('platform: "pytorch_libtorch" max_batch_size: 2')
     with pytest.raises(ConfigError, match="at least one is required"):
         ModelRepository(tmp_path).spec("t")  # only ONNX models are completed
+
+
+def test_a_load_requests_override_is_completed_too(tmp_path: Path) -> None:
+    """Triton's load API takes a config in JSON; one that names only a batch size gets the
+    model's tensors, as a config.pbtxt would."""
+    write_model(
+        tmp_path / "m",
+        [tensor("x", TensorProto.FLOAT, ["b", 3])],
+        [tensor("y", TensorProto.FLOAT, ["b", 3])],
+    )
+    spec = model_spec(ModelRepository(tmp_path), "m", '{"max_batch_size": 2}')
+    assert spec.max_batch_size == 2 and [(t.name, t.dims) for t in spec.inputs] == [("x", (3,))]
