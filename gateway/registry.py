@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
 from plaza.model_control import ALL_MODELS, ModelTable, check_config_override, model_spec
 from plaza.modelconfig import ModelSpec
-from plaza.repository import CONFIG_FILENAME, ModelRepository
+from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class ModelRegistry:
 
     def __init__(self, settings: PlazaSettings) -> None:
         self.mode = settings.gateway.model_control_mode
-        self.repo = ModelRepository(settings.repository)
+        self.repo = ModelRepository(settings.repository, settings.model_config_name)
         self._names = settings.names
         self._start_names = settings.gateway.model_names()
         self.models: dict[str, LoadedModel] = {}
@@ -239,7 +239,7 @@ class ModelRegistry:
         folder = self.repo.root / name
         digest = hashlib.sha256()
         try:
-            config = folder / CONFIG_FILENAME
+            config = self.repo.config_path(folder)
             digest.update(config.read_bytes() if config.exists() else b"no config")
             for item in sorted(folder.glob("*/*")):
                 stat = item.stat()

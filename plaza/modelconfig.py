@@ -197,15 +197,17 @@ def parse_model_config_json(
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
-def load_model_config(path: Path, complete: Completion | None = None) -> ModelSpec:
-    """Read ``<model>/config.pbtxt``; the model name defaults to the folder name."""
+def load_model_config(
+    path: Path, complete: Completion | None = None, name: str | None = None
+) -> ModelSpec:
+    """Read ``<model>/config.pbtxt``; the model name defaults to ``name``, else to the
+    folder's name."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(path)) from exc
-    return parse_model_config(
-        text, source=str(path), default_name=path.parent.name, complete=complete
-    )
+    default = name or path.parent.name
+    return parse_model_config(text, source=str(path), default_name=default, complete=complete)
 
 
 def _fail(source: str, fieldname: str, message: str) -> ConfigError:

@@ -132,7 +132,7 @@ class Producer:
             redis,
             settings.response_cache,
             self.names,
-            DefaultVersions(settings.repository),
+            DefaultVersions(settings.repository, config_name=settings.model_config_name),
             cache_observer,
             stats_ttl_s=settings.redis.stats_ttl_s,
         )

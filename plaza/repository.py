@@ -2,6 +2,8 @@
 ``<root>/<model>/<version>/<model file>``.
 
 Reading is cheap and repeatable (nothing is cached), so ``poll`` mode can simply read again.
+With a config name (Triton's ``--model-config-name``), a model's
+``<model>/configs/<name>.pbtxt``, where it has one, is read in place of its config.pbtxt.
 An ONNX model's folder may go without config.pbtxt: its config is then made from the model
 (``plaza.autocomplete``, remembered per file), as Triton auto-completes one.
 """
@@ -17,6 +19,8 @@ from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, p
 from plaza.naming import check_model_name
 
 CONFIG_FILENAME = "config.pbtxt"
+CONFIGS_DIR = "configs"
+"""Where a model keeps its named configs (``configs/<name>.pbtxt``, Triton's layout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +35,11 @@ class ModelVersion:
 class ModelRepository:
     """Reads models, versions and model files from one folder."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, config_name: str = "") -> None:
+        """``config_name``: the ``configs/<name>.pbtxt`` to prefer (settings'
+        ``model_config_name``); empty: config.pbtxt only."""
         self.root = Path(root)
+        self.config_name = config_name
 
     def model_names(self) -> list[str]:
         """Every folder that holds a config.pbtxt, or a version folder with a model.onnx
@@ -40,6 +47,9 @@ class ModelRepository:
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder", file=str(self.root))
         configured = {p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}")}
+        if self.config_name:
+            named = self.root.glob(f"*/{CONFIGS_DIR}/{self.config_name}.pbtxt")
+            configured |= {p.parent.parent.name for p in named}
         onnx_only = {p.parent.parent.name for p in self.root.glob(f"*/[0-9]*/{MODEL_FILENAME}")}
         return sorted(configured | {n for n in onnx_only if _is_model_name(n)})
 
@@ -48,18 +58,27 @@ class ModelRepository:
         # the root; it may be a symlink to a folder elsewhere, as in Triton.
         check_model_name(name)
         path = self.root / name
-        if not (path / CONFIG_FILENAME).is_file() and model_file(path) is None:
+        if not self.config_path(path).is_file() and model_file(path) is None:
             raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
         return path
+
+    def config_path(self, folder: Path) -> Path:
+        """The config file of the model in ``folder``: ``configs/<config_name>.pbtxt``
+        where there is one, else config.pbtxt (which may not exist)."""
+        if self.config_name:
+            named = folder / CONFIGS_DIR / f"{self.config_name}.pbtxt"
+            if named.is_file():
+                return named
+        return folder / CONFIG_FILENAME
 
     def spec(self, name: str) -> ModelSpec:
         """The parsed config of ``name``, an ONNX model's completed from its model file
         (``plaza.autocomplete``: when it has no config.pbtxt, or one that names no inputs
         or outputs); ModelNotFound or ConfigError."""
         folder = self._model_dir(name)
-        path = folder / CONFIG_FILENAME
+        path = self.config_path(folder)
         if path.is_file():
-            return load_model_config(path, lambda c: complete(c, folder, str(path)))
+            return load_model_config(path, lambda c: complete(c, folder, str(path)), name)
         source = f"{folder} (no config.pbtxt: made from its model file)"
         return parse_model_config(
             "", source=source, default_name=name, complete=lambda c: complete(c, folder, source)

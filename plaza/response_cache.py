@@ -141,8 +141,10 @@ class DefaultVersions:
     lookup may ask for a version that does not answer yet: a miss, never a wrong hit,
     since answers are stored under the version that computed them."""
 
-    def __init__(self, root: Path, clock: Callable[[], float] = time.monotonic) -> None:
-        self._repo = ModelRepository(root)
+    def __init__(
+        self, root: Path, clock: Callable[[], float] = time.monotonic, config_name: str = ""
+    ) -> None:
+        self._repo = ModelRepository(root, config_name)
         self._clock = clock
         self._read: dict[str, tuple[float, list[int]]] = {}
 

@@ -306,6 +306,12 @@ class PlazaSettings(BaseSettings):
     )
 
     repository: Path = Field(Path("model_repository"), description="the model repository folder")
+    model_config_name: str = Field(
+        "",
+        pattern=r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*)?$",
+        description="Triton's --model-config-name: a model's configs/<name>.pbtxt, where it has "
+        "one, is its config in place of config.pbtxt; empty: config.pbtxt",
+    )
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     producer: ProducerSettings = ProducerSettings()

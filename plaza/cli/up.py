@@ -48,6 +48,11 @@ STOP_TIMEOUT_S = 40.0
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="plaza up", description=__doc__)
     p.add_argument("--repository", default="model_repository", type=Path)
+    p.add_argument(
+        "--model-config-name",
+        default="",
+        help="Triton's: a model's configs/<name>.pbtxt, where it has one, in place of config.pbtxt",
+    )
     p.add_argument("--data-dir", default="var/up", type=Path)
     p.add_argument("--kafka-port", type=int, default=9092)
     p.add_argument("--redis-port", type=int, default=6379)
@@ -254,7 +259,8 @@ def run_up(argv: list[str]) -> int:
     """
     args = _parse(argv)
     try:
-        plan = _worker_plan(ModelRepository(args.repository), _start_models(args))
+        repository = ModelRepository(args.repository, args.model_config_name)
+        plan = _worker_plan(repository, _start_models(args))
         if not plan and args.model_control_mode == "none":
             raise ConfigError(f"no model to serve in {args.repository}")
         gateway_ports = [args.http_port, args.grpc_port, args.metrics_port]
@@ -270,7 +276,11 @@ def run_up(argv: list[str]) -> int:
             print("starting Kafka and Redis on 127.0.0.1 ...", flush=True)
             services.start()
             # Plaza's default prefixes (topics plaza.infer.<model>) and heartbeat.
-            dep = services.deployment(args.repository, heartbeat_interval_s=None)
+            dep = services.deployment(
+                args.repository,
+                heartbeat_interval_s=None,
+                model_config_name=args.model_config_name,
+            )
             gateway = _start_parts(dep, plan, group, args)
             supervisor = None
             if args.model_control_mode != "none" and args.process_per_model:

@@ -52,6 +52,8 @@ class Deployment:
     """Worker registry heartbeat (short, so readiness waits end quickly)."""
     log_level: str | None = None
     """Log level of its processes (None: Plaza's default, INFO)."""
+    model_config_name: str = ""
+    """Triton's ``--model-config-name`` for its processes (empty: config.pbtxt)."""
 
     @property
     def names(self) -> Names:
@@ -77,7 +79,12 @@ class Deployment:
         )
         maxlen = {} if self.stream_maxlen is None else {"stream_maxlen": self.stream_maxlen}
         redis = RedisSettings(url=self.redis_url, key_prefix=self.key_prefix, **maxlen)
-        return PlazaSettings(repository=self.repository, kafka=kafka, redis=redis)
+        return PlazaSettings(
+            repository=self.repository,
+            kafka=kafka,
+            redis=redis,
+            model_config_name=self.model_config_name,
+        )
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a worker or gateway subprocess of this deployment.
@@ -102,6 +109,7 @@ class Deployment:
             "PLAZA_REDIS__URL": self.redis_url,
             "PLAZA_REDIS__KEY_PREFIX": self.key_prefix,
             "PLAZA_REPOSITORY": str(self.repository),
+            "PLAZA_MODEL_CONFIG_NAME": self.model_config_name,
         }
         optional = {
             "PLAZA_KAFKA__MIN_INSYNC_REPLICAS": self.min_insync_replicas,

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from plaza.errors import ConfigError, ModelNotFound
 from plaza.modelconfig import parse_model_config
 from plaza.repository import ModelRepository
+from plaza.settings import PlazaSettings
 
 GOOD = """
 name: "mlp"
@@ -192,3 +194,31 @@ def test_unknown_and_unsafe_model_names(tmp_path: Path) -> None:
         with pytest.raises(Exception) as info:
             repo.spec(bad)
         assert getattr(info.value, "code", "") == "invalid_input"
+
+
+def test_a_config_name_picks_each_models_named_config_where_it_has_one(tmp_path: Path) -> None:
+    """Triton's --model-config-name: configs/<name>.pbtxt wins; config.pbtxt is the
+    fallback; a model with only the named config is a model under that name alone."""
+    _write_model(tmp_path, "mlp", GOOD, {"1": "model.onnx"})
+    (tmp_path / "mlp" / "configs").mkdir()
+    big = GOOD.replace("max_batch_size: 64", "max_batch_size: 128").replace(
+        "preferred_batch_size: [ 32, 16 ]", "preferred_batch_size: [ 128 ]"
+    )
+    (tmp_path / "mlp" / "configs" / "big.pbtxt").write_text(big)
+    only_named = GOOD.replace('name: "mlp"', "")
+    (tmp_path / "solo" / "configs").mkdir(parents=True)
+    (tmp_path / "solo" / "configs" / "big.pbtxt").write_text(only_named)
+    named = ModelRepository(tmp_path, "big")
+    assert named.model_names() == ["mlp", "solo"]
+    assert named.spec("mlp").max_batch_size == 128
+    assert named.spec("solo").name == "solo"  # the folder's name, not "configs"
+    assert ModelRepository(tmp_path, "small").spec("mlp").max_batch_size == 64
+    plain = ModelRepository(tmp_path)
+    assert plain.model_names() == ["mlp"] and plain.spec("mlp").max_batch_size == 64
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "x y"])
+def test_a_config_name_is_a_plain_file_stem(name: str) -> None:
+    with pytest.raises(ValidationError):
+        PlazaSettings(model_config_name=name)
+    assert PlazaSettings(model_config_name="h100-v2.1").model_config_name == "h100-v2.1"

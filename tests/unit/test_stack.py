@@ -104,9 +104,17 @@ def test_deployment_env_drops_the_callers_plaza_settings(
 
 
 def test_deployment_settings_say_what_its_env_says(tmp_path: Path) -> None:
-    dep = Deployment("127.0.0.1:1", "redis://127.0.0.1:2/0", tmp_path, "t2", stream_maxlen=99)
+    dep = Deployment(
+        "127.0.0.1:1",
+        "redis://127.0.0.1:2/0",
+        tmp_path,
+        "t2",
+        stream_maxlen=99,
+        model_config_name="h100",
+    )
     settings = dep.settings()
     env = dep.env()
+    assert settings.model_config_name == env["PLAZA_MODEL_CONFIG_NAME"] == "h100"
     assert settings.kafka.topic_prefix == env["PLAZA_KAFKA__TOPIC_PREFIX"]
     assert settings.redis.key_prefix == env["PLAZA_REDIS__KEY_PREFIX"]
     assert str(settings.redis.stream_maxlen) == env["PLAZA_REDIS__STREAM_MAXLEN"]
