@@ -15,6 +15,9 @@ _LEVEL_MARK = ".p"
 """Separates a request topic from its priority level (``plaza.infer.mlp.p2``)."""
 
 MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+CONFIG_NAME_PATTERN = r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*)?$"
+"""A ``model_config_name``: empty, or a file stem (``configs/<name>.pbtxt``) that leads
+nowhere else."""
 """Model names: a path component and a Kafka topic fragment, never '..' or a slash."""
 
 # Kafka record headers (values are UTF-8 bytes).

@@ -10,13 +10,14 @@ An ONNX model's folder may go without config.pbtxt: its config is then made from
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from plaza.autocomplete import MODEL_FILENAME, complete, model_file
 from plaza.errors import ConfigError, InvalidInput, ModelNotFound
 from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, parse_model_config
-from plaza.naming import check_model_name
+from plaza.naming import CONFIG_NAME_PATTERN, check_model_name
 
 CONFIG_FILENAME = "config.pbtxt"
 CONFIGS_DIR = "configs"
@@ -38,6 +39,8 @@ class ModelRepository:
     def __init__(self, root: Path | str, config_name: str = "") -> None:
         """``config_name``: the ``configs/<name>.pbtxt`` to prefer (settings'
         ``model_config_name``); empty: config.pbtxt only."""
+        if not re.fullmatch(CONFIG_NAME_PATTERN, config_name):
+            raise ConfigError(f"model config name {config_name!r} is not a file name's stem")
         self.root = Path(root)
         self.config_name = config_name
 

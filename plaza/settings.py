@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from plaza.naming import Names
+from plaza.naming import CONFIG_NAME_PATTERN, Names
 
 
 class _Section(BaseModel):
@@ -308,7 +308,7 @@ class PlazaSettings(BaseSettings):
     repository: Path = Field(Path("model_repository"), description="the model repository folder")
     model_config_name: str = Field(
         "",
-        pattern=r"^([A-Za-z0-9_-][A-Za-z0-9_.-]*)?$",
+        pattern=CONFIG_NAME_PATTERN,
         description="Triton's --model-config-name: a model's configs/<name>.pbtxt, where it has "
         "one, is its config in place of config.pbtxt; empty: config.pbtxt",
     )

@@ -222,3 +222,8 @@ def test_a_config_name_is_a_plain_file_stem(name: str) -> None:
     with pytest.raises(ValidationError):
         PlazaSettings(model_config_name=name)
     assert PlazaSettings(model_config_name="h100-v2.1").model_config_name == "h100-v2.1"
+
+
+def test_a_repository_refuses_a_config_name_that_leads_elsewhere(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a file name's stem"):
+        ModelRepository(tmp_path, "../../etc/x")
