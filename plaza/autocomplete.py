@@ -39,7 +39,7 @@ PLATFORM_ONNX = "onnxruntime_onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
 """Triton's ``--backend-config=default-max-batch-size``."""
 
-_TYPES = {
+ONNX_TYPES = {
     "tensor(float)": "TYPE_FP32",
     "tensor(double)": "TYPE_FP64",
     "tensor(float16)": "TYPE_FP16",
@@ -54,6 +54,8 @@ _TYPES = {
     "tensor(uint64)": "TYPE_UINT64",
     "tensor(string)": "TYPE_STRING",
 }
+
+"""ONNX Runtime's element types -> Triton's config types."""
 
 Shape = list[int | str | None]
 Signature = tuple[list[tuple[str, str, Shape]], list[tuple[str, str, Shape]]]
@@ -120,7 +122,7 @@ def _add(
     field: Any, items: list[tuple[str, str, Shape]], batching: bool, kind: str, source: str
 ) -> None:
     for name, onnx_type, shape in items:
-        data_type = _TYPES.get(onnx_type)
+        data_type = ONNX_TYPES.get(onnx_type)
         if data_type is None:
             raise ConfigError(
                 f"{source}: {kind} {name!r} is {onnx_type}, which has no Triton type: "

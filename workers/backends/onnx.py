@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 import onnxruntime as ort
 
+from plaza.autocomplete import ONNX_TYPES
 from plaza.errors import ConfigError
+from plaza.modelconfig import TensorSpec
 from plaza.repository import ModelVersion
 from plaza.settings import WorkerSettings
 from plaza.workers.backends.base import Arrays
@@ -40,6 +43,29 @@ class SessionTuning:
         opts.add_session_config_entry(
             "session.inter_op.allow_spinning", "1" if self.inter_op_spinning else "0"
         )
+
+
+def _disagreement(onnx_type: str, shape: Any, tensor: TensorSpec, batched: bool) -> str:
+    """Why the model's ``onnx_type`` and ``shape`` cannot take ``tensor`` as configured
+    ("" when they can). A free dimension of the model takes any configured size; a fixed one
+    takes only its own (a configured -1 would let requests through that it refuses)."""
+    config_type = f"TYPE_{'STRING' if tensor.datatype == 'BYTES' else tensor.datatype}"
+    if ONNX_TYPES.get(onnx_type) != config_type:
+        return f"is {tensor.datatype} but the model's is {onnx_type}"
+    if shape is None:
+        return ""  # the model does not say
+    dims = tensor.dims if tensor.reshape is None else tensor.reshape
+    wanted = [-1, *dims] if batched else list(dims)
+    shown = f"the model's shape is {list(shape)}, the config's {wanted}"
+    if len(shape) != len(wanted):
+        return f"does not fit: {shown}"
+    if batched and isinstance(shape[0], int) and shape[0] >= 0:
+        return f"cannot batch: {shown} (the model's first dimension is fixed)"
+    start = 1 if batched else 0  # the batch dimension was judged above
+    for have, want in zip(shape[start:], wanted[start:], strict=True):
+        if isinstance(have, int) and have >= 0 and have != want:
+            return f"does not fit: {shown}"
+    return ""
 
 
 class OnnxBackend:
@@ -85,7 +111,7 @@ class OnnxBackend:
             raise ConfigError(
                 f"{self.mv.path}: onnxruntime cannot load it: {exc}", file=str(self.mv.path)
             ) from exc
-        self._check_names()
+        self._check_signature()
         log.info(
             "%s v%d loaded on %s, providers %s, %d intra-op threads, spinning %s",
             self.mv.spec.name,
@@ -96,22 +122,32 @@ class OnnxBackend:
             "on" if self.tuning.intra_op_spinning else "off",
         )
 
-    def _check_names(self) -> None:
+    def _check_signature(self) -> None:
+        """The config's tensors against the model's, as Triton checks them at load: each
+        name there, of the same type, of a shape the model takes (``reshape``'s where the
+        config has one), with a free first dimension where the config batches. A mismatch
+        is a ``bad_config`` now, not a failure of every request later."""
         assert self._session is not None
-        graph_in = {i.name for i in self._session.get_inputs()}
-        graph_out = {o.name for o in self._session.get_outputs()}
-        for kind, specs, names in (
-            ("input", self.mv.spec.inputs, graph_in),
-            ("output", self.mv.spec.outputs, graph_out),
+        spec = self.mv.spec
+        for kind, specs, args in (
+            ("input", spec.inputs, self._session.get_inputs()),
+            ("output", spec.outputs, self._session.get_outputs()),
         ):
-            for spec in specs:
-                if spec.name not in names:
-                    raise ConfigError(
-                        f"{self.mv.path}: config {kind} {spec.name!r} is not in the model "
-                        f"(it has {sorted(names)})",
-                        file=str(self.mv.path),
-                        field=kind,
+            graph = {a.name: a for a in args}
+            for tensor in specs:
+                arg = graph.get(tensor.name)
+                if arg is None:
+                    self._mismatch(
+                        kind, tensor.name, f"is not in the model (it has {sorted(graph)})"
                     )
+                why = _disagreement(arg.type, arg.shape, tensor, spec.max_batch_size > 0)
+                if why:
+                    self._mismatch(kind, tensor.name, why)
+
+    def _mismatch(self, kind: str, name: str, why: str) -> NoReturn:
+        raise ConfigError(
+            f"{self.mv.path}: config {kind} {name!r} {why}", file=str(self.mv.path), field=kind
+        )
 
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         if self._session is None:
