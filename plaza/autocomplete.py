@@ -87,10 +87,11 @@ def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
         if config.WhichOneof("scheduling_choice") is None:
             config.dynamic_batching.SetInParent()
     batching = config.max_batch_size > 0
+    where = f"{source} (completed from {path})"
     if not config.input:
-        _add(config.input, inputs, batching, "input", f"{source} (completed from {path})")
+        _add(config.input, inputs, batching, "input", where)
     if not config.output:
-        _add(config.output, outputs, batching, "output", f"{source} (completed from {path})")
+        _add(config.output, outputs, batching, "output", where)
 
 
 def signature(path: Path) -> Signature:

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.client import PlazaClient
 from plaza.loadgen.inputs import make_inputs
@@ -34,15 +35,11 @@ REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 def warmup_entry(model: str, batch: int, count: int) -> str:
     spec = load_model_config(REPOSITORY / model / "config.pbtxt")
     inputs = " ".join(
-        f'inputs {{ key: "{t.name}" value {{ data_type: TYPE_{_config_type(t.datatype)} '
+        f'inputs {{ key: "{t.name}" value {{ data_type: {mc.DataType.Name(t.data_type)} '
         f"dims: [ {', '.join(str(max(d, 1)) for d in t.dims)} ] zero_data: true }} }}"
-        for t in spec.inputs
+        for t in spec.config.input
     )
     return f'model_warmup [ {{ name: "zeros" batch_size: {batch} count: {count} {inputs} }} ]\n'
-
-
-def _config_type(datatype: str) -> str:
-    return {"BYTES": "STRING"}.get(datatype, datatype)
 
 
 def copy_of(model: str, root: Path, warmup: str) -> Path:

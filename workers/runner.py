@@ -187,7 +187,7 @@ class BatchRunner:
         self, items: Sequence[WorkItem], outputs: Arrays, t0: float, t1: float, t2: float
     ) -> list[InferResult]:
         total = sum(it.rows for it in items)
-        batched = self.spec.max_batch_size > 0
+        batched = self._batched
         for name, arr in outputs.items():
             if batched and (arr.ndim == 0 or arr.shape[0] != total):
                 raise ModelExecutionError(

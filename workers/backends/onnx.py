@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 import onnxruntime as ort
 
 from plaza.autocomplete import ONNX_TYPES
+from plaza.datatypes import from_config_type
 from plaza.errors import ConfigError
 from plaza.modelconfig import TensorSpec
 from plaza.repository import ModelVersion
@@ -49,8 +50,8 @@ def _disagreement(onnx_type: str, shape: Any, tensor: TensorSpec, batched: bool)
     """Why the model's ``onnx_type`` and ``shape`` cannot take ``tensor`` as configured
     ("" when they can). A free dimension of the model takes any configured size; a fixed one
     takes only its own (a configured -1 would let requests through that it refuses)."""
-    config_type = f"TYPE_{'STRING' if tensor.datatype == 'BYTES' else tensor.datatype}"
-    if ONNX_TYPES.get(onnx_type) != config_type:
+    config_type = ONNX_TYPES.get(onnx_type)
+    if config_type is None or from_config_type(config_type) != tensor.datatype:
         return f"is {tensor.datatype} but the model's is {onnx_type}"
     if shape is None:
         return ""  # the model does not say
