@@ -41,6 +41,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "model_repository",
+    "system_shared_memory",
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -182,7 +183,7 @@ class Endpoints:
         self.service.model(model, version)  # 404 before reading a body for nothing
         raw = await read_body(request, self._max_body)
         length = kserve.parse_header_length(request.headers.get(kserve.HEADER_INFERENCE_LENGTH))
-        return kserve.decode_infer_request(raw, length)
+        return kserve.decode_infer_request(raw, length, self.service.shm)
 
     async def infer(self, request: Request) -> Response:
         model, version = _model_path(request)
@@ -196,16 +197,26 @@ class Endpoints:
     ) -> kserve.EncodedBody:
         """A sync inference from its (decoded) body to its encoded answer: what both the
         Starlette route and the gateway's own HTTP server (``plaza.gateway.http_front``) run."""
-        body = kserve.decode_infer_request(raw, kserve.parse_header_length(header_length))
+        length = kserve.parse_header_length(header_length)
+        body = kserve.decode_infer_request(raw, length, self.service.shm)
         req = body.to_request(model, version, uuid.uuid4().hex)
         result = await self.service.infer(req, self.service.sync_timeout(body.timeout_us))
         return kserve.encode_infer_response(
-            result, response_id=body.client_id or req.id, binary=body.wants_binary
+            result,
+            response_id=body.client_id or req.id,
+            binary=body.wants_binary,
+            shm=body.shm_of if body.uses_shm_outputs else None,
+            regions=self.service.shm,
         )
 
     async def submit_job(self, request: Request) -> Response:
         model, version = _model_path(request)
         body = await self._infer_body(request, model, version)
+        if body.uses_shm_outputs:
+            raise InvalidInput(
+                "an async job cannot write its outputs to shared memory: its answer is "
+                "polled later (GET /v2/jobs/{job_id}); request them in the response"
+            )
         job_id = await self.service.submit(body.to_request(model, version, uuid.uuid4().hex))
         accepted = {"job_id": job_id, "id": body.client_id or job_id}
         return JSONBody(accepted, 202)
@@ -265,6 +276,25 @@ class Endpoints:
         await self.service.unload_model(str(request.path_params["model"]), dependents)
         return Response(status_code=200)
 
+    # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------
+    async def shm_status(self, request: Request) -> Response:
+        regions = self.service.shm.status(str(request.path_params.get("name", "")))
+        return JSONBody([dataclasses.asdict(r) for r in regions])
+
+    async def shm_register(self, request: Request) -> Response:
+        doc = await self._json_object(request)
+        key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
+        if not isinstance(key, str):
+            raise InvalidInput("register needs 'key' (a string): the shared memory object")
+        if type(offset) is not int or type(size) is not int:
+            raise InvalidInput("register needs 'offset' and 'byte_size' as integers")
+        self.service.shm.register(str(request.path_params["name"]), key, offset, size)
+        return Response(status_code=200)
+
+    async def shm_unregister(self, request: Request) -> Response:
+        self.service.shm.unregister(str(request.path_params.get("name", "")))
+        return Response(status_code=200)
+
     def routes(self) -> list[BaseRoute]:
         """Every route; the hot ones first (Starlette tries routes in order)."""
         bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -279,6 +309,14 @@ class Endpoints:
             Route("/v2/repository/index", self.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", self.load_model, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", self.unload_model, methods=["POST"]),
+        ]
+        shm = "/v2/systemsharedmemory"
+        routes += [
+            Route(f"{shm}/status", self.shm_status, methods=["GET"]),
+            Route(f"{shm}/region/{{name}}/status", self.shm_status, methods=["GET"]),
+            Route(f"{shm}/region/{{name}}/register", self.shm_register, methods=["POST"]),
+            Route(f"{shm}/region/{{name}}/unregister", self.shm_unregister, methods=["POST"]),
+            Route(f"{shm}/unregister", self.shm_unregister, methods=["POST"]),
         ]
         for base in bases:
             routes += [

@@ -22,6 +22,7 @@ from plaza.errors import (
     PayloadTooLarge,
     PlazaError,
     QueueFull,
+    SharedMemoryError,
     Unauthorized,
     Unavailable,
     UnsupportedVersion,
@@ -33,6 +34,7 @@ _STATUS_BY_CODE: dict[str, _Status] = {
     ConfigError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),  # a load's bad config
     CodecError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedVersion.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    SharedMemoryError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     Unauthorized.code: (401, grpc.StatusCode.UNAUTHENTICATED),
     ModelNotFound.code: (404, grpc.StatusCode.NOT_FOUND),
     JobNotFound.code: (404, grpc.StatusCode.NOT_FOUND),

@@ -7,6 +7,12 @@ copy) or as typed ``contents`` (``fp32_contents``, ``int_contents``, ... convert
 numpy once). A request that mixes the two is refused, as Triton refuses it. Outputs always
 go back as ``raw_output_contents``, which is what Triton's server does and what
 tritonclient's ``as_numpy`` reads. Anything malformed raises ``InvalidInput``.
+
+Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
+parameters name a registered region is read from it (``raw_input_contents`` then hold the
+other inputs', in order, as tritonclient sends them), and an output requested into a region
+is written there and answered with an empty ``raw_output_contents`` entry, which keeps the
+other outputs' entries at their index.
 """
 
 from __future__ import annotations
@@ -19,7 +25,16 @@ from tritonclient.grpc import service_pb2 as pb
 from plaza.contract import InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
+from plaza.gateway.kserve import shm_tensor, write_shm_output
 from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
+from plaza.gateway.shared_memory import (
+    PARAM_BYTE_SIZE,
+    PARAM_OFFSET,
+    PARAM_REGION,
+    SharedMemoryRegions,
+    ShmRef,
+    shm_ref,
+)
 from plaza.tensors import Tensor, serialize_bytes
 
 _CONTENTS_FIELD: dict[str, str] = {
@@ -39,35 +54,72 @@ _CONTENTS_FIELD: dict[str, str] = {
 """Which typed ``InferTensorContents`` field carries each datatype (FP16/BF16: raw only)."""
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> FrontRequest:
-    """A ``ModelInferRequest`` as Plaza tensors and parameters; InvalidInput if malformed.
-    (The response echoes the message's own ``id``.)"""
+def decode_infer_request(
+    msg: pb.ModelInferRequest, regions: SharedMemoryRegions | None = None
+) -> FrontRequest:
+    """A ``ModelInferRequest`` as Plaza tensors and parameters, inputs in shared memory read
+    from ``regions``; InvalidInput if malformed. (The response echoes the message's ``id``.)"""
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
+    refs = [_input_shm(item) for item in msg.inputs]
+    in_messages = len(refs) - refs.count(None)
+    if raw and len(raw) != len(msg.inputs) - in_messages:
         raise InvalidInput(
-            f"{len(raw)} raw_input_contents for {len(msg.inputs)} inputs: when raw contents "
-            "are used, every input must have one, in input order"
+            f"{len(raw)} raw_input_contents for {len(msg.inputs) - in_messages} inputs not in "
+            "shared memory: when raw contents are used, each of those inputs must have one, "
+            "in input order"
         )
-    inputs = tuple(
-        _input_tensor(item, raw[i] if raw else None) for i, item in enumerate(msg.inputs)
-    )
+    tensors: list[Tensor] = []
+    taken = 0
+    for item, ref in zip(msg.inputs, refs, strict=True):
+        if ref is not None:
+            if item.HasField("contents"):
+                raise InvalidInput(f"input {item.name!r} is in shared memory and has contents too")
+            tensors.append(shm_tensor(item.name, item.datatype, tuple(item.shape), ref, regions))
+            continue
+        tensors.append(_input_tensor(item, raw[taken] if raw else None))
+        taken += 1
     outputs = tuple(str(o.name) for o in msg.outputs)
-    classes = {str(o.name): n for o in msg.outputs if (n := _output_classes(o)) is not None}
+    classes: dict[str, int] = {}
+    shm_outputs: dict[str, ShmRef] = {}
+    for o in msg.outputs:
+        count, ref = _requested_output(o)
+        if count is not None:
+            classes[str(o.name)] = count
+        if ref is not None:
+            shm_outputs[str(o.name)] = ref
     params = decode_parameters(msg.parameters, "request")
     refuse_unsupported(params, "request")
-    return FrontRequest.from_parameters(inputs, outputs, params, classification=classes)
+    return FrontRequest.from_parameters(
+        tuple(tensors), outputs, params, classification=classes, shm_outputs=shm_outputs
+    )
+
+
+def _input_shm(item: pb.ModelInferRequest.InferInputTensor) -> ShmRef | None:
+    """The input's shared memory region (None: its data is in the message); its other
+    parameters are checked. Most inputs have none: no message is formatted for them."""
+    if not item.parameters:
+        return None
+    where = f"input {item.name!r}"
+    params = decode_parameters(item.parameters, where)
+    ref = shm_ref(params, where)
+    refuse_unsupported(params, where)
+    if ref is not None:
+        _check_header(item)
+    return ref
+
+
+def _check_header(item: pb.ModelInferRequest.InferInputTensor) -> None:
+    name, datatype = item.name, item.datatype
+    if datatype not in DATATYPES:
+        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}", tensor=name)
+    if item.shape and min(item.shape) < 0:
+        raise InvalidInput(f"input {name!r}: negative dimension in shape {list(item.shape)}")
 
 
 def _input_tensor(item: pb.ModelInferRequest.InferInputTensor, raw: bytes | None) -> Tensor:
     name, datatype = item.name, item.datatype
-    if datatype not in DATATYPES:
-        raise InvalidInput(f"input {name!r}: unknown datatype {datatype!r}", tensor=name)
+    _check_header(item)
     shape = tuple(item.shape)  # int64 values: Python ints already
-    if shape and min(shape) < 0:
-        raise InvalidInput(f"input {name!r}: negative dimension in shape {list(shape)}")
-    if item.parameters:  # most inputs have none: no message formatted for them
-        where = f"input {name!r}"
-        refuse_unsupported(decode_parameters(item.parameters, where), where)
     has_contents = item.HasField("contents")
     if raw is not None:
         if has_contents:
@@ -99,11 +151,17 @@ def _typed_contents(name: str, datatype: str, contents: pb.InferTensorContents) 
     return np.asarray(array, dtype=dtype).tobytes()
 
 
-def _output_classes(item: pb.ModelInferRequest.InferRequestedOutputTensor) -> int | None:
-    """The output's ``classification`` count (None: none asked); its parameters checked."""
+def _requested_output(
+    item: pb.ModelInferRequest.InferRequestedOutputTensor,
+) -> tuple[int | None, ShmRef | None]:
+    """The output's ``classification`` count and shared memory region (None: none asked);
+    its other parameters checked."""
     if not item.parameters:
-        return None
-    return output_classes(decode_parameters(item.parameters, f"output {item.name!r}"), item.name)
+        return None, None
+    where = f"output {item.name!r}"
+    params = decode_parameters(item.parameters, where)
+    ref = shm_ref(params, where)
+    return output_classes(params, item.name), ref
 
 
 def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> dict[str, Scalar]:
@@ -117,8 +175,14 @@ def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> di
     return out
 
 
-def encode_infer_response(result: InferResult, response_id: str) -> pb.ModelInferResponse:
-    """A ``ModelInferResponse`` with every output in ``raw_output_contents``."""
+def encode_infer_response(
+    result: InferResult,
+    response_id: str,
+    shm_outputs: Mapping[str, ShmRef] | None = None,
+    regions: SharedMemoryRegions | None = None,
+) -> pb.ModelInferResponse:
+    """A ``ModelInferResponse`` with every output in ``raw_output_contents``, but those that
+    ``shm_outputs`` places in shared memory: written to ``regions``, their entry empty."""
     msg = pb.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=response_id
     )
@@ -126,5 +190,13 @@ def encode_infer_response(result: InferResult, response_id: str) -> pb.ModelInfe
         out = msg.outputs.add()
         out.name, out.datatype = tensor.name, tensor.datatype
         out.shape.extend(tensor.shape)
-        msg.raw_output_contents.append(bytes(tensor.data))
+        ref = shm_outputs.get(tensor.name) if shm_outputs else None
+        if ref is None:
+            msg.raw_output_contents.append(bytes(tensor.data))
+            continue
+        write_shm_output(tensor, ref, regions)
+        out.parameters[PARAM_REGION].string_param = ref.region
+        out.parameters[PARAM_BYTE_SIZE].int64_param = len(tensor.data)
+        out.parameters[PARAM_OFFSET].int64_param = ref.offset
+        msg.raw_output_contents.append(b"")
     return msg

@@ -199,14 +199,46 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         await self.service.unload_model(request.model_name, dependents and flag.bool_param)
         return pb.RepositoryModelUnloadResponse()
 
+    # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------------
+    @_answers_errors
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        self._authorize(context)
+        answer = pb.SystemSharedMemoryStatusResponse()
+        for r in self.service.shm.status(request.name):
+            answer.regions[r.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size
+                )
+            )
+        return answer
+
+    @_answers_errors
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._authorize(context)
+        self.service.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_answers_errors
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._authorize(context)
+        self.service.shm.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     # -- inference -----------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         self.service.model(request.model_name, request.model_version)  # NOT_FOUND first
-        decoded = grpc_codec.decode_infer_request(request)
+        shm = self.service.shm
+        decoded = grpc_codec.decode_infer_request(request, shm)
         req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
         wait_s = self.service.sync_timeout(decoded.timeout_us)
         result = await self.service.infer(req, wait_s)
-        return grpc_codec.encode_infer_response(result, request.id)
+        return grpc_codec.encode_infer_response(result, request.id, decoded.shm_outputs, shm)
 
     @_answers_errors
     async def ModelInfer(

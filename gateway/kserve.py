@@ -9,6 +9,10 @@ numpy in one vectorised conversion. Anything malformed raises ``InvalidInput``.
 
 Responses use binary for outputs that ask for it (``parameters.binary_data``, or the
 request's ``binary_data_output``) and JSON data otherwise.
+
+Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
+parameters name a registered region is read from it, and an output requested into one is
+written there and answered without data.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from plaza.contract import InferRequest, InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
 from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
+from plaza.gateway.shared_memory import (
+    SHM_PARAMS,
+    SharedMemoryRegions,
+    ShmRef,
+    shm_ref,
+)
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tensors import Buffer, Tensor, serialize_bytes
 
@@ -55,6 +65,8 @@ class RequestedOutput:
     """``parameters.binary_data``; None follows the request's ``binary_data_output``."""
     classes: int | None = None
     """``parameters.classification``: its top classes in place of its values."""
+    shm: ShmRef | None = None
+    """Where in a registered shared memory region to write it (None: in the response)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +93,17 @@ class InferBody:
             if out.name == name and out.binary is not None:
                 return out.binary
         return self.binary_output
+
+    def shm_of(self, name: str) -> ShmRef | None:
+        """Where output ``name`` goes in shared memory (None: in the response)."""
+        for out in self.outputs:
+            if out.name == name:
+                return out.shm
+        return None
+
+    @property
+    def uses_shm_outputs(self) -> bool:
+        return any(out.shm is not None for out in self.outputs)
 
     def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
         """The Plaza request (``FrontRequest.to_request``)."""
@@ -114,8 +137,11 @@ def parse_header_length(value: str | None) -> int | None:
     return int(text)
 
 
-def decode_infer_request(body: Buffer, header_length: int | None = None) -> InferBody:
-    """Parse an infer request body (JSON, or JSON header + binary tensors)."""
+def decode_infer_request(
+    body: Buffer, header_length: int | None = None, regions: SharedMemoryRegions | None = None
+) -> InferBody:
+    """Parse an infer request body (JSON, or JSON header + binary tensors); inputs in shared
+    memory are read from ``regions``."""
     view = memoryview(body)
     if header_length is None:
         header, binary = view, view[:0]
@@ -127,7 +153,7 @@ def decode_infer_request(body: Buffer, header_length: int | None = None) -> Infe
             )
         header, binary = view[:header_length], view[header_length:]
     doc = _load_json(header)
-    inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None)
+    inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None, regions)
     params = _parameters(doc.get("parameters"), "request")
     outputs = _decode_outputs(doc.get("outputs"))
     names = tuple(o.name for o in outputs)
@@ -158,9 +184,9 @@ def _client_id(value: Any) -> str | None:
     return value
 
 
-def _parameters(value: Any, where: str | None) -> dict[str, Scalar]:
+def _parameters(value: Any, where: str | None, shm: bool = False) -> dict[str, Scalar]:
     """A ``parameters`` object, checked; ``where`` None: an output's, whose extensions
-    ``output_classes`` checks."""
+    ``output_classes`` checks; ``shm``: the shared memory parameters are allowed."""
     shown = where or "output"
     if value is None:
         return {}
@@ -170,7 +196,9 @@ def _parameters(value: Any, where: str | None) -> dict[str, Scalar]:
         if not isinstance(item, str | int | float | bool):
             raise InvalidInput(f"{shown} parameter {key!r} must be a string, number or bool")
     if where is not None:
-        refuse_unsupported(value, where)
+        refuse_unsupported(
+            {k: v for k, v in value.items() if k not in SHM_PARAMS} if shm else value, where
+        )
     return value
 
 
@@ -191,14 +219,18 @@ def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise InvalidInput(f"outputs[{i}] must be an object with a non-empty 'name'")
         params = _parameters(item.get("parameters"), None)
+        shm = shm_ref(params, f"output {item['name']!r}")
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInput(f"output {item['name']!r}: 'binary_data' must be true or false")
-        outputs.append(RequestedOutput(item["name"], binary, output_classes(params, item["name"])))
+        classes = output_classes(params, item["name"])
+        outputs.append(RequestedOutput(item["name"], binary, classes, shm))
     return tuple(outputs)
 
 
-def _decode_inputs(value: Any, binary: memoryview, has_header: bool) -> tuple[Tensor, ...]:
+def _decode_inputs(
+    value: Any, binary: memoryview, has_header: bool, regions: SharedMemoryRegions | None
+) -> tuple[Tensor, ...]:
     if not isinstance(value, list) or not value:
         raise InvalidInput("request 'inputs' must be a non-empty list")
     tensors: list[Tensor] = []
@@ -207,8 +239,14 @@ def _decode_inputs(value: Any, binary: memoryview, has_header: bool) -> tuple[Te
         if not isinstance(item, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
         name, datatype, shape = _tensor_header(item, i)
-        params = _parameters(item.get("parameters"), f"input {name!r}")
+        params = _parameters(item.get("parameters"), f"input {name!r}", shm=True)
+        shm = shm_ref(params, f"input {name!r}")
         size = params.get("binary_data_size")
+        if shm is not None:
+            if "data" in item or size is not None:
+                raise InvalidInput(f"input {name!r} is in shared memory and has data too")
+            tensors.append(shm_tensor(name, datatype, shape, shm, regions))
+            continue
         if size is None:
             tensors.append(_json_tensor(name, datatype, shape, item))
             continue
@@ -264,6 +302,28 @@ def _binary_tensor(
             tensor=name,
         )
     return tensor
+
+
+def shm_tensor(
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    ref: ShmRef,
+    regions: SharedMemoryRegions | None,
+) -> Tensor:
+    """An input read from a shared memory region (both fronts); its byte size must be the
+    one its shape and datatype need."""
+    what = f"input {name!r}"
+    if regions is None:
+        raise InvalidInput(f"{what}: shared memory is not served here")
+    expected = Tensor(name, datatype, shape, b"").expected_nbytes()
+    if expected is not None and expected != ref.byte_size:
+        raise InvalidInput(
+            f"{what}: shared_memory_byte_size {ref.byte_size} but shape {list(shape)} of "
+            f"{datatype} needs {expected} bytes",
+            tensor=name,
+        )
+    return Tensor(name, datatype, shape, regions.read(ref, what))
 
 
 def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], item: dict[str, Any]) -> Tensor:
@@ -384,14 +444,20 @@ def encode_infer_response(
     response_id: str,
     binary: Callable[[str], bool],
     extra: Mapping[str, Any] | None = None,
+    shm: Callable[[str], ShmRef | None] | None = None,
+    regions: SharedMemoryRegions | None = None,
 ) -> EncodedBody:
-    """The response body for a successful result; ``binary(name)`` picks each output's form."""
+    """The response body for a successful result; ``binary(name)`` picks each output's form,
+    and an output that ``shm(name)`` places in shared memory is written to ``regions``."""
     doc: dict[str, Any] = dict(extra or {})
     doc.update(model_name=result.model, model_version=result.version, id=response_id)
     outputs: list[dict[str, Any]] = []
     blobs: list[Buffer] = []
     for tensor in result.outputs:
-        if binary(tensor.name):
+        ref = None if shm is None else shm(tensor.name)
+        if ref is not None:
+            outputs.append(shm_output(tensor, ref, regions))
+        elif binary(tensor.name):
             outputs.append(_binary_output(tensor))
             blobs.append(tensor.data)
         else:
@@ -401,6 +467,22 @@ def encode_infer_response(
     if not blobs:
         return EncodedBody(header)
     return EncodedBody(b"".join([header, *blobs]), header_length=len(header))
+
+
+def write_shm_output(tensor: Tensor, ref: ShmRef, regions: SharedMemoryRegions | None) -> None:
+    """Put an output's bytes in its shared memory region (both fronts)."""
+    what = f"output {tensor.name!r}"
+    if regions is None:
+        raise InvalidInput(f"{what}: shared memory is not served here")
+    regions.write(ref, tensor.data, what)
+
+
+def shm_output(tensor: Tensor, ref: ShmRef, regions: SharedMemoryRegions | None) -> dict[str, Any]:
+    """An output written to shared memory, answered by name, type and shape alone: with no
+    ``parameters`` either, since Triton's C++ HTTP client reads an output's parameters as
+    binary data (``binary_data_size``) whenever they are there."""
+    write_shm_output(tensor, ref, regions)
+    return {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
 
 
 def _binary_output(tensor: Tensor) -> dict[str, Any]:

@@ -4,8 +4,9 @@ the Plaza request they become.
 Triton's ``timeout`` (microseconds) and ``priority`` are consumed here: the timeout shortens
 the sync wait and sets the request's deadline, the priority picks its level. An output's
 ``classification`` (Triton's classification extension) becomes the request's
-``classification`` counts. The other parameters travel to the worker as they are; the
-shared-memory extension is refused, since no worker can read a client's memory, and so is
+``classification`` counts. The other parameters travel to the worker as they are. The
+shared memory parameters are the fronts' own, on an input or an output
+(``plaza.gateway.shared_memory``): on the request itself they are refused, and so is
 ``classification`` anywhere but on an output.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from plaza.contract import InferRequest, Scalar
 from plaza.errors import InvalidInput
+from plaza.gateway.shared_memory import ShmRef
 from plaza.tensors import Tensor
 
 PARAM_TIMEOUT = "timeout"
@@ -40,6 +42,8 @@ class FrontRequest:
     """The parameters the worker receives (``timeout`` and ``priority`` taken out)."""
     classification: dict[str, int] = field(default_factory=dict)
     """Outputs to classify: name -> how many top classes (``output_classes``)."""
+    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    """Outputs to write to shared memory (the gRPC front's; HTTP keeps them on its body)."""
 
     @classmethod
     def from_parameters(
@@ -49,6 +53,7 @@ class FrontRequest:
         params: Mapping[str, Scalar],
         consumed: frozenset[str] = frozenset(),
         classification: Mapping[str, int] | None = None,
+        shm_outputs: Mapping[str, ShmRef] | None = None,
     ) -> FrontRequest:
         """Take Triton's ``timeout`` and ``priority`` (and the front's own ``consumed``
         keys) out of ``params``; InvalidInput when they are not non-negative integers."""
@@ -60,6 +65,7 @@ class FrontRequest:
             priority=non_negative_int(params, PARAM_PRIORITY) or 0,
             parameters={k: v for k, v in params.items() if k not in taken},
             classification=dict(classification or {}),
+            shm_outputs=dict(shm_outputs or {}),
         )
 
     def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:

@@ -26,6 +26,7 @@ from plaza.contract import InferRequest, InferResult
 from plaza.errors import JobNotFound, ModelNotFound, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
+from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
@@ -81,6 +82,17 @@ class GatewayService:
         self._producer: Producer | None = None
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
         self.metrics = GatewayMetrics()
+        gw = settings.gateway
+        self.shm = SharedMemoryRegions(
+            allowed=gw.allow_client_shm,
+            max_regions=gw.max_shm_regions,
+            refusal=(
+                f"client shared memory needs one gateway process (gateway.workers is "
+                f"{gw.workers}): each process would hold its own regions"
+                if gw.workers > 1
+                else ""
+            ),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
@@ -128,6 +140,7 @@ class GatewayService:
         if self._redis is not None:
             await self._redis.aclose()
         self._producer = self._admin = self._redis = None
+        self.shm.close()
 
     def load_repository(self) -> None:
         """Read the models served from the start (``ModelRegistry.read_start_models``)."""

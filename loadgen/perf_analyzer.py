@@ -41,6 +41,8 @@ NO_STABILITY_CHECK = 999
 """--stability-percentage that every run passes: ``WINDOWS`` windows, then the report."""
 
 Protocol = Literal["http", "grpc"]
+SharedMemory = Literal["none", "system"]
+"""perf_analyzer's --shared-memory: tensors in the bodies, or in system shared memory."""
 
 
 class PerfAnalyzerMissing(RuntimeError):
@@ -134,8 +136,11 @@ def command(
     input_data: Path,
     csv_path: Path,
     interval_ms: int,
+    shared_memory: SharedMemory = "none",
 ) -> list[str]:
-    """perf_analyzer's arguments: sync calls, JSON tensors over HTTP, bounded windows."""
+    """perf_analyzer's arguments: sync calls, JSON tensors over HTTP, bounded windows;
+    ``shared_memory`` "system": the tensors in system shared memory that perf_analyzer
+    creates and registers (the gateway needs ``gateway.allow_client_shm``)."""
     argv = [
         str(binary_path()),
         "-m",
@@ -159,6 +164,8 @@ def command(
     ]
     if protocol == "http":
         argv += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
+    if shared_memory != "none":
+        argv += ["--shared-memory", shared_memory]
     return argv
 
 
@@ -169,11 +176,14 @@ def run(
     concurrency: int,
     input_data: Path,
     interval_ms: int = 2000,
+    shared_memory: SharedMemory = "none",
 ) -> PerfResult:
     """One perf_analyzer run at ``concurrency`` against ``address`` (host:port)."""
     with tempfile.TemporaryDirectory(prefix="plaza-pa-") as tmp:
         csv_path = Path(tmp) / "out.csv"
-        argv = command(model, address, protocol, concurrency, input_data, csv_path, interval_ms)
+        argv = command(
+            model, address, protocol, concurrency, input_data, csv_path, interval_ms, shared_memory
+        )
         # warm-up, windows, and perf_analyzer's own start and drain, with room to spare
         limit_s = 30 + (WINDOWS + 2) * interval_ms / 1000
         code, cpu_s, tail, lingered = _run_measured(argv, csv_path, limit_s)

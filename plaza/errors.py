@@ -110,6 +110,13 @@ class Unauthorized(PlazaError):
     code = "unauthorized"
 
 
+class SharedMemoryError(PlazaError):
+    """A client's shared memory region that cannot be registered, found or used (Triton's
+    system shared memory extension, ``gateway/shared_memory.py``)."""
+
+    code = "shared_memory"
+
+
 _BY_CODE: dict[str, type[PlazaError]] = {}
 
 

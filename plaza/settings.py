@@ -288,6 +288,14 @@ class GatewaySettings(_Section):
     load_timeout_s: float = Field(
         120.0, gt=0, description="a load waits this long for a worker of the model to serve it"
     )
+    allow_client_shm: bool = Field(
+        False,
+        description="Triton's --allow-client-shm: clients on the gateway's host may register "
+        "system shared memory regions for their tensors (one gateway process only)",
+    )
+    max_shm_regions: int = Field(
+        64, ge=1, le=4096, description="system shared memory regions registered at once, at most"
+    )
 
     def model_names(self) -> list[str]:
         """``models`` as a list."""

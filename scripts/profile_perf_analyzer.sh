@@ -5,6 +5,7 @@
 #   scripts/profile_perf_analyzer.sh MODEL grpc|http CONCURRENCY
 #   PROF=1 scripts/profile_perf_analyzer.sh mlp grpc 16
 #   HTTP_SERVER=granian GRANIAN_DIR=/tmp/granian scripts/profile_perf_analyzer.sh mlp http 16
+#   SHM=system scripts/profile_perf_analyzer.sh mlp http 16   # tensors in system shared memory
 #
 # HTTP_SERVER=granian serves the HTTP front (only it: no gRPC) under granian instead of
 # uvicorn (scripts/granian_front.py; granian installed apart with pip --target GRANIAN_DIR).
@@ -23,7 +24,9 @@ P=prof$RANDOM
 export PLAZA_KAFKA__TOPIC_PREFIX=$P. PLAZA_REDIS__KEY_PREFIX=$P: PLAZA_LOG_LEVEL=WARNING
 export PLAZA_WORKER__METRICS_PORT=-1 PLAZA_GATEWAY__HTTP_PORT=18110
 export PLAZA_GATEWAY__GRPC_PORT=18111 PLAZA_GATEWAY__METRICS_PORT=18112 PLAZA_GATEWAY__MODELS=$MODEL
-O=var/profile/pa-$MODEL-$PROTO-c$C-p${PROF:-0}-${HTTP_SERVER:-uvicorn}; mkdir -p "$O"
+SHM=${SHM:-none}
+[ "$SHM" = none ] || export PLAZA_GATEWAY__ALLOW_CLIENT_SHM=true
+O=var/profile/pa-$MODEL-$PROTO-c$C-p${PROF:-0}-${HTTP_SERVER:-uvicorn}-shm$SHM; mkdir -p "$O"
 if [ "${PROF:-0}" = 1 ]; then GP="-m cProfile -o $O/gateway.prof"; else GP=; fi
 .venv/bin/python -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
 if [ "${HTTP_SERVER:-uvicorn}" = granian ]; then
@@ -61,13 +64,13 @@ chmod +x "$O/pa.sh"; export PLAZA_PERF_ANALYZER=$PWD/$O/pa.sh
 w0=$(cpu $W); g0=$(cpu $G); n0=$(count)
 # PERF=1: `perf record` the gateway's main thread for 6 s of the run (perf report -i ...)
 [ "${PERF:-0}" = 1 ] && (sleep 3; perf record -q -t $G -o "$O/perf.data" -- sleep 6 > /dev/null 2>&1) &
-.venv/bin/python - "$MODEL" "$ADDR" "$PROTO" "$C" "$O/input.json" > "$O/pa.txt" 2>&1 <<'PY'
+.venv/bin/python - "$MODEL" "$ADDR" "$PROTO" "$C" "$O/input.json" "$SHM" > "$O/pa.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
 from plaza.loadgen import perf_analyzer as pa
-m, addr, proto, c, data = sys.argv[1:]
-r = pa.run(m, addr, proto, int(c), Path(data))
-print(f"{proto} c={c} infer/s {r.throughput:.0f} p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms")
+m, addr, proto, c, data, shm = sys.argv[1:]
+r = pa.run(m, addr, proto, int(c), Path(data), shared_memory=shm)
+print(f"{proto} shm={shm} c={c} infer/s {r.throughput:.0f} p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms")
 PY
 w1=$(cpu $W); g1=$(cpu $G); n1=$(count)
 n=$((n1 - n0))

@@ -179,7 +179,7 @@ async def test_errors_carry_grpc_status_codes_and_stream_errors_are_per_request(
                 await client.load_model("identity")
             index = await client.get_model_repository_index(as_json=True)
             with pytest.raises(InferenceServerException) as shm:
-                await client.get_system_shared_memory_status()
+                await client.get_cuda_shared_memory_status()  # no GPU memory is shared
 
             async def requests() -> AsyncIterator[dict[str, Any]]:
                 yield {"model_name": "identity", "inputs": identity_input(bad), "request_id": "b"}

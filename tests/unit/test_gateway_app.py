@@ -107,7 +107,7 @@ def test_unknown_job_without_redis_is_503(repository: Path) -> None:
     assert response.status_code == 503 and response.json()["code"] == "unavailable"
 
 
-_PATH_VALUES = {"model": "tiny", "version": "1", "job_id": "abc"}
+_PATH_VALUES = {"model": "tiny", "version": "1", "job_id": "abc", "name": "r0"}
 
 
 def _every_route(app: Starlette) -> list[tuple[str, str]]:

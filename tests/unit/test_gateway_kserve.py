@@ -334,12 +334,17 @@ _MALFORMED_JSON: list[tuple[str, Any, str]] = [
         "request parameter 'classification' is not supported",
     ),
     (
-        "shared memory on an output",
+        "shared memory on an output without its byte size",
         {
             "inputs": [_GOOD],
             "outputs": [{"name": "O", "parameters": {"shared_memory_region": "r"}}],
         },
-        "output 'O' parameter 'shared_memory_region' is not supported",
+        "output 'O': shared memory needs both",
+    ),
+    (
+        "shared memory on the request",
+        {"inputs": [_GOOD], "parameters": {"shared_memory_region": "r"}},
+        "request parameter 'shared_memory_region' is not supported",
     ),
     (
         "binary without header",
