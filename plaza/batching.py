@@ -37,9 +37,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from plaza.errors import QueueFull
+from plaza.errors import PlazaError, QueueFull
 from plaza.modelconfig import ModelSpec, QueuePolicy
 from plaza.priority import settle_level
 
@@ -117,6 +117,29 @@ class Decision(Generic[T]):
     expired: list[T]
     wake_at: float | None
     """When to decide again if nothing arrives (None: only when something arrives)."""
+    refused: list[tuple[T, PlazaError]] = field(default_factory=list)
+    """Requests to answer with an error instead (the sequence batcher's; never here)."""
+
+
+class Batcher(Protocol[T]):
+    """What the worker asks of a batcher: this module's, or the sequence batcher
+    (``plaza.sequence_batching``) for a stateful model."""
+
+    def add(
+        self,
+        item: T,
+        *,
+        size: int = 1,
+        priority: int = 0,
+        deadline: float | None = None,
+        arrival: float | None = None,
+    ) -> None: ...
+
+    def decide(self, backlog: int = 0) -> Decision[T]: ...
+
+    def remove_if(self, predicate: Callable[[T], bool]) -> list[T]: ...
+
+    def __len__(self) -> int: ...
 
 
 class DynamicBatcher(Generic[T]):

@@ -20,6 +20,7 @@ from plaza.datatypes import from_config_type
 from plaza.ensembles import EnsembleStep, check_graph
 from plaza.errors import ConfigError
 from plaza.naming import check_model_name
+from plaza.sequence_config import SequenceBatching, parse_sequence_batching
 
 PLATFORM_ONNX = "onnxruntime_onnx"
 PLATFORM_TORCH = "pytorch_libtorch"
@@ -143,6 +144,8 @@ class ModelSpec:
     at most (0: no cap beyond the instance count)."""
     ensemble_steps: tuple[EnsembleStep, ...] = ()
     """``ensemble_scheduling.step`` of a ``platform: "ensemble"`` model (``plaza.ensembles``)."""
+    sequence: SequenceBatching = field(default_factory=SequenceBatching)
+    """``sequence_batching``: a stateful model's sequences (``plaza.sequence_config``)."""
 
     @property
     def is_ensemble(self) -> bool:
@@ -242,9 +245,9 @@ def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     such a model would get the wrong batches or the wrong shapes (a stateful model its
     sequences interleaved), not an error. Fields that only tune speed (optimization) are
     read and ignored."""
-    if config.HasField("sequence_batching"):
-        why = "Plaza has no sequence batcher for stateful models"
-        raise _fail(source, "sequence_batching", f"is not supported: {why}")
+    if config.HasField("sequence_batching") and platform != PLATFORM_ONNX:
+        why = "Plaza batches sequences for ONNX Runtime models only"
+        raise _fail(source, "sequence_batching", f"is not supported for {platform}: {why}")
     for name in ("batch_input", "batch_output"):
         if getattr(config, name):
             raise _fail(source, name, "is not supported: Plaza has no ragged batching")
@@ -466,4 +469,5 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         instance_groups=groups,
         max_concurrency=_max_concurrency(config, source),
         ensemble_steps=_ensemble_steps(config, platform, source, name),
+        sequence=parse_sequence_batching(config, source),
     )

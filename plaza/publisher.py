@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 
 from plaza.codec import encode_request
 from plaza.connections import ensure_topics, kafka_producer
@@ -20,6 +21,7 @@ from plaza.naming import (
     HEADER_ENVELOPE_VERSION,
     Names,
 )
+from plaza.sequence_batching import PARAM_ID
 from plaza.settings import KafkaSettings
 
 
@@ -102,9 +104,26 @@ class RequestPublisher:
             if topic not in self._known_topics:
                 await ensure_topics(self._kafka, [topic])
                 self._known_topics.add(topic)
+            partition = await self._sequence_partition(req, topic)
             fut: asyncio.Future[Any] = await self._producer.send(
-                topic, value=value, key=req.id.encode(), headers=request_headers(req)
+                topic,
+                value=value,
+                key=req.id.encode(),
+                headers=request_headers(req),
+                partition=partition,
             )
         except Exception as exc:
             raise Unavailable(f"Kafka did not take the request: {exc}") from exc
         return fut
+
+    async def _sequence_partition(self, req: InferRequest, topic: str) -> int | None:
+        """A request of a sequence (its ``sequence_id`` parameter) goes to the partition its
+        sequence id hashes to, as Kafka's default partitioner would place a record keyed by
+        it: every request of the sequence reaches one worker, in order. None: by its key."""
+        sequence = req.parameters.get(PARAM_ID) if req.parameters else None
+        if sequence is None or isinstance(sequence, bool):
+            return None
+        assert self._producer is not None
+        partitions = sorted(await self._producer.partitions_for(topic))
+        digest = murmur2(str(sequence).encode()) & 0x7FFFFFFF
+        return int(partitions[digest % len(partitions)])

@@ -10,6 +10,8 @@ from plaza.contract import InferRequest
 from plaza.errors import InvalidInput
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.reshape import reshape
+from plaza.sequence_batching import sequence_flags
+from plaza.sequence_config import CORRID
 from plaza.tensors import Tensor, deserialize_bytes
 
 
@@ -102,7 +104,23 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
             raise InvalidInput(f"unknown output {name!r} for model {spec.name!r}")
     if req.classification:
         _check_classification(req, spec)
-    return rows.pop() if rows else 1
+    count = rows.pop() if rows else 1
+    if spec.sequence.enabled:
+        _check_sequence(req, spec, count)
+    return count
+
+
+def _check_sequence(req: InferRequest, spec: ModelSpec, rows: int) -> None:
+    """A stateful model's request: its sequence parameters, one row, an integer id where
+    the model takes the id as a CORRID control of an integer type."""
+    flags = sequence_flags(req.parameters, spec.name)
+    if rows != 1:
+        raise InvalidInput(f"a request of sequence {flags.key!r} holds {rows} rows: one at most")
+    if isinstance(flags.key, str) and any(c.kind == CORRID for c in spec.sequence.controls):
+        raise InvalidInput(
+            f"model {spec.name!r} takes the sequence id as a number (its CORRID control): "
+            f"sequence_id {flags.key!r} must be an integer"
+        )
 
 
 def _check_classification(req: InferRequest, spec: ModelSpec) -> None:

@@ -41,7 +41,7 @@ from typing import Any, TypeAlias
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from plaza.batching import BatchingPolicy, DynamicBatcher
+from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher
 from plaza.connections import ensure_topics, kafka_consumer
 from plaza.contract import InferResult
 from plaza.due_timer import DueTimer
@@ -70,6 +70,7 @@ from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.runner import BatchRunner, WorkItem, error_result
+from plaza.workers.sequences import SequenceRuns
 from plaza.workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,11 @@ class Worker:
         self.runner = self.instances[0]
         self._backends: dict[int, Backend] = self.runner.backends
         self.policy = BatchingPolicy.from_spec(self.spec)
-        self.batcher: DynamicBatcher[WorkItem] = DynamicBatcher(self.policy)
+        # A stateful model's sequences (sequence_batching) have a batcher of their own.
+        self.sequences = SequenceRuns(self.spec) if self.spec.sequence.enabled else None
+        self.batcher: Batcher[WorkItem] = (
+            self.sequences.batcher if self.sequences is not None else DynamicBatcher(self.policy)
+        )
         self._max_wait_s = self.policy.max_queue_delay_us / 1e6
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
         self.device = self.services.scheduler
@@ -571,6 +576,8 @@ class Worker:
             decision = self.batcher.decide(backlog=self._lag())
             if decision.expired:
                 await self._results.put(self._timeouts(decision.expired))
+            if decision.refused:
+                await self._results.put(self._refusals(decision.refused))
             if decision.batch:
                 await self._launch(decision.batch)
                 continue
@@ -585,6 +592,8 @@ class Worker:
         callers, or replays of answered requests) are finished here, unrun."""
         batch, answered = await self.answered.split(batch)
         if answered:
+            if self.sequences is not None:
+                self.sequences.release(answered)
             self.metrics.count("skipped", len(answered))
             done = [(it.partition, it.offset) for it in answered]
             await self._results.put(Completed(records=done))
@@ -604,6 +613,8 @@ class Worker:
             self._in_flight -= len(batch)
             if self._in_flight == 0:
                 self._idle.set()
+            if self.sequences is not None:
+                self.sequences.release(batch)
             raise
         task = asyncio.create_task(self._run(batch, grant, counted=True), name="execution")
         self._executions.add(task)
@@ -625,10 +636,20 @@ class Worker:
         if grant is None:
             grant = await self.device.acquire(self.model)
         started = time.monotonic()
+        seq = self.sequences
         try:
-            results = await self.instances[grant.instance].run(batch)
+            results = await self.instances[grant.instance].run(
+                batch if seq is None else seq.prepare(batch)
+            )
+        except BaseException:
+            if seq is not None:
+                seq.release(batch)
+            raise
         finally:
             self.device.finish(grant, time.monotonic() - started)
+        if seq is not None:
+            results = seq.complete(batch, results)
+            self._arrived.set()  # the sequences' next requests may run now
         await self._results.put(
             Completed(
                 answers=[
@@ -648,6 +669,12 @@ class Worker:
         trials = await self.deliveries.trial((tp.topic, tp.partition, item.offset))
         if trials < self.settings.worker.max_deliveries:
             if await self._unanswered([item]):
+                if self.sequences is not None:
+                    try:
+                        self.sequences.batcher.adopt(item)
+                    except PlazaError as exc:
+                        await self._results.put(self._refusals([(item, exc)]))
+                        return
                 await self._run([item])
             return
         req = item.request
@@ -665,16 +692,23 @@ class Worker:
 
     def _timeouts(self, items: list[WorkItem]) -> Completed:
         self.metrics.count("expired", len(items))
-        answers: list[Answer] = []
-        for it in items:
-            err = DeadlineExceeded("the request's deadline passed before it could run")
-            answers.append(
-                (
-                    error_result(it.request, err, version=str(it.version), worker=self.id),
-                    it.request.reply.stream,
-                )
+        err = DeadlineExceeded("the request's deadline passed before it could run")
+        return self._errors([(it, err) for it in items])
+
+    def _refusals(self, refused: list[tuple[WorkItem, PlazaError]]) -> Completed:
+        """Requests the batcher will not run (a sequence's request after its END)."""
+        self.metrics.count("rejected", len(refused))
+        return self._errors(refused)
+
+    def _errors(self, failed: list[tuple[WorkItem, PlazaError]]) -> Completed:
+        answers: list[Answer] = [
+            (
+                error_result(it.request, err, version=str(it.version), worker=self.id),
+                it.request.reply.stream,
             )
-        return Completed(answers, [(it.partition, it.offset) for it in items])
+            for it, err in failed
+        ]
+        return Completed(answers, [(it.partition, it.offset) for it, _ in failed])
 
     # -- writing and committing -----------------------------------------------------------
     async def _write_loop(self) -> None:

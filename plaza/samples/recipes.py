@@ -20,6 +20,7 @@ from plaza.samples.python_models import (
     tokenizer_fingerprint,
     write_tokenizer_model,
 )
+from plaza.samples.sequence import accumulate_model
 from plaza.samples.torchscript import write_mlp_torch
 
 Writer = Callable[[ModelSpec, Path], None]
@@ -83,6 +84,7 @@ RECIPES: tuple[Recipe, ...] = (
     ),
     Recipe("preprocess", PLATFORM_ONNX, onnx_writer(preprocess_model), 1),
     Recipe("combine", PLATFORM_ONNX, onnx_writer(combine_model), 1),
+    Recipe("accumulate", PLATFORM_ONNX, onnx_writer(accumulate_model), 1),
 )
 MODEL_NAMES = tuple(r.name for r in RECIPES)
 

@@ -49,8 +49,9 @@ def inputs(module: Any, feeds: dict[str, np.ndarray[Any, Any]]) -> list[Any]:
 
 
 def feeds_for(spec: ModelSpec, rng: np.random.Generator) -> dict[str, np.ndarray[Any, Any]]:
-    """Two rows of inputs for ``spec``; sentences for each BYTES input."""
-    feeds = make_inputs(spec, 2, 8, rng)
+    """Two rows of inputs for ``spec`` (one for a stateful model: a sequence's request is
+    one row); sentences for each BYTES input."""
+    feeds = make_inputs(spec, 1 if spec.sequence.enabled else 2, 8, rng)
     for tensor in spec.inputs:
         if tensor.datatype == "BYTES":
             texts = [[s.encode()] for s in sentences(2, seed=len(tensor.name))]
@@ -90,11 +91,15 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
         rpc = grpc_aio.InferenceServerClient(gw.grpc_address)
         stack.push_async_callback(http.close)
         stack.push_async_callback(rpc.close)
-        for name in names:
+        for i, name in enumerate(names):
+            # a stateful model's call is a sequence of one request (START and END)
+            one: dict[str, Any] = {}
+            if repo.spec(name).sequence.enabled:
+                one = {"sequence_id": i + 1, "sequence_start": True, "sequence_end": True}
             async with phase(f"{name} over HTTP", CALL_LIMIT_S):
-                by_http = await http.infer(name, inputs(http_aio, feeds[name]))
+                by_http = await http.infer(name, inputs(http_aio, feeds[name]), **one)
             async with phase(f"{name} over gRPC", CALL_LIMIT_S):
-                by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]))
+                by_grpc = await rpc.infer(name, inputs(grpc_aio, feeds[name]), **one)
             outputs = [o["name"] for o in by_http.get_response()["outputs"]]
             assert outputs, name
             for output in outputs:

@@ -156,7 +156,8 @@ MINIMAL = 'platform: "onnxruntime_onnx"\n'
     [
         ("", 4, (3,)),  # names nothing: batching found from the model, as with no config
         ("max_batch_size: 16", 16, (3,)),  # its own batch size; the dims past the batch dim
-        ('platform: "onnxruntime_onnx" sequence_batching { }', 0, None),  # refused below
+        # refused below: a field autocomplete cannot make right
+        ('platform: "onnxruntime_onnx" sequence_batching { iterative_sequence: true }', 0, None),
     ],
 )
 def test_a_config_that_names_no_tensors_gets_the_models(

@@ -109,10 +109,6 @@ _DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (
-            (_DYNAMIC, "sequence_batching { max_sequence_idle_microseconds: 5000000 }\n"),
-            "sequence_batching",
-        ),
         ((_X, _X + " allow_ragged_batch: true"), "input[0].allow_ragged_batch"),
         ((_X, _X + " is_shape_tensor: true"), "input[0].is_shape_tensor"),
         (
@@ -134,8 +130,9 @@ _DYNAMIC = GOOD[GOOD.index("dynamic_batching {") : GOOD.index("version_policy")]
     ],
 )
 def test_fields_plaza_would_ignore_wrongly_are_refused(edit: tuple[str, str], field: str) -> None:
-    """A stateful model's sequences, ragged or shape tensors: served as if the field were
-    absent, the model would get wrong batches or shapes, so the config is refused."""
+    """Ragged or shape tensors: served as if the field were absent, the model would get
+    wrong batches or shapes, so the config is refused (sequence_batching is served:
+    tests/unit/test_sequence_batching.py)."""
     old, new = edit
     assert old in GOOD
     with pytest.raises(ConfigError) as info:

@@ -130,9 +130,14 @@ class OnnxBackend:
         is a ``bad_config`` now, not a failure of every request later."""
         assert self._session is not None
         spec = self.mv.spec
+        seq = spec.sequence
+        # A stateful model's control and state tensors, which Plaza fills and takes
+        controls = [TensorSpec(c.name, c.datatype, (1,)) for c in seq.controls]
+        states_in = [TensorSpec(s.input_name, s.datatype, s.dims) for s in seq.states]
+        states_out = [TensorSpec(s.output_name, s.datatype, s.dims) for s in seq.states]
         for kind, specs, args in (
-            ("input", spec.inputs, self._session.get_inputs()),
-            ("output", spec.outputs, self._session.get_outputs()),
+            ("input", [*spec.inputs, *controls, *states_in], self._session.get_inputs()),
+            ("output", [*spec.outputs, *states_out], self._session.get_outputs()),
         ):
             graph = {a.name: a for a in args}
             for tensor in specs:

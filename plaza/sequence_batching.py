@@ -1,0 +1,308 @@
+"""Triton's sequence batcher for stateful models: pure logic with an injected clock, as the
+dynamic batcher (``plaza.batching``) is, and the same face to the worker.
+
+A sequence is the requests that share a ``sequence_id``; its first sets ``sequence_start``
+and its last ``sequence_end``. Kafka keeps a sequence's requests in order (the producer core
+sends them all to one partition, ``plaza.producer``), and this batcher keeps them so:
+
+- A sequence runs one request at a time. A batch holds at most one request of each
+  sequence, the heads of the sequences waiting longest (Triton's ``oldest`` strategy), up
+  to ``max_batch_size``; a sequence's next request becomes a candidate only once the one
+  before it has run (``finish``) or was let go unrun (``release``).
+- Each request runs with its ``Step``: its START and END flags, and the state its sequence
+  carries (the model's implicit state outputs of the request before; none at a START, where
+  the model gets zeros).
+- A request whose sequence has not started (no START came, or its END ran, or it was idle
+  past ``max_sequence_idle_microseconds`` and released) is refused; so is a new sequence
+  beyond ``max_candidate_sequences`` (``queue_full``). Both are clear errors, where serving
+  them would give the model a state that is not theirs.
+- ``oldest.max_queue_delay_microseconds`` lets a batch wait that long after its oldest
+  request for more sequences to fill it (0: run at once).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from plaza.batching import Clock, Decision
+from plaza.errors import InvalidInput, PlazaError, QueueFull
+from plaza.sequence_config import SequenceBatching
+
+T = TypeVar("T")
+SequenceKey = int | str
+State = dict[str, np.ndarray[Any, Any]]
+"""A sequence's implicit state: each state input's array (one row, the state's dims)."""
+_SWEEP_S = 0.1
+"""Idle sequences are looked for at most this often."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFlags:
+    """A request's place in its sequence (its ``sequence_*`` parameters)."""
+
+    key: SequenceKey
+    start: bool = False
+    end: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What the model gets for one request of a sequence, beside the request's inputs."""
+
+    key: SequenceKey
+    start: bool
+    end: bool
+    state: State | None
+    """The state its sequence carries; None: zeros (a START, or nothing kept yet)."""
+
+
+@dataclass(slots=True)
+class _Queued(Generic[T]):
+    item: T
+    flags: SequenceFlags
+    arrival: float
+    deadline: float | None
+
+
+@dataclass(slots=True, eq=False)
+class _Sequence(Generic[T]):
+    key: SequenceKey
+    origin: T
+    """Its latest request: what ``remove_if`` judges the sequence by (its partition)."""
+    queue: deque[_Queued[T]] = field(default_factory=deque)
+    state: State | None = None
+    last: float = 0.0
+    """When it last had a request run or arrive (idle time counts from here)."""
+    running: bool = False
+    ended: bool = False
+    """Its END ran: only a START may follow."""
+
+
+class SequenceBatcher(Generic[T]):
+    """Holds the waiting requests of stateful sequences and forms batches of their heads."""
+
+    def __init__(
+        self,
+        policy: SequenceBatching,
+        max_batch_size: int,
+        flags_of: Callable[[T], SequenceFlags],
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.max_batch_size = max(1, max_batch_size)
+        self._flags_of = flags_of
+        self._clock = clock
+        self._sequences: dict[SequenceKey, _Sequence[T]] = {}
+        self._running: dict[int, tuple[_Sequence[T], SequenceFlags]] = {}
+        """By ``id(item)``: the requests handed out, not finished or released yet."""
+        self._count = 0
+        self._next_sweep = 0.0
+
+    # -- intake ----------------------------------------------------------------------------
+    def add(
+        self,
+        item: T,
+        *,
+        size: int = 1,
+        priority: int = 0,
+        deadline: float | None = None,
+        arrival: float | None = None,
+    ) -> None:
+        """Queue ``item`` behind its sequence's earlier requests (``size`` and ``priority``
+        are the dynamic batcher's: a sequence's request is one row, and sequences have no
+        priority levels). InvalidInput if its sequence has not started, QueueFull past
+        ``max_sequences``."""
+        flags = self._flags_of(item)
+        now = self._clock()
+        seq = self._sequences.get(flags.key)
+        if seq is None:
+            if not flags.start:
+                raise _not_started(flags.key)
+            if len(self._sequences) >= self.policy.max_sequences:
+                raise QueueFull(
+                    f"{self.policy.max_sequences} sequences are active on this worker "
+                    "(sequence_batching.oldest.max_candidate_sequences); end one first"
+                )
+            seq = self._sequences[flags.key] = _Sequence(flags.key, item)
+        seq.origin = item
+        seq.last = now
+        since = now if arrival is None else min(arrival, now)
+        seq.queue.append(_Queued(item, flags, since, deadline))
+        self._count += 1
+
+    def __len__(self) -> int:
+        """Requests waiting (not handed out)."""
+        return self._count
+
+    @property
+    def pending_size(self) -> int:
+        return self._count
+
+    def level_depths(self) -> dict[int, int]:
+        return {0: self._count}
+
+    @property
+    def active(self) -> int:
+        """Sequences held (started, not ended or released)."""
+        return len(self._sequences)
+
+    def remove_if(self, predicate: Callable[[T], bool]) -> list[T]:
+        """Drop the waiting requests matching ``predicate``, and every sequence whose latest
+        request matches it, state and all (its partition went to another worker, which
+        now owns the sequence; a state kept here could only be stale)."""
+        removed: list[T] = []
+        for key, seq in list(self._sequences.items()):
+            whole = predicate(seq.origin)
+            kept: deque[_Queued[T]] = deque()
+            for q in seq.queue:
+                if whole or predicate(q.item):
+                    removed.append(q.item)
+                else:
+                    kept.append(q)
+            self._count -= len(seq.queue) - len(kept)
+            seq.queue = kept
+            if whole:
+                del self._sequences[key]
+        return removed
+
+    # -- scheduling ------------------------------------------------------------------------
+    def decide(self, backlog: int = 0) -> Decision[T]:
+        """The next batch: the heads of the sequences not running, oldest first."""
+        now = self._clock()
+        expired: list[T] = []
+        refused: list[tuple[T, PlazaError]] = []
+        if now >= self._next_sweep:
+            self._release_idle(now)
+        candidates: list[_Sequence[T]] = []
+        for seq in self._sequences.values():
+            if seq.running:
+                continue
+            self._drop_unrunnable(seq, now, expired, refused)
+            if seq.queue:
+                candidates.append(seq)
+        if not candidates:
+            return Decision([], expired, self._wake(now), refused)
+        candidates.sort(key=lambda s: s.queue[0].arrival)
+        due = candidates[0].queue[0].arrival + self.policy.max_queue_delay_us / 1e6
+        if len(candidates) < self.max_batch_size and now < due:
+            return Decision([], expired, min(due, self._wake(now) or due), refused)
+        batch: list[T] = []
+        for seq in candidates[: self.max_batch_size]:
+            head = seq.queue.popleft()
+            self._count -= 1
+            seq.running = True
+            seq.last = now
+            self._running[id(head.item)] = (seq, head.flags)
+            batch.append(head.item)
+        return Decision(batch, expired, None, refused)
+
+    def _drop_unrunnable(
+        self,
+        seq: _Sequence[T],
+        now: float,
+        expired: list[T],
+        refused: list[tuple[T, PlazaError]],
+    ) -> None:
+        """Take out the heads that cannot run: past their deadline, or after an END."""
+        while seq.queue:
+            head = seq.queue[0]
+            if head.deadline is not None and head.deadline <= now:
+                expired.append(seq.queue.popleft().item)
+            elif seq.ended and not head.flags.start:
+                refused.append((seq.queue.popleft().item, _not_started(seq.key)))
+            else:
+                return
+            self._count -= 1
+
+    def _release_idle(self, now: float) -> None:
+        idle_s = self.policy.max_idle_us / 1e6
+        for key, seq in list(self._sequences.items()):
+            if not seq.running and not seq.queue and now - seq.last >= idle_s:
+                del self._sequences[key]
+        self._next_sweep = now + min(_SWEEP_S, idle_s)
+
+    def _wake(self, now: float) -> float | None:
+        """When to look again with nothing to run: the next sweep while sequences are held
+        (their idle time runs out without any arrival)."""
+        return max(self._next_sweep, now) if self._sequences else None
+
+    # -- running ---------------------------------------------------------------------------
+    def step(self, item: T) -> Step:
+        """The flags and state ``item`` runs with (an item ``decide`` or ``adopt`` gave)."""
+        seq, flags = self._running[id(item)]
+        state = None if flags.start else seq.state
+        return Step(flags.key, flags.start, flags.end, state)
+
+    def adopt(self, item: T) -> Step:
+        """Run ``item`` outside the batches (a suspect run alone): its sequence must have
+        started, unless it starts one. InvalidInput otherwise."""
+        flags = self._flags_of(item)
+        seq = self._sequences.get(flags.key)
+        if seq is None or (seq.ended and not flags.start):
+            if not flags.start:
+                raise _not_started(flags.key)
+            seq = self._sequences[flags.key] = _Sequence(flags.key, item)
+        seq.running = True
+        self._running[id(item)] = (seq, flags)
+        return self.step(item)
+
+    def finish(self, item: T, state: State | None) -> None:
+        """``item`` ran: its sequence carries ``state`` on (None: the run failed, and the
+        state stays as it was, or is zeros after a START), or ends if it was the END."""
+        seq, flags = self._running.pop(id(item))
+        seq.running = False
+        seq.last = self._clock()
+        if flags.end:
+            seq.state, seq.ended = None, True
+            if not seq.queue and self._sequences.get(seq.key) is seq:
+                del self._sequences[seq.key]
+            return
+        seq.ended = False
+        if state is not None:
+            seq.state = state
+        elif flags.start:  # a failed START still began the sequence anew: zeros next
+            seq.state = None
+
+    def release(self, item: T) -> None:
+        """``item`` was handed out but not run (answered already): its sequence goes on."""
+        entry = self._running.pop(id(item), None)
+        if entry is not None:
+            entry[0].running = False
+
+
+PARAM_ID, PARAM_START, PARAM_END = "sequence_id", "sequence_start", "sequence_end"
+
+
+def sequence_flags(params: Mapping[str, Any], model: str) -> SequenceFlags:
+    """A request's ``sequence_id``, ``sequence_start`` and ``sequence_end`` parameters
+    (Triton's, as tritonclient sends them); InvalidInput unless the id is a positive integer
+    or a non-empty string and the flags are booleans."""
+    key = params.get(PARAM_ID)
+    if type(key) is int:
+        if key <= 0 or key >= 1 << 64:
+            raise InvalidInput(f"sequence_id {key} must be between 1 and 2^64 - 1")
+    elif not isinstance(key, str) or not key:
+        raise InvalidInput(
+            f"model {model!r} batches sequences: a request needs a sequence_id (a positive "
+            "integer or a non-empty string)"
+        )
+    flags = []
+    for name in (PARAM_START, PARAM_END):
+        value = params.get(name, False)
+        if not isinstance(value, bool):
+            raise InvalidInput(f"parameter {name!r} must be true or false")
+        flags.append(value)
+    return SequenceFlags(key, flags[0], flags[1])
+
+
+def _not_started(key: SequenceKey) -> InvalidInput:
+    return InvalidInput(
+        f"sequence {key!r} has not started: its first request must set sequence_start "
+        "(or it ended, or was idle past max_sequence_idle_microseconds and was released)"
+    )

@@ -1,0 +1,195 @@
+"""Triton's ``sequence_batching`` block, read into the frozen view the sequence batcher uses.
+
+A stateful model's requests come in sequences: each carries a sequence id and START/END
+flags (Triton's request parameters ``sequence_id``, ``sequence_start``, ``sequence_end``).
+The block names the control inputs Plaza fills for the model (START, END, READY, CORRID,
+each with its false and true values) and the implicit state: inputs Plaza feeds from the
+same sequence's previous output (``state``). Either strategy (``direct``, ``oldest``) is
+read; Plaza forms batches as ``oldest`` does (``plaza/sequence_batching.py``), which is the
+same thing for a model whose state is implicit or carried by its client, since its backends
+keep nothing between calls. What Plaza does not carry out is refused with the field named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from plaza.datatypes import from_config_type
+from plaza.errors import ConfigError
+
+START, END, READY, CORRID = "start", "end", "ready", "corrid"
+_KINDS = {
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_START: START,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_END: END,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_READY: READY,
+    mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID: CORRID,
+}
+DEFAULT_IDLE_US = 1_000_000
+"""Triton's default ``max_sequence_idle_microseconds``: a sequence with no request for this
+long is released (its state dropped)."""
+DEFAULT_MAX_SEQUENCES = 1024
+"""Sequences one worker keeps at once where ``oldest.max_candidate_sequences`` is not set."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceControl:
+    """A control input: which signal it carries, and as what."""
+
+    name: str
+    kind: str
+    """start, end, ready or corrid."""
+    datatype: str
+    false_value: float | int | bool = 0
+    true_value: float | int | bool = 1
+    """For corrid: unused (the value is the sequence id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceState:
+    """An implicit state: ``input_name`` takes what ``output_name`` gave the sequence last
+    (zeros at its START)."""
+
+    input_name: str
+    output_name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceBatching:
+    """The block; ``enabled`` False when the config has none."""
+
+    enabled: bool = False
+    max_idle_us: int = DEFAULT_IDLE_US
+    max_queue_delay_us: int = 0
+    max_sequences: int = DEFAULT_MAX_SEQUENCES
+    controls: tuple[SequenceControl, ...] = ()
+    states: tuple[SequenceState, ...] = ()
+
+    @property
+    def model_inputs(self) -> tuple[str, ...]:
+        """The inputs Plaza fills for the model (not the client's)."""
+        return tuple(c.name for c in self.controls) + tuple(s.input_name for s in self.states)
+
+    @property
+    def state_outputs(self) -> tuple[str, ...]:
+        return tuple(s.output_name for s in self.states)
+
+
+def _fail(source: str, field: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: field '{field}': {message}", file=source, field=field)
+
+
+def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatching:
+    """The checked block (a disabled one when the config has none)."""
+    if not config.HasField("sequence_batching"):
+        return SequenceBatching()
+    sb = config.sequence_batching
+    where = "sequence_batching"
+    if config.HasField("dynamic_batching"):
+        raise _fail(source, where, "a model has one scheduler: not dynamic_batching as well")
+    if config.HasField("response_cache") and config.response_cache.enable:
+        raise _fail(
+            source, "response_cache.enable", "a stateful model's answers depend on its state"
+        )
+    if sb.iterative_sequence:
+        raise _fail(source, f"{where}.iterative_sequence", "is not supported by Plaza")
+    delay, max_sequences = 0, DEFAULT_MAX_SEQUENCES
+    if sb.HasField("oldest"):
+        oldest = sb.oldest
+        delay = int(oldest.max_queue_delay_microseconds)
+        if oldest.max_candidate_sequences > 0:
+            max_sequences = int(oldest.max_candidate_sequences)
+        if oldest.preferred_batch_size:
+            raise _fail(source, f"{where}.oldest.preferred_batch_size", "is not supported by Plaza")
+    elif sb.HasField("direct"):
+        delay = int(sb.direct.max_queue_delay_microseconds)
+    controls = _controls(sb, source, where)
+    states = _states(sb, source, where)
+    names = [c.name for c in controls] + [s.input_name for s in states]
+    user = {t.name for t in config.input}
+    for name in names:
+        if name in user:
+            raise _fail(source, where, f"{name!r} is also a configured input (Plaza fills it)")
+    if len(set(names)) != len(names):
+        raise _fail(source, where, f"an input is named twice in {names}")
+    outputs = {t.name for t in config.output}
+    for s in states:
+        if s.output_name in outputs:
+            raise _fail(
+                source, where, f"state output {s.output_name!r} is also a configured output"
+            )
+    return SequenceBatching(
+        enabled=True,
+        max_idle_us=int(sb.max_sequence_idle_microseconds) or DEFAULT_IDLE_US,
+        max_queue_delay_us=delay,
+        max_sequences=max_sequences,
+        controls=controls,
+        states=states,
+    )
+
+
+def _controls(sb: Any, source: str, where: str) -> tuple[SequenceControl, ...]:
+    controls: list[SequenceControl] = []
+    for i, ci in enumerate(sb.control_input):
+        at = f"{where}.control_input[{i}]"
+        if not ci.name:
+            raise _fail(source, f"{at}.name", "is required")
+        if len(ci.control) != 1:
+            raise _fail(source, f"{at}.control", "needs exactly one control per input in Plaza")
+        control = ci.control[0]
+        kind = _KINDS[control.kind]
+        if kind in {c.kind for c in controls}:
+            raise _fail(source, f"{at}.control", f"a second {kind.upper()} control")
+        controls.append(_control(ci.name, kind, control, source, f"{at}.control[0]"))
+    return tuple(controls)
+
+
+def _control(name: str, kind: str, control: Any, source: str, at: str) -> SequenceControl:
+    if kind == CORRID:
+        if control.data_type not in (mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32):
+            raise _fail(source, f"{at}.data_type", "a CORRID control is an integer type here")
+        return SequenceControl(name, kind, _datatype(control.data_type, source, at))
+    given = [
+        (f, list(getattr(control, f)))
+        for f in ("int32_false_true", "fp32_false_true", "bool_false_true")
+        if getattr(control, f)
+    ]
+    if len(given) != 1 or len(given[0][1]) != 2:
+        raise _fail(source, at, "needs one of int32/fp32/bool_false_true, with two values")
+    field, (false_value, true_value) = given[0]
+    datatype = {"int32_false_true": "INT32", "fp32_false_true": "FP32"}.get(field, "BOOL")
+    return SequenceControl(name, kind, datatype, false_value, true_value)
+
+
+def _states(sb: Any, source: str, where: str) -> tuple[SequenceState, ...]:
+    states: list[SequenceState] = []
+    for i, st in enumerate(sb.state):
+        at = f"{where}.state[{i}]"
+        if not st.input_name or not st.output_name:
+            raise _fail(source, at, "needs input_name and output_name")
+        dims = tuple(int(d) for d in st.dims)
+        if not dims or any(d < 1 for d in dims):
+            raise _fail(source, f"{at}.dims", f"{list(dims)}: Plaza needs fixed positive dims")
+        for j, init in enumerate(st.initial_state):
+            if init.WhichOneof("state_data") != "zero_data":
+                raise _fail(
+                    source, f"{at}.initial_state[{j}]", "only zero_data is supported by Plaza"
+                )
+        if st.use_growable_memory:
+            raise _fail(source, f"{at}.use_growable_memory", "is not supported by Plaza")
+        datatype = _datatype(st.data_type, source, f"{at}.data_type")
+        if datatype == "BYTES":
+            raise _fail(source, f"{at}.data_type", "a state is a numeric tensor in Plaza")
+        states.append(SequenceState(st.input_name, st.output_name, datatype, dims))
+    return tuple(states)
+
+
+def _datatype(value: int, source: str, at: str) -> str:
+    try:
+        return from_config_type(mc.DataType.Name(value))
+    except (ConfigError, ValueError) as exc:
+        raise _fail(source, at, f"is not a data type Plaza knows: {exc}") from exc

@@ -1,0 +1,124 @@
+"""Triton's sequence batching through the whole stack: the sample ``accumulate`` (a running
+sum kept as the model's implicit state) served by a worker, sequences sent by tritonclient
+over HTTP and gRPC with their ``sequence_id``, ``sequence_start`` and ``sequence_end``, the
+gateway publishing them to Kafka, answers through Redis. Several sequences at once, each
+with its own sum, and the errors a client meets when it gets a sequence wrong."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpc_aio
+import tritonclient.http.aio as http_aio
+from tritonclient.utils import InferenceServerException
+
+from plaza.client import PlazaClient
+from plaza.settings import PlazaSettings
+from tests.support import gateway_fronts, running_worker
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _input(module: object, value: int) -> list[object]:
+    item = module.InferInput("INPUT", [1, 1], "INT32")  # type: ignore[attr-defined]
+    item.set_data_from_numpy(np.array([[value]], np.int32))
+    return [item]
+
+
+async def test_interleaved_sequences_keep_their_own_sums(settings: PlazaSettings) -> None:
+    async with running_worker(settings, "accumulate"), gateway_fronts(settings) as gw:
+        http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
+        grpc = grpc_aio.InferenceServerClient(gw.grpc_address)
+
+        async def run(
+            client: object, module: object, key: int | str, values: list[int]
+        ) -> list[int]:
+            sums = []
+            for i, value in enumerate(values):
+                result = await client.infer(  # type: ignore[attr-defined]
+                    "accumulate",
+                    _input(module, value),
+                    sequence_id=key,
+                    sequence_start=i == 0,
+                    sequence_end=i == len(values) - 1,
+                )
+                sums.append(int(result.as_numpy("OUTPUT")[0, 0]))
+            return sums
+
+        try:
+            got = await asyncio.gather(
+                run(http, http_aio, 11, [1, 2, 3, 4, 5]),
+                run(http, http_aio, "user-7", [10, 20, 30]),
+                run(grpc, grpc_aio, 12, [100, -1, -2, -3]),
+                run(grpc, grpc_aio, 13, [5] * 6),
+            )
+            # the same id again after its END: a new sequence, from zero
+            again = await run(http, http_aio, 11, [7, 7])
+        finally:
+            await http.close()
+            await grpc.close()
+    assert got == [[1, 3, 6, 10, 15], [10, 30, 60], [100, 99, 97, 94], [5, 10, 15, 20, 25, 30]]
+    assert again == [7, 14]
+
+
+async def test_sequence_mistakes_are_clear_errors(settings: PlazaSettings) -> None:
+    async with running_worker(settings, "accumulate"), gateway_fronts(settings) as gw:
+        http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
+        try:
+            with pytest.raises(InferenceServerException, match="needs a sequence_id"):
+                await http.infer("accumulate", _input(http_aio, 1))
+            with pytest.raises(InferenceServerException, match="has not started"):
+                await http.infer("accumulate", _input(http_aio, 1), sequence_id=99)
+            first = await http.infer(
+                "accumulate", _input(http_aio, 4), sequence_id=21, sequence_start=True
+            )
+            ended = await http.infer(
+                "accumulate", _input(http_aio, 5), sequence_id=21, sequence_end=True
+            )
+            with pytest.raises(InferenceServerException, match="has not started"):
+                await http.infer("accumulate", _input(http_aio, 6), sequence_id=21)
+            two_rows = http_aio.InferInput("INPUT", [2, 1], "INT32")
+            two_rows.set_data_from_numpy(np.array([[1], [2]], np.int32))
+            with pytest.raises(InferenceServerException, match="one at most"):
+                await http.infer("accumulate", [two_rows], sequence_id=22, sequence_start=True)
+        finally:
+            await http.close()
+    assert int(first.as_numpy("OUTPUT")[0, 0]) == 4
+    assert int(ended.as_numpy("OUTPUT")[0, 0]) == 9
+
+
+async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings) -> None:
+    """Two workers share the model's partitions. The SDK publishes straight to Kafka, and a
+    sequence's requests go to the partition of its id: were they spread by request id,
+    they would reach both workers, and the one without the sequence would refuse them."""
+    keys = [31, 32, 33, "s-34", "s-35", "s-36"]
+    steps = 5
+    async with (
+        running_worker(settings, "accumulate") as first,
+        running_worker(settings, "accumulate") as second,
+        PlazaClient(settings) as client,
+    ):
+
+        async def run(key: int | str) -> list[int]:
+            sums = []
+            for i in range(steps):
+                params = {"sequence_id": key, "sequence_start": i == 0}
+                params["sequence_end"] = i == steps - 1
+                x = {"INPUT": np.array([[i + 1]], np.int32)}
+                result = await client.infer("accumulate", x, parameters=params)
+                sums.append(int(result.outputs[0].to_numpy()[0, 0]))
+            return sums
+
+        # Both members hold partitions before the sequences start: a rebalance during one
+        # would move its partition, and its state would not follow (docs/models.md).
+        partitions = settings.kafka.partitions
+        for _ in range(300):
+            held = [len(w.consumer.assignment()) for w in (first, second)]
+            if all(held) and sum(held) == partitions:
+                break
+            await asyncio.sleep(0.1)
+        assert all(held) and sum(held) == partitions, held
+        got = await asyncio.gather(*(run(k) for k in keys))
+    assert got == [[1, 3, 6, 10, 15]] * len(keys)
