@@ -42,6 +42,7 @@ EXTENSIONS = (
     "statistics",
     "model_repository",
     "system_shared_memory",
+    "logging",
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -276,6 +277,16 @@ class Endpoints:
         await self.service.unload_model(str(request.path_params["model"]), dependents)
         return Response(status_code=200)
 
+    # -- log settings (Triton's logging extension, plaza/log_settings.py) ------------------
+    async def get_log_settings(self, request: Request) -> Response:
+        settings = await self.service.get_log_settings()
+        return JSONBody(dataclasses.asdict(settings))
+
+    async def update_log_settings(self, request: Request) -> Response:
+        changes = await self._json_object(request)
+        settings = await self.service.update_log_settings(changes)
+        return JSONBody(dataclasses.asdict(settings))
+
     # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------
     async def shm_status(self, request: Request) -> Response:
         regions = self.service.shm.status(str(request.path_params.get("name", "")))
@@ -309,6 +320,10 @@ class Endpoints:
             Route("/v2/repository/index", self.repository_index, methods=["POST"]),
             Route("/v2/repository/models/{model}/load", self.load_model, methods=["POST"]),
             Route("/v2/repository/models/{model}/unload", self.unload_model, methods=["POST"]),
+        ]
+        routes += [
+            Route("/v2/logging", self.get_log_settings, methods=["GET"]),
+            Route("/v2/logging", self.update_log_settings, methods=["POST"]),
         ]
         shm = "/v2/systemsharedmemory"
         routes += [

@@ -21,6 +21,7 @@ every RPC but the health ones (ServerLive, ServerReady, ModelReady, and gRPC's o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import uuid
@@ -34,7 +35,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
-from plaza.errors import ConfigError, PlazaError, Unauthorized
+from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized
 from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
@@ -198,6 +199,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         dependents = flag is not None and flag.WhichOneof("parameter_choice") == "bool_param"
         await self.service.unload_model(request.model_name, dependents and flag.bool_param)
         return pb.RepositoryModelUnloadResponse()
+
+    # -- log settings (Triton's logging extension, plaza/log_settings.py) ------------------------
+    @_answers_errors
+    async def LogSettings(
+        self, request: pb.LogSettingsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LogSettingsResponse:
+        self._authorize(context)
+        changes = {}
+        for name, value in request.settings.items():
+            kind = value.WhichOneof("parameter_choice")
+            if kind is None:
+                raise InvalidInput(f"log setting {name!r} has no value")
+            changes[name] = getattr(value, kind)
+        if changes:
+            settings = await self.service.update_log_settings(changes)
+        else:
+            settings = await self.service.get_log_settings()
+        answer = pb.LogSettingsResponse()
+        for name, value in dataclasses.asdict(settings).items():
+            kind = {bool: "bool_param", int: "uint32_param"}.get(type(value), "string_param")
+            setattr(answer.settings[name], kind, value)
+        return answer
 
     # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------------
     @_answers_errors

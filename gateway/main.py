@@ -32,6 +32,7 @@ from plaza.gateway.http_server import HttpServer
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
 from plaza.gateway.tls import ssl_context, tls_files
+from plaza.log_settings import configure_logging
 from plaza.settings import GatewaySettings, PlazaSettings
 
 log = logging.getLogger(__name__)
@@ -192,9 +193,7 @@ def _gateway_process(settings: PlazaSettings) -> None:
     if sys.platform == "linux":
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     gc_tuning.tune()
     # a Ctrl-C before the signal handlers are set is a normal stop too
     try:

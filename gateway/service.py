@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from plaza.gateway.metrics import GatewayMetrics, metered
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
+from plaza.log_settings import LogFollower, LogSettings
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
@@ -82,6 +83,8 @@ class GatewayService:
         self._producer: Producer | None = None
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
         self.metrics = GatewayMetrics()
+        self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
+        """Triton's logging extension (``plaza.log_settings``): the deployment's settings."""
         gw = settings.gateway
         self.shm = SharedMemoryRegions(
             allowed=gw.allow_client_shm,
@@ -114,6 +117,7 @@ class GatewayService:
         await self.registry.start(self._redis)
         if self.registry.mode != "none":
             self._tasks.append(asyncio.create_task(self._every(FOLLOW_INTERVAL_S, self._follow)))
+        self._tasks.append(asyncio.create_task(self._every(FOLLOW_INTERVAL_S, self._follow_log)))
         if self.registry.mode == "poll":
             poll_s = self.settings.gateway.repository_poll_s
             self._tasks.append(asyncio.create_task(self._every(poll_s, self.registry.poll)))
@@ -272,6 +276,31 @@ class GatewayService:
         if status.state == "unknown":
             raise JobNotFound(f"no job {job_id!r} (never submitted, or expired)", job_id=job_id)
         return status
+
+    # -- log settings (Triton's logging extension) ------------------------------------------
+    async def _follow_log(self) -> None:
+        redis = self._require(self._redis)
+        await self.log_settings.follow_stored(redis, self.names.log_settings_key())
+
+    async def get_log_settings(self) -> LogSettings:
+        """The deployment's log settings (as stored; this process's own before any change)."""
+        await self._follow_log()
+        return self.log_settings.current
+
+    async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
+        """Change the settings ``changes`` names, for the whole deployment: stored in Redis
+        (every process applies them on its next beat) and applied here at once."""
+        redis = self._require(self._redis)
+        key = self.names.log_settings_key()
+        await self.log_settings.follow_stored(redis, key)  # change the deployment's
+        settings = self.log_settings.current.changed(changes)
+        raw = settings.to_json()
+        try:
+            await redis.set(key, raw)
+        except Exception as exc:
+            raise Unavailable(f"Redis did not take the log settings: {exc}") from exc
+        self.log_settings.follow(raw)
+        return settings
 
     @property
     def producer(self) -> Producer:

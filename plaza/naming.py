@@ -157,6 +157,11 @@ class Names:
         """A worker's self-description (model, versions, host, pid), with a short TTL."""
         return f"{self.key_prefix}worker-info:{worker_id}"
 
+    def log_settings_key(self) -> str:
+        """The deployment's log settings (Triton's logging extension, ``plaza.log_settings``):
+        one JSON string, which every process applies when it changes."""
+        return f"{self.key_prefix}log_settings"
+
     def model_table_key(self) -> str:
         """Hash of the models the deployment should serve: the model control table
         (``plaza.model_control``; one field per model, so it is bounded by the repository)."""

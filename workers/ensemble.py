@@ -65,6 +65,7 @@ from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, red
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.ensembles import EnsembleStep, runnable
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
+from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
@@ -178,6 +179,7 @@ class EnsembleRunner:
         self.labels = classification.labels(self.spec, repo.root / self.model)
         self.topics = self.names.request_topics(self.model, self.spec.batching.priority_levels)
         self.redis = redis_client(settings.redis)
+        self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
         self.lookup = ResultLookup(self.redis, self.names)
         self.reply_stream = self.names.reply_stream(f"ensemble-{self.id}")
@@ -520,6 +522,7 @@ class EnsembleRunner:
             await self.metrics.flush_with(pipe)
         except Exception as exc:  # Redis restarting: the next beat tries again
             log.warning("%s: heartbeat failed: %s", self.id, exc)
+        await self.log_settings.follow_stored(self.redis, self.names.log_settings_key())
 
 
 async def _ready(answer: Answer | None) -> Answer | None:
@@ -572,9 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m plaza.workers.ensemble --worker.model NAME [settings flags]``."""
     try:
         settings = PlazaSettings(_cli_parse_args=sys.argv[1:] if argv is None else argv)
-        logging.basicConfig(
-            level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        configure_logging(settings.log_level)
         asyncio.run(serve(settings))
     except PlazaError as exc:
         print(f"plaza ensemble: error: {exc.message}", file=sys.stderr)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 
 from plaza import event_loop, gc_tuning
+from plaza.log_settings import configure_logging
 from plaza.settings import PlazaSettings
 from plaza.workers.host import Host
 
@@ -24,8 +24,6 @@ async def serve(settings: PlazaSettings) -> None:
 
 
 def run_worker(settings: PlazaSettings) -> None:
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level)
     gc_tuning.tune()
     event_loop.run(serve(settings))

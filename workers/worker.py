@@ -53,6 +53,7 @@ from plaza.errors import (
     PoisonRecord,
     QueueFull,
 )
+from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
@@ -217,6 +218,8 @@ class Worker:
         ttl_s = min(settings.worker.delivery_ttl_s, settings.redis.result_ttl_s)
         self.deliveries = DeliveryCounter(self.redis, self.names, ttl_s)
         self._kafka: KafkaClients | None = None
+        self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
+        """Triton's logging extension: the deployment's settings, followed on each beat."""
         self._levels: dict[str, int] = {}
         self._max_request_bytes = settings.kafka.max_request_bytes
 
@@ -815,3 +818,4 @@ class Worker:
             await self.metrics.flush_with(pipe)  # executes the pipe, statistics included
         except Exception as exc:  # Redis restarting: the next beat tries again
             log.warning("%s: heartbeat failed: %s", self.id, exc)
+        await self.log_settings.follow_stored(self.redis, self.names.log_settings_key())
