@@ -137,10 +137,13 @@ def command(
     csv_path: Path,
     interval_ms: int,
     shared_memory: SharedMemory = "none",
+    sequence_length: int = 0,
 ) -> list[str]:
     """perf_analyzer's arguments: sync calls, JSON tensors over HTTP, bounded windows;
     ``shared_memory`` "system": the tensors in system shared memory that perf_analyzer
-    creates and registers (the gateway needs ``gateway.allow_client_shm``)."""
+    creates and registers (the gateway needs ``gateway.allow_client_shm``);
+    ``sequence_length`` > 0: a stateful model's sequences of that many requests, each
+    concurrent client running one sequence at a time (perf_analyzer's sequence mode)."""
     argv = [
         str(binary_path()),
         "-m",
@@ -166,6 +169,8 @@ def command(
         argv += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     if shared_memory != "none":
         argv += ["--shared-memory", shared_memory]
+    if sequence_length > 0:
+        argv += ["--sequence-length", str(sequence_length)]
     return argv
 
 
@@ -177,12 +182,21 @@ def run(
     input_data: Path,
     interval_ms: int = 2000,
     shared_memory: SharedMemory = "none",
+    sequence_length: int = 0,
 ) -> PerfResult:
     """One perf_analyzer run at ``concurrency`` against ``address`` (host:port)."""
     with tempfile.TemporaryDirectory(prefix="plaza-pa-") as tmp:
         csv_path = Path(tmp) / "out.csv"
         argv = command(
-            model, address, protocol, concurrency, input_data, csv_path, interval_ms, shared_memory
+            model,
+            address,
+            protocol,
+            concurrency,
+            input_data,
+            csv_path,
+            interval_ms,
+            shared_memory,
+            sequence_length,
         )
         # warm-up, windows, and perf_analyzer's own start and drain, with room to spare
         limit_s = 30 + (WINDOWS + 2) * interval_ms / 1000

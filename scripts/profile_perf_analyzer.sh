@@ -6,6 +6,7 @@
 #   PROF=1 scripts/profile_perf_analyzer.sh mlp grpc 16
 #   HTTP_SERVER=granian GRANIAN_DIR=/tmp/granian scripts/profile_perf_analyzer.sh mlp http 16
 #   SHM=system scripts/profile_perf_analyzer.sh mlp http 16   # tensors in system shared memory
+#   SEQ_LEN=10 scripts/profile_perf_analyzer.sh accumulate grpc 32   # sequences of 10 requests
 #
 # HTTP_SERVER=granian serves the HTTP front (only it: no gRPC) under granian instead of
 # uvicorn (scripts/granian_front.py; granian installed apart with pip --target GRANIAN_DIR).
@@ -64,12 +65,12 @@ chmod +x "$O/pa.sh"; export PLAZA_PERF_ANALYZER=$PWD/$O/pa.sh
 w0=$(cpu $W); g0=$(cpu $G); n0=$(count)
 # PERF=1: `perf record` the gateway's main thread for 6 s of the run (perf report -i ...)
 [ "${PERF:-0}" = 1 ] && (sleep 3; perf record -q -t $G -o "$O/perf.data" -- sleep 6 > /dev/null 2>&1) &
-.venv/bin/python - "$MODEL" "$ADDR" "$PROTO" "$C" "$O/input.json" "$SHM" > "$O/pa.txt" 2>&1 <<'PY'
+.venv/bin/python - "$MODEL" "$ADDR" "$PROTO" "$C" "$O/input.json" "$SHM" "${SEQ_LEN:-0}" > "$O/pa.txt" 2>&1 <<'PY'
 import sys
 from pathlib import Path
 from plaza.loadgen import perf_analyzer as pa
-m, addr, proto, c, data, shm = sys.argv[1:]
-r = pa.run(m, addr, proto, int(c), Path(data), shared_memory=shm)
+m, addr, proto, c, data, shm, seq = sys.argv[1:]
+r = pa.run(m, addr, proto, int(c), Path(data), shared_memory=shm, sequence_length=int(seq))
 print(f"{proto} shm={shm} c={c} infer/s {r.throughput:.0f} p50 {r.p50_ms:.2f} ms p99 {r.p99_ms:.2f} ms")
 PY
 w1=$(cpu $W); g1=$(cpu $G); n1=$(count)
