@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import uuid
@@ -286,7 +287,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
 
 
 class _Stream:
-    """One ModelStreamInfer call: reads requests, runs them concurrently, yields answers."""
+    """One ModelStreamInfer call: reads requests, runs them concurrently, yields answers.
+
+    The requests of one sequence (a stateful model's, by their ``sequence_id``) run one
+    after the other, in the stream's order: Triton's streaming clients send a whole sequence
+    without waiting, and run concurrently, its requests could reach Kafka out of order (the
+    first publish of a topic, or a full producer buffer, suspends one and not the next)."""
 
     def __init__(
         self,
@@ -297,6 +303,8 @@ class _Stream:
         self._slots = asyncio.Semaphore(max_inflight)
         self._answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tails: dict[int | str, asyncio.Task[None]] = {}
+        """Each sequence's latest request in flight: the next one waits for it."""
 
     async def run(
         self, requests: AsyncIterator[pb.ModelInferRequest]
@@ -314,15 +322,28 @@ class _Stream:
         try:
             async for request in requests:
                 await self._slots.acquire()  # bounded: one slot per request in flight
-                task = asyncio.create_task(self._one(request))
+                key = _sequence_key(request)
+                before = None if key is None else self._tails.get(key)
+                task = asyncio.create_task(self._one(request, before))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+                if key is not None:
+                    self._tails[key] = task
+                    task.add_done_callback(functools.partial(self._untail, key))
             while self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
         finally:
             self._answers.put_nowait(None)
 
-    async def _one(self, request: pb.ModelInferRequest) -> None:
+    def _untail(self, key: int | str, task: asyncio.Task[None]) -> None:
+        if self._tails.get(key) is task:
+            del self._tails[key]
+
+    async def _one(
+        self, request: pb.ModelInferRequest, before: asyncio.Task[None] | None = None
+    ) -> None:
+        if before is not None:
+            await asyncio.wait([before])  # its sequence's request before it, answered first
         try:
             response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
         except PlazaError as exc:
@@ -331,6 +352,18 @@ class _Stream:
             log.exception("gRPC stream request failed")
             response = _stream_error(request, f"internal error: {type(exc).__name__}")
         self._answers.put_nowait(response)
+
+
+def _sequence_key(request: pb.ModelInferRequest) -> int | str | None:
+    """The request's ``sequence_id`` parameter (None: it has none, or 0 / "")."""
+    param = request.parameters.get("sequence_id")
+    if param is None:
+        return None
+    kind = param.WhichOneof("parameter_choice")
+    value = (
+        getattr(param, kind) if kind in ("int64_param", "uint64_param", "string_param") else None
+    )
+    return value or None
 
 
 def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:

@@ -7,6 +7,8 @@ with its own sum, and the errors a client meets when it gets a sequence wrong.""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -122,3 +124,36 @@ async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings
         assert all(held) and sum(held) == partitions, held
         got = await asyncio.gather(*(run(k) for k in keys))
     assert got == [[1, 3, 6, 10, 15]] * len(keys)
+
+
+async def test_a_stream_may_send_a_sequence_without_waiting(settings: PlazaSettings) -> None:
+    """Triton's streaming sequence client: every request of several sequences sent on one
+    gRPC stream at once, interleaved, none waiting for an answer. The gateway keeps each
+    sequence's requests in the order the stream gave them."""
+    keys, steps = [41, 42, "s-43"], 6
+
+    async def requests() -> AsyncIterator[dict[str, Any]]:
+        for i in range(steps):
+            for key in keys:
+                yield {
+                    "model_name": "accumulate",
+                    "inputs": _input(grpc_aio, i + 1),
+                    "request_id": f"{key}/{i}",
+                    "sequence_id": key,
+                    "sequence_start": i == 0,
+                    "sequence_end": i == steps - 1,
+                }
+
+    sums: dict[str, int] = {}
+    async with running_worker(settings, "accumulate"), gateway_fronts(settings) as gw:
+        grpc = grpc_aio.InferenceServerClient(gw.grpc_address)
+        try:
+            async for result, error in grpc.stream_infer(requests()):
+                assert error is None, error.message()
+                sums[result.get_response().id] = int(result.as_numpy("OUTPUT")[0, 0])
+                if len(sums) == len(keys) * steps:
+                    break
+        finally:
+            await grpc.close()
+    running = [sum(range(1, i + 2)) for i in range(steps)]  # 1, 3, 6, 10, 15, 21
+    assert sums == {f"{key}/{i}": running[i] for key in keys for i in range(steps)}
