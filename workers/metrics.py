@@ -55,6 +55,7 @@ from plaza.naming import (
     METRIC_REQUEST_DURATION_US,
     METRIC_REQUEST_FAILURE,
     METRIC_REQUEST_SUCCESS,
+    METRIC_SEQUENCES_ACTIVE,
     METRIC_WORKER_RECORDS,
     Names,
 )
@@ -113,6 +114,7 @@ class WorkerMetrics:
         self.records: dict[str, int] = dict.fromkeys(RECORD_OUTCOMES, 0)
         """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
         self._pending: Callable[[], int] = lambda: 0
+        self._sequences: Callable[[], int] | None = None
         self._own_hub = hub is None
         self.hub = hub if hub is not None else MetricsHub(settings, gpu=gpu)
         self.hub.join(self)
@@ -128,13 +130,20 @@ class WorkerMetrics:
         """Where /metrics is served (None before ``start`` or with ``metrics_port`` -1)."""
         return self.hub.port
 
-    def start(self, versions: Sequence[int], pending: Callable[[], int]) -> None:
-        """Know the served versions and the pending count; serve /metrics unless it is off."""
+    def start(
+        self,
+        versions: Sequence[int],
+        pending: Callable[[], int],
+        sequences: Callable[[], int] | None = None,
+    ) -> None:
+        """Know the served versions, the pending count and (a stateful model's) the active
+        sequences; serve /metrics unless it is off."""
         self.stats = {str(v): self.stats.get(str(v), ModelStatistics()) for v in versions}
         self._default = str(max(versions)) if versions else ""
         if not self.stats:
             self.stats[""] = ModelStatistics()
         self._pending = pending
+        self._sequences = sequences
         self.hub.serve(self.model)
 
     def version(self, version: str) -> ModelStatistics:
@@ -328,6 +337,15 @@ class _Collector:
             version = versions[0][0] if len(versions) == 1 else ""
             pending.add_metric(_labels(m.model, version), m._pending())
         yield pending
+        active = GaugeMetricFamily(
+            METRIC_SEQUENCES_ACTIVE,
+            "Sequences of a stateful model this worker holds (started, not ended or released).",
+            labels=[LABEL_MODEL],
+        )
+        for m in members:
+            if m._sequences is not None:
+                active.add_metric([m.model], m._sequences())
+        yield active
         lag = GaugeMetricFamily(
             METRIC_CONSUMER_LAG,
             "Records in the partition not yet fetched by this worker (high-water mark - position).",

@@ -251,7 +251,9 @@ class Worker:
         self._kafka = KafkaClients(self.services.producer, self._make_consumer())
         self.consumer.subscribe(self.topics, listener=Rebalance(self))
         await self.consumer.start()
-        self.metrics.start(self.versions, pending=self._pending)
+        seq = self.sequences
+        active = None if seq is None else (lambda: seq.batcher.active)
+        self.metrics.start(self.versions, pending=self._pending, sequences=active)
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [

@@ -180,6 +180,15 @@ def test_record_outcomes_and_totals_are_exposed() -> None:
     assert m.executions() == 3 and m.batch_sizes() == {3: 2, 1: 1}
 
 
+def test_a_stateful_models_active_sequences_are_exposed() -> None:
+    m = WorkerMetrics("s", Names(), OFF, stats_ttl_s=60, gpu=GpuCollector(nvml=_NoDriver()))
+    m.start([1], pending=lambda: 0, sequences=lambda: 3)
+    got = samples(render(m.registry).decode())
+    assert value(got, "plaza_sequences_active", model="s") == 3
+    plain = samples(render(metrics().registry).decode())
+    assert not any(name == "plaza_sequences_active" for name, _ in plain)
+
+
 def test_one_served_version_labels_pending_with_it() -> None:
     got = samples(render(metrics(versions=(3,)).registry).decode())
     assert value(got, "nv_inference_pending_request_count", model="m", version="3") == 7
