@@ -43,6 +43,7 @@ EXTENSIONS = (
     "model_repository",
     "system_shared_memory",
     "logging",
+    "trace",
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -287,6 +288,20 @@ class Endpoints:
         settings = await self.service.update_log_settings(changes)
         return JSONBody(dataclasses.asdict(settings))
 
+    # -- trace settings (Triton's trace extension, gateway/tracing.py) ---------------------
+    async def get_trace_settings(self, request: Request) -> Response:
+        model = str(request.path_params.get("model", ""))
+        if model:
+            self.service.model(model)  # 404 for a model not served
+        return JSONBody(self.service.tracer.settings(model).wire())
+
+    async def update_trace_settings(self, request: Request) -> Response:
+        model = str(request.path_params.get("model", ""))
+        if model:
+            self.service.model(model)
+        changes = await self._json_object(request)
+        return JSONBody(self.service.tracer.update(model, changes).wire())
+
     # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------
     async def shm_status(self, request: Request) -> Response:
         regions = self.service.shm.status(str(request.path_params.get("name", "")))
@@ -324,6 +339,8 @@ class Endpoints:
         routes += [
             Route("/v2/logging", self.get_log_settings, methods=["GET"]),
             Route("/v2/logging", self.update_log_settings, methods=["POST"]),
+            Route("/v2/trace/setting", self.get_trace_settings, methods=["GET"]),
+            Route("/v2/trace/setting", self.update_trace_settings, methods=["POST"]),
         ]
         shm = "/v2/systemsharedmemory"
         routes += [
@@ -340,6 +357,11 @@ class Endpoints:
                 Route(f"{base}/ready", self.model_ready, methods=["GET"]),
                 Route(f"{base}/config", self.model_config, methods=["GET"]),
             ]
+        model_trace = "/v2/models/{model}/trace/setting"
+        routes += [
+            Route(model_trace, self.get_trace_settings, methods=["GET"]),
+            Route(model_trace, self.update_trace_settings, methods=["POST"]),
+        ]
         return routes
 
 

@@ -223,6 +223,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             setattr(answer.settings[name], kind, value)
         return answer
 
+    # -- trace settings (Triton's trace extension, gateway/tracing.py) ----------------------------
+    @_answers_errors
+    async def TraceSetting(
+        self, request: pb.TraceSettingRequest, context: grpc.aio.ServicerContext
+    ) -> pb.TraceSettingResponse:
+        self._authorize(context)
+        model = request.model_name
+        if model:
+            self.service.model(model)  # NOT_FOUND for a model not served
+        tracer = self.service.tracer
+        changes = {name: (list(value.value) or None) for name, value in request.settings.items()}
+        settings = tracer.update(model, changes) if changes else tracer.settings(model)
+        answer = pb.TraceSettingResponse()
+        for name, value in settings.wire().items():
+            answer.settings[name].value.extend(value if isinstance(value, list) else [value])
+        return answer
+
     # -- system shared memory (Triton's extension, gateway/shared_memory.py) ----------------------
     @_answers_errors
     async def SystemSharedMemoryStatus(

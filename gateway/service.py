@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgspec
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -28,6 +29,7 @@ from plaza.gateway.metrics import GatewayMetrics, metered
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
+from plaza.gateway.tracing import Tracer
 from plaza.log_settings import LogFollower, LogSettings
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
@@ -84,6 +86,14 @@ class GatewayService:
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
         self.metrics = GatewayMetrics()
         self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
+        several = (
+            f"gateway.workers is {settings.gateway.workers}: each process would hold its own"
+            if settings.gateway.workers > 1
+            else ""
+        )
+        self.tracer = Tracer(
+            settings.gateway.trace_dir, refusal=several and f"trace settings: {several}"
+        )
         """Triton's logging extension (``plaza.log_settings``): the deployment's settings."""
         gw = settings.gateway
         self.shm = SharedMemoryRegions(
@@ -145,6 +155,7 @@ class GatewayService:
             await self._redis.aclose()
         self._producer = self._admin = self._redis = None
         self.shm.close()
+        self.tracer.flush()
 
     def load_repository(self) -> None:
         """Read the models served from the start (``ModelRegistry.read_start_models``)."""
@@ -262,7 +273,15 @@ class GatewayService:
         """
         spec = self.model(req.model, req.version).spec
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
+        traced = self.tracer.sample(req.model)  # Triton's trace extension (gateway/tracing.py)
+        started_ns = time.time_ns()
+        if traced:
+            req = msgspec.structs.replace(req, trace=True)
         result = await self._require(self._producer).infer(req, spec, wait_s)
+        if traced:
+            self.tracer.record(
+                req.model, result.version, req.id, started_ns, time.time_ns(), result.trace_ns
+            )
         return raise_for_error(result)
 
     async def submit(self, req: InferRequest) -> str:

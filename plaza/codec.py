@@ -91,6 +91,8 @@ def encode_request(req: InferRequest, *, sent_us: int | None = None) -> bytes:
         body["parameters"] = req.parameters
     if req.created_ms:
         body["created_ms"] = req.created_ms
+    if req.trace:
+        body["trace"] = True
     sent = req.sent_us if sent_us is None else sent_us
     if sent:
         body["sent_us"] = sent
@@ -173,6 +175,7 @@ class _WireRequest(msgspec.Struct):
     created_ms: int = 0
     sent_us: int = 0
     classification: dict[_Name, Annotated[int, msgspec.Meta(ge=1)]] = {}
+    trace: bool = False
 
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(_WireRequest)
@@ -200,6 +203,7 @@ def decode_request(data: Buffer) -> InferRequest:
         created_ms=wire.created_ms,
         sent_us=wire.sent_us,
         classification=wire.classification,
+        trace=wire.trace,
     )
 
 
@@ -241,6 +245,9 @@ def _decode_checked(data: Buffer) -> InferRequest:
         isinstance(k, str) and k and type(n) is int and n >= 1 for k, n in classes.items()
     ):
         raise CodecError("request 'classification' must map output names to counts >= 1")
+    trace = get("trace", False)
+    if not isinstance(trace, bool):
+        raise CodecError("request 'trace' must be true or false")
     return InferRequest(
         id=rid,
         model=model,
@@ -254,6 +261,7 @@ def _decode_checked(data: Buffer) -> InferRequest:
         created_ms=created or 0,
         sent_us=sent or 0,
         classification=dict(classes),
+        trace=trace,
     )
 
 
@@ -273,6 +281,8 @@ def _result_to_map(res: InferResult) -> dict[str, Any]:
         body["timing_us"] = res.timing_us
     if res.worker:
         body["worker"] = res.worker
+    if res.trace_ns:
+        body["trace_ns"] = res.trace_ns
     return body
 
 
@@ -316,6 +326,7 @@ def _result_from_map(body: Any) -> InferResult:
         error=error,
         timing_us=dict(body.get("timing_us", {})),
         worker=str(body.get("worker", "")),
+        trace_ns=dict(body.get("trace_ns", {})),
     )
 
 

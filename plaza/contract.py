@@ -58,6 +58,9 @@ class InferRequest(msgspec.Struct, frozen=True):
     classification: dict[str, int] = msgspec.field(default_factory=dict)
     """Triton's classification extension: output name -> how many of its top classes come
     back (as BYTES strings ``value:index[:label]``) in place of its values."""
+    trace: bool = False
+    """Triton's trace extension: the worker stamps the moments of this request's stages in
+    its result (``InferResult.trace_ns``)."""
 
 
 Status = Literal["ok", "error"]
@@ -81,6 +84,9 @@ class InferResult(msgspec.Struct, frozen=True):
     timing_us: dict[str, int] = msgspec.field(default_factory=dict)
     """queue / compute_input / compute_infer / compute_output durations, microseconds."""
     worker: str = ""
+    trace_ns: dict[str, int] = msgspec.field(default_factory=dict)
+    """A traced request's stages in the worker (Triton's names: QUEUE_START,
+    COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END), Unix epoch ns."""
 
     @property
     def status(self) -> Status:

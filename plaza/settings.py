@@ -296,6 +296,10 @@ class GatewaySettings(_Section):
     max_shm_regions: int = Field(
         64, ge=1, le=4096, description="system shared memory regions registered at once, at most"
     )
+    trace_dir: Path = Field(
+        Path("var/traces"),
+        description="Triton's trace extension: the folder a trace_file (a bare name) is written in",
+    )
 
     def model_names(self) -> list[str]:
         """``models`` as a list."""

@@ -234,6 +234,7 @@ class BatchRunner:
             outputs=tensors,
             timing_us=timing,
             worker=self.worker_id,
+            trace_ns=_trace(it.received, t0, t1, t2, t3) if it.request.trace else {},
         )
 
     def _classified(
@@ -270,6 +271,22 @@ def _slice(name: str, rows: _Rows, array: np.ndarray[Any, Any], start: int, end:
         return Tensor.from_numpy(name, array[start:end])
     datatype, rest, data, row_bytes = rows
     return Tensor(name, datatype, (end - start, *rest), data[start * row_bytes : end * row_bytes])
+
+
+def _trace(received: float, t0: float, t1: float, t2: float, t3: float) -> dict[str, int]:
+    """A traced request's stages (monotonic seconds) as Unix epoch nanoseconds, by Triton's
+    names: the monotonic clock read onto the wall clock once, now."""
+    offset_ns = time.time_ns() - time.monotonic_ns()
+    return {
+        name: int(moment * 1e9) + offset_ns
+        for name, moment in (
+            ("QUEUE_START", received),
+            ("COMPUTE_START", t0),
+            ("COMPUTE_INPUT_END", t1),
+            ("COMPUTE_OUTPUT_START", t2),
+            ("COMPUTE_END", t3),
+        )
+    }
 
 
 def error_result(

@@ -1,0 +1,215 @@
+"""Triton's trace extension: sampled requests' timestamps, written to a trace file.
+
+The settings are Triton's (``GET/POST /v2/trace/setting``, per model under
+``/v2/models/{model}/trace/setting``, gRPC ``TraceSetting``), in its wire form (numbers as
+strings, the level a list): ``trace_level`` OFF or TIMESTAMPS, ``trace_rate`` (one request
+in that many is traced), ``trace_count`` (traces left to take; -1: no limit),
+``log_frequency`` (write the file every that many traces; 0: when the buffer is full or the
+gateway stops), ``trace_file`` and ``trace_mode`` (triton). A model's settings are the
+global ones with its own on top; a null value takes a model's setting back to the global one
+(a global setting back to Triton's default).
+
+A traced request carries ``trace`` in its envelope; its worker stamps its stages
+(``InferResult.trace_ns``: QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END,
+COMPUTE_OUTPUT_START, COMPUTE_END) and the gateway adds REQUEST_START and REQUEST_END. Each
+trace is one JSON line, appended to ``gateway.trace_dir`` / ``trace_file``: the file is
+named by its bare name (a client picks no path on the gateway's host). Timestamps are Unix
+epoch nanoseconds of each process's clock, so across hosts they are as close as the hosts'
+clocks. Settings and files belong to one gateway process; with ``gateway.workers`` above 1
+changing them is refused, as for shared memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from plaza.errors import InvalidInput
+
+LEVELS = ("OFF", "TIMESTAMPS")
+MAX_BUFFERED = 10_000
+"""Traces held before a write whatever ``log_frequency`` says."""
+_FILE = re.compile(r"[A-Za-z0-9._-]{1,255}")
+_NUMBERS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
+"""The settings that are numbers, and the least value each takes."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSettings:
+    """Triton's trace settings, with its defaults."""
+
+    trace_level: tuple[str, ...] = ("OFF",)
+    trace_rate: int = 1000
+    trace_count: int = -1
+    log_frequency: int = 0
+    trace_file: str = ""
+    trace_mode: str = "triton"
+
+    @property
+    def on(self) -> bool:
+        return "TIMESTAMPS" in self.trace_level and self.trace_count != 0 and bool(self.trace_file)
+
+    def wire(self) -> dict[str, str | list[str]]:
+        """As Triton answers them: the level a list, numbers as strings."""
+        return {
+            "trace_level": list(self.trace_level),
+            "trace_rate": str(self.trace_rate),
+            "trace_count": str(self.trace_count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.trace_file,
+            "trace_mode": self.trace_mode,
+        }
+
+
+def parse_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A settings request's values, checked and typed (None kept: it clears a setting);
+    InvalidInput for an unknown name or a value Plaza cannot take."""
+    known = {f.name for f in dataclasses.fields(TraceSettings)}
+    typed: dict[str, Any] = {}
+    for name, raw in changes.items():
+        if name not in known:
+            raise InvalidInput(f"unknown trace setting {name!r} (known: {sorted(known)})")
+        value = raw[0] if isinstance(raw, list) and len(raw) == 1 and name != "trace_level" else raw
+        if value is None:
+            typed[name] = None
+        elif name == "trace_level":
+            levels = tuple(value) if isinstance(value, list) else (value,)
+            if not levels or not all(v in LEVELS for v in levels):
+                raise InvalidInput(f"trace_level must be OFF or TIMESTAMPS, got {raw!r}")
+            typed[name] = levels
+        elif name in _NUMBERS:
+            typed[name] = _number(name, value)
+        elif name == "trace_file":
+            if not isinstance(value, str) or (value and not _FILE.fullmatch(value)):
+                raise InvalidInput(f"trace_file must be a bare file name, got {raw!r}")
+            if value in (".", ".."):
+                raise InvalidInput(f"trace_file must be a bare file name, got {raw!r}")
+            typed[name] = value
+        elif value != "triton":
+            raise InvalidInput(
+                f"trace_mode must be 'triton' (Plaza writes no OpenTelemetry), got {raw!r}"
+            )
+        else:
+            typed[name] = value
+    return typed
+
+
+def _number(name: str, value: Any) -> int:
+    text = (
+        str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    )
+    if not text.lstrip("-").isdigit():
+        raise InvalidInput(f"trace setting {name!r} must be an integer, got {value!r}")
+    number = int(text)
+    if number < _NUMBERS[name]:
+        raise InvalidInput(f"trace setting {name!r} must be >= {_NUMBERS[name]}, got {number}")
+    return number
+
+
+class Tracer:
+    """One gateway process's trace settings, sampling and trace file."""
+
+    def __init__(self, trace_dir: Path, refusal: str = "") -> None:
+        """``refusal``: why settings cannot be changed here (several gateway processes)."""
+        self.trace_dir = trace_dir
+        self.refusal = refusal
+        self._global = TraceSettings()
+        self._models: dict[str, dict[str, Any]] = {}
+        """Each model's own settings (what it sets on top of the global ones)."""
+        self._seen: dict[str, int] = {}
+        self._buffer: list[tuple[str, bytes]] = []
+        self._traces = 0
+
+    def settings(self, model: str = "") -> TraceSettings:
+        own = self._models.get(model) if model else None
+        return dataclasses.replace(self._global, **own) if own else self._global
+
+    def update(self, model: str, changes: Mapping[str, Any]) -> TraceSettings:
+        """Apply a settings request (global where ``model`` is ""); the settings now."""
+        if self.refusal:
+            raise InvalidInput(self.refusal)
+        typed = parse_changes(changes)
+        before = self.settings(model).trace_file
+        if model:
+            own = self._models.setdefault(model, {})
+            for name, value in typed.items():
+                if value is None:
+                    own.pop(name, None)
+                else:
+                    own[name] = value
+            if not own:
+                del self._models[model]
+        else:
+            defaults = TraceSettings()
+            values = {k: getattr(defaults, k) if v is None else v for k, v in typed.items()}
+            self._global = dataclasses.replace(self._global, **values)
+        if self.settings(model).trace_file != before:
+            self.flush()  # what was traced so far goes to the file it was traced for
+        return self.settings(model)
+
+    def sample(self, model: str) -> bool:
+        """Whether to trace this request of ``model`` (one in ``trace_rate``, while
+        ``trace_count`` lasts; counted down where it was set)."""
+        settings = self.settings(model)
+        if not settings.on:
+            return False
+        seen = self._seen[model] = self._seen.get(model, 0) + 1
+        if seen % settings.trace_rate:
+            return False
+        if settings.trace_count > 0:
+            own = self._models.get(model)
+            if own is not None and "trace_count" in own:
+                own["trace_count"] -= 1
+            else:
+                self._global = dataclasses.replace(
+                    self._global, trace_count=settings.trace_count - 1
+                )
+        return True
+
+    def record(
+        self,
+        model: str,
+        version: str,
+        request_id: str,
+        start_ns: int,
+        end_ns: int,
+        worker_ns: Mapping[str, int],
+    ) -> None:
+        """Keep one trace (its stages in time order) for the model's trace file."""
+        settings = self.settings(model)
+        self._traces += 1
+        stamps = {"REQUEST_START": start_ns, **worker_ns, "REQUEST_END": end_ns}
+        line = orjson.dumps(
+            {
+                "id": self._traces,
+                "model_name": model,
+                "model_version": version,
+                "request_id": request_id,
+                "timestamps": [
+                    {"name": n, "ns": ns} for n, ns in sorted(stamps.items(), key=lambda kv: kv[1])
+                ],
+            }
+        )
+        self._buffer.append((settings.trace_file, line))
+        every = settings.log_frequency
+        if (every and len(self._buffer) >= every) or len(self._buffer) >= MAX_BUFFERED:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered traces to their files."""
+        if not self._buffer:
+            return
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        by_file: dict[str, list[bytes]] = {}
+        for name, line in self._buffer:
+            by_file.setdefault(name, []).append(line)
+        self._buffer.clear()
+        for name, lines in by_file.items():
+            with (self.trace_dir / name).open("ab") as f:
+                f.write(b"\n".join(lines) + b"\n")
