@@ -41,6 +41,8 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "model_repository",
+    "schedule_policy",
+    "sequence",
     "system_shared_memory",
     "logging",
     "trace",

@@ -58,6 +58,7 @@ async def test_interleaved_sequences_keep_their_own_sums(settings: PlazaSettings
             )
             # the same id again after its END: a new sequence, from zero
             again = await run(http, http_aio, 11, [7, 7])
+            assert "sequence" in (await http.get_server_metadata())["extensions"]
         finally:
             await http.close()
             await grpc.close()
