@@ -22,7 +22,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,9 +107,6 @@ class SharedMemoryRegions:
         self.refusal = refusal
         self.root = root
         self._regions: dict[str, _Region] = {}
-        # The gRPC front may run handlers on other threads (grpcio's server); a lock keeps a
-        # region from being closed while a copy reads it.
-        self._lock = threading.Lock()
 
     # -- the status, register and unregister APIs --------------------------------------------
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -130,15 +126,14 @@ class SharedMemoryRegions:
                 f"shared memory region {name!r}: offset must be >= 0 and byte_size > 0 "
                 f"(got {offset}, {byte_size})"
             )
-        with self._lock:
-            if name in self._regions:
-                raise SharedMemoryError(f"shared memory region {name!r} is already registered")
-            if len(self._regions) >= self.max_regions:
-                raise SharedMemoryError(
-                    f"{self.max_regions} shared memory regions are registered already "
-                    "(gateway.max_shm_regions); unregister one first"
-                )
-            self._regions[name] = self._open(RegionStatus(name, key, offset, byte_size))
+        if name in self._regions:
+            raise SharedMemoryError(f"shared memory region {name!r} is already registered")
+        if len(self._regions) >= self.max_regions:
+            raise SharedMemoryError(
+                f"{self.max_regions} shared memory regions are registered already "
+                "(gateway.max_shm_regions); unregister one first"
+            )
+        self._regions[name] = self._open(RegionStatus(name, key, offset, byte_size))
 
     def _open(self, status: RegionStatus) -> _Region:
         path = self.root / status.key.lstrip("/")
@@ -164,19 +159,17 @@ class SharedMemoryRegions:
     def unregister(self, name: str = "") -> None:
         """Unregister ``name``, or every region when ``name`` is empty. A name that is not
         registered is no error (the region is gone either way)."""
-        with self._lock:
-            names = list(self._regions) if not name else [name]
-            for each in names:
-                region = self._regions.pop(each, None)
-                if region is not None:
-                    region.close()
+        names = list(self._regions) if not name else [name]
+        for each in names:
+            region = self._regions.pop(each, None)
+            if region is not None:
+                region.close()
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """Every region, or ``name`` alone (SharedMemoryError when it is not registered)."""
-        with self._lock:
-            if not name:
-                return [r.status for r in self._regions.values()]
-            region = self._regions.get(name)
+        if not name:
+            return [r.status for r in self._regions.values()]
+        region = self._regions.get(name)
         if region is None:
             raise SharedMemoryError(f"no shared memory region {name!r} is registered")
         return [region.status]
@@ -187,10 +180,9 @@ class SharedMemoryRegions:
     # -- tensors ---------------------------------------------------------------------------------
     def read(self, ref: ShmRef, what: str) -> bytes:
         """A copy of the bytes ``ref`` names (an input's data)."""
-        with self._lock:
-            region = self._region(ref, what)
-            start, end = region.span(ref, what)
-            return region.mapped[start:end]
+        region = self._region(ref, what)
+        start, end = region.span(ref, what)
+        return region.mapped[start:end]
 
     def write(self, ref: ShmRef, data: Buffer, what: str) -> None:
         """Put an output's ``data`` where ``ref`` names; SharedMemoryError if it does not fit."""
@@ -198,10 +190,9 @@ class SharedMemoryRegions:
             raise SharedMemoryError(
                 f"{what} is {len(data)} bytes but its shared memory byte size is {ref.byte_size}"
             )
-        with self._lock:
-            region = self._region(ref, what)
-            start, _ = region.span(ref, what)
-            region.mapped[start : start + len(data)] = data
+        region = self._region(ref, what)
+        start, _ = region.span(ref, what)
+        region.mapped[start : start + len(data)] = data
 
     def _region(self, ref: ShmRef, what: str) -> _Region:
         region = self._regions.get(ref.region)

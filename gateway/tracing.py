@@ -86,9 +86,8 @@ def parse_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
         elif name in _NUMBERS:
             typed[name] = _number(name, value)
         elif name == "trace_file":
-            if not isinstance(value, str) or (value and not _FILE.fullmatch(value)):
-                raise InvalidInput(f"trace_file must be a bare file name, got {raw!r}")
-            if value in (".", ".."):
+            bare = isinstance(value, str) and (not value or _FILE.fullmatch(value))
+            if not bare or value in (".", ".."):
                 raise InvalidInput(f"trace_file must be a bare file name, got {raw!r}")
             typed[name] = value
         elif value != "triton":

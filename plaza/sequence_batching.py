@@ -141,13 +141,6 @@ class SequenceBatcher(Generic[T]):
         return self._count
 
     @property
-    def pending_size(self) -> int:
-        return self._count
-
-    def level_depths(self) -> dict[int, int]:
-        return {0: self._count}
-
-    @property
     def active(self) -> int:
         """Sequences held (started, not ended or released)."""
         return len(self._sequences)

@@ -38,7 +38,8 @@ class SequenceRuns:
         )
         self._batched = spec.max_batch_size > 0
         self._user_outputs = tuple(o.name for o in spec.outputs)
-        self._state_outputs = set(spec.sequence.state_outputs)
+        self._state_input = {s.output_name: s.input_name for s in spec.sequence.states}
+        """Each state output, and the state input it feeds the sequence's next request."""
 
     def _flags(self, item: WorkItem) -> SequenceFlags:
         return sequence_flags(item.request.parameters, self.spec.name)
@@ -94,17 +95,15 @@ class SequenceRuns:
             state: State = {}
             kept: list[Tensor] = []
             for tensor in result.outputs:
-                if tensor.name not in self._state_outputs:
+                name = self._state_input.get(tensor.name)
+                if name is None:
                     kept.append(tensor)
                     continue
                 array = np.array(tensor.to_numpy(), copy=True)  # not a view of the batch
-                state[self._input_of(tensor.name)] = array[0] if self._batched else array
+                state[name] = array[0] if self._batched else array
             self.batcher.finish(item, state)
             answers.append(msgspec.structs.replace(result, outputs=tuple(kept)))
         return answers
-
-    def _input_of(self, output_name: str) -> str:
-        return next(s.input_name for s in self.config.states if s.output_name == output_name)
 
     def release(self, items: Sequence[WorkItem]) -> None:
         """These were handed out and will not run: their sequences go on."""
