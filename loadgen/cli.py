@@ -150,6 +150,14 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if spec.sequence.enabled:
+        print(
+            f"error: {args.model} is a stateful model (sequence_batching): plaza loadgen sends "
+            "no sequences; drive it with perf_analyzer's --sequence-length (SEQ_LEN=10 "
+            f"scripts/profile_perf_analyzer.sh {args.model} http 8)",
+            file=sys.stderr,
+        )
+        return 2
     pool = input_pool(spec, rows=args.batch_size, seq_len=args.seq_len, seed=args.seed)
     settings = kafka_settings(args) if "kafka" in kinds else None
     conns = int(max((ld.value for ld in loads), default=1)) if not args.request_rate else 1024

@@ -162,3 +162,10 @@ def test_plaza_loadgen_rejects_an_unknown_target(capsys: pytest.CaptureFixture[s
 
     assert main(["loadgen", "-m", "mlp", "--target", "carrier-pigeon"]) == 2
     assert "unknown target" in capsys.readouterr().err
+
+
+def test_plaza_loadgen_refuses_a_stateful_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from plaza.cli.main import main
+
+    assert main(["loadgen", "-m", "accumulate", "--target", "kafka"]) == 2
+    assert "--sequence-length" in capsys.readouterr().err
