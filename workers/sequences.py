@@ -49,6 +49,12 @@ class SequenceRuns:
         state inputs added, and the state outputs asked for."""
         return [self._with_step(item, self.batcher.step(item)) for item in batch]
 
+    def alone(self, item: WorkItem) -> WorkItem:
+        """``item`` as a sequence of its own (START and END, zero state), outside the
+        batcher: a warmup sample."""
+        flags = self._flags(item)
+        return self._with_step(item, Step(flags.key, start=True, end=True, state=None))
+
     def _with_step(self, item: WorkItem, step: Step) -> WorkItem:
         req = item.request
         extra = [self._control(c, step) for c in self.config.controls]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,12 @@ def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generat
             raise ConfigError(f"input {name!r}: dims {list(dims)} must be sizes, not -1")
         shape = (rows, *dims) if batching else dims
         arrays[name] = _values(name, data, datatype, shape, model_dir, rng)
-    request = make_request(spec.name, arrays, correlation_id=f"warmup-{entry.name}")
+    # a stateful model's sample is a sequence of its own (the worker adds what it controls)
+    alone = {"sequence_id": 1, "sequence_start": True, "sequence_end": True}
+    params = alone if spec.sequence.enabled else None
+    request = make_request(
+        spec.name, arrays, correlation_id=f"warmup-{entry.name}", parameters=params
+    )
     validate_request(request, spec)  # InvalidInput: the sample does not fit the model
     return Sample(entry.name, request, rows if batching else 1, max(1, int(entry.count)))
 
@@ -144,11 +150,19 @@ def _from_file(
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-def run(runner: BatchRunner, version: int, made: list[Sample]) -> None:
+def run(
+    runner: BatchRunner,
+    version: int,
+    made: list[Sample],
+    prepare: Callable[[WorkItem], WorkItem] | None = None,
+) -> None:
     """Run every sample ``count`` times on ``runner``'s backend of ``version`` (blocking: in
-    the instance's executor thread); ModelExecutionError when one fails."""
+    the instance's executor thread); ModelExecutionError when one fails. ``prepare`` gives
+    a sample what else the model takes (a stateful model's control and state inputs)."""
     for sample in made:
         item = WorkItem(request=sample.request, rows=sample.rows, version=version)
+        if prepare is not None:
+            item = prepare(item)
         started = time.monotonic()
         for _ in range(sample.count):
             (result,) = runner.run_group([item])

@@ -305,8 +305,9 @@ class Worker:
                     await loop.run_in_executor(executor, backend.load)
                     runner.backends[mv.version] = backend
                     if samples:
+                        alone = None if self.sequences is None else self.sequences.alone
                         await loop.run_in_executor(
-                            executor, warmup.run, runner, mv.version, samples
+                            executor, warmup.run, runner, mv.version, samples, alone
                         )
         except BaseException:  # a failed load or warmup: nothing stays loaded (stop() won't run)
             for runner in self.instances:

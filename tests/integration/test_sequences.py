@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from plaza.client import PlazaClient
 from plaza.settings import PlazaSettings
-from tests.support import gateway_fronts, running_worker
+from tests.support import REPOSITORY, gateway_fronts, running_worker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -158,3 +159,23 @@ async def test_a_stream_may_send_a_sequence_without_waiting(settings: PlazaSetti
             await grpc.close()
     running = [sum(range(1, i + 2)) for i in range(steps)]  # 1, 3, 6, 10, 15, 21
     assert sums == {f"{key}/{i}": running[i] for key in keys for i in range(steps)}
+
+
+async def test_a_stateful_model_warms_up_as_a_sequence_of_one(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """``model_warmup`` samples give the model only the client's inputs: the worker adds the
+    control and state inputs, as for a one-request sequence, or the model would refuse the
+    sample and the worker would not start."""
+    (tmp_path / "accumulate").mkdir()
+    (tmp_path / "accumulate" / "1").symlink_to(REPOSITORY / "accumulate" / "1")
+    config = (REPOSITORY / "accumulate" / "config.pbtxt").read_text()
+    warm = 'model_warmup [{ name: "zeros" batch_size: 1 inputs { key: "INPUT" value '
+    warm += "{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } } count: 2 }]\n"
+    (tmp_path / "accumulate" / "config.pbtxt").write_text(config + warm)
+    settings = settings.model_copy(update={"repository": tmp_path})
+    async with running_worker(settings, "accumulate"), PlazaClient(settings) as client:
+        params = {"sequence_id": 51, "sequence_start": True}
+        x = {"INPUT": np.array([[3]], np.int32)}
+        first = await client.infer("accumulate", x, parameters=params)
+    assert int(first.outputs[0].to_numpy()[0, 0]) == 3
