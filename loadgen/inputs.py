@@ -49,11 +49,20 @@ def make_inputs(spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Genera
 
 def model_inputs(spec: ModelSpec, batch: int, seq_len: int, rng: np.random.Generator) -> InputSet:
     """``make_inputs`` in the shapes the model itself takes (its config's ``reshape``): what
-    a backend called directly, not through the runner, is given."""
+    a backend called directly, not through the runner, is given. A stateful model also gets
+    its control inputs (each row a sequence's first request: every control true) and zero
+    state inputs, as its worker would fill them."""
     batched = spec.max_batch_size > 0
-    return reshaping.arrays(
+    feeds = reshaping.arrays(
         make_inputs(spec, batch, seq_len, rng), reshaping.to_model(spec.inputs), batched
     )
+    rows = (batch,) if batched else ()
+    for control in spec.sequence.controls:
+        dtype = to_numpy_dtype(control.datatype)
+        feeds[control.name] = np.full((*rows, 1), control.true_value, dtype=dtype)
+    for state in spec.sequence.states:
+        feeds[state.input_name] = np.zeros((*rows, *state.dims), to_numpy_dtype(state.datatype))
+    return feeds
 
 
 _SUBJECTS = ("A man", "The woman", "A child", "The old dog", "Two engineers", "A tired cat")

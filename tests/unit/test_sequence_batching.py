@@ -246,3 +246,17 @@ def test_a_failed_start_still_restarts_the_state() -> None:
     b.add(after)
     b.decide()
     assert b.step(after).state is None
+
+
+def test_a_backend_called_directly_gets_the_control_and_state_inputs() -> None:
+    from plaza.loadgen.inputs import model_inputs
+
+    spec = ModelRepository(REPOSITORY).spec("accumulate")
+    feeds = model_inputs(spec, 3, 1, np.random.default_rng(0))
+    assert {n: a.shape for n, a in feeds.items()} == {
+        "INPUT": (3, 1),
+        "START": (3, 1),
+        "READY": (3, 1),
+        "SUM_IN": (3, 1),
+    }
+    assert feeds["START"].tolist() == [[1]] * 3 and not feeds["SUM_IN"].any()
