@@ -93,6 +93,13 @@ def loadgen_parser() -> argparse.ArgumentParser:
         help="where the model's config is read (input shapes); default PLAZA_REPOSITORY",
     )
     p.add_argument("--batch-size", type=int, default=1, help="rows per request")
+    p.add_argument(
+        "--sequence-length",
+        type=int,
+        default=20,
+        help="a stateful model's sequences: requests per sequence (perf_analyzer's default, "
+        "20); each concurrent client runs one sequence at a time",
+    )
     p.add_argument("--seq-len", type=int, default=16, help="size of -1 dims (minilm: pad length)")
     p.add_argument("--window-s", type=float, default=2.0)
     p.add_argument("--warmup-s", type=float, default=1.0)
@@ -150,14 +157,14 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if spec.sequence.enabled:
-        print(
-            f"error: {args.model} is a stateful model (sequence_batching): plaza loadgen sends "
-            "no sequences; drive it with perf_analyzer's --sequence-length (SEQ_LEN=10 "
-            f"scripts/profile_perf_analyzer.sh {args.model} http 8)",
-            file=sys.stderr,
-        )
+    if args.sequence_length < 1:
+        print("error: --sequence-length must be at least 1", file=sys.stderr)
         return 2
+    if spec.sequence.enabled and args.batch_size != 1:
+        print(f"error: {args.model} is a stateful model: one row a request", file=sys.stderr)
+        return 2
+    # a stateful model's load is sequences: each concurrent client runs one at a time
+    sequence_length = args.sequence_length if spec.sequence.enabled else 0
     pool = input_pool(spec, rows=args.batch_size, seq_len=args.seq_len, seed=args.seed)
     settings = kafka_settings(args) if "kafka" in kinds else None
     conns = int(max((ld.value for ld in loads), default=1)) if not args.request_rate else 1024
@@ -170,6 +177,7 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
             settings=settings,
             max_connections=max(1, min(conns, 1024)),
             timeout_s=args.timeout_s,
+            sequence_length=sequence_length,
         )
         for k in kinds
     ]

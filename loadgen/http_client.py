@@ -36,19 +36,29 @@ def _header(name: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
 
 
 def json_request(
-    inputs: Mapping[str, np.ndarray[Any, Any]], *, binary_output: bool = False
+    inputs: Mapping[str, np.ndarray[Any, Any]],
+    *,
+    binary_output: bool = False,
+    parameters: Mapping[str, Any] | None = None,
 ) -> EncodedRequest:
-    """A KServe v2 JSON body: every input's values as a flat ``data`` list."""
+    """A KServe v2 JSON body: every input's values as a flat ``data`` list (``parameters``:
+    the request's own, such as a sequence's)."""
     doc: dict[str, Any] = {
         "inputs": [{**_header(n, a), "data": a.reshape(-1).tolist()} for n, a in inputs.items()]
     }
+    params = dict(parameters or {})
     if binary_output:
-        doc["parameters"] = {"binary_data_output": True}
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
     return EncodedRequest(orjson.dumps(doc), dict(JSON_HEADERS))
 
 
 def binary_request(
-    inputs: Mapping[str, np.ndarray[Any, Any]], *, binary_output: bool = True
+    inputs: Mapping[str, np.ndarray[Any, Any]],
+    *,
+    binary_output: bool = True,
+    parameters: Mapping[str, Any] | None = None,
 ) -> EncodedRequest:
     """Triton's binary tensor extension: JSON header + raw tensor bytes, in input order."""
     blobs = [
@@ -59,7 +69,7 @@ def binary_request(
             {**_header(n, a), "parameters": {"binary_data_size": len(b)}}
             for (n, a), b in zip(inputs.items(), blobs, strict=True)
         ],
-        "parameters": {"binary_data_output": binary_output},
+        "parameters": {**(parameters or {}), "binary_data_output": binary_output},
     }
     header = orjson.dumps(doc)
     headers = {

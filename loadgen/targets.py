@@ -25,6 +25,7 @@ from plaza.loadgen.http_client import (
     response_header,
 )
 from plaza.loadgen.inputs import InputSet
+from plaza.loadgen.sequences import SequenceSteps
 from plaza.loadgen.summary import ServerSplit
 from plaza.settings import PlazaSettings
 
@@ -70,7 +71,9 @@ class Target(Protocol):
 
 
 class HttpTarget:
-    """POST ``{url}/v2/models/{model}/infer`` with pre-encoded bodies."""
+    """POST ``{url}/v2/models/{model}/infer`` with pre-encoded bodies (a stateful model's,
+    with ``sequence_length``: encoded per request, since each names its place in a
+    sequence)."""
 
     def __init__(
         self,
@@ -83,13 +86,17 @@ class HttpTarget:
         max_connections: int = 256,
         timeout_s: float = 30.0,
         label: str = "",
+        sequence_length: int = 0,
     ) -> None:
         base = f"{url.rstrip('/')}/v2/models/{model}"
         self._base = base
         self._infer_url = f"{base}/versions/{version}/infer" if version else f"{base}/infer"
-        encode = binary_request if binary else json_request
-        self._bodies: list[EncodedRequest] = [encode(inputs) for inputs in pool]
-        self._next = itertools.cycle(range(len(self._bodies)))
+        self._encode = binary_request if binary else json_request
+        self._pool = list(pool)
+        self._sequences = SequenceSteps(sequence_length) if sequence_length else None
+        encoded = [] if self._sequences else [self._encode(inputs) for inputs in pool]
+        self._bodies: list[EncodedRequest] = encoded
+        self._next = itertools.cycle(range(len(self._pool)))
         self._max_connections = max_connections
         self._timeout_s = timeout_s
         self._transport: HttpTransport | None = None
@@ -103,8 +110,15 @@ class HttpTarget:
         self._stats_transport = open_transport(1, 5.0)
 
     async def send(self) -> Outcome:
+        if self._sequences is None:
+            return await self._post(self._bodies[next(self._next)])
+        slot, params = self._sequences.take()
+        outcome = await self._post(self._encode(self._pool[next(self._next)], parameters=params))
+        self._sequences.give_back(slot, outcome.ok)
+        return outcome
+
+    async def _post(self, req: EncodedRequest) -> Outcome:
         assert self._transport is not None, "start() first"
-        req = self._bodies[next(self._next)]
         try:
             resp = await self._transport.post(self._infer_url, req.body, req.headers)
         except Exception as exc:  # connection refused, reset, timeout: an error sample
@@ -150,7 +164,9 @@ class KafkaTarget:
         *,
         timeout_s: float = 30.0,
         label: str = "kafka",
+        sequence_length: int = 0,
     ) -> None:
+        self._sequences = SequenceSteps(sequence_length) if sequence_length else None
         self._settings = settings
         self._model = model
         self._pool = list(pool)
@@ -172,9 +188,20 @@ class KafkaTarget:
     async def send(self) -> Outcome:
         assert self._client is not None, "start() first"
         inputs = self._pool[next(self._next)]
+        slot, params = self._sequences.take() if self._sequences else (None, None)
+        outcome = await self._infer(inputs, params)
+        if self._sequences is not None and slot is not None:
+            self._sequences.give_back(slot, outcome.ok)
+        return outcome
+
+    async def _infer(self, inputs: InputSet, params: dict[str, Any] | None) -> Outcome:
         try:
             result = await self._client.infer(
-                self._model, inputs, timeout_s=self._timeout_s, raise_on_error=False
+                self._model,
+                inputs,
+                timeout_s=self._timeout_s,
+                raise_on_error=False,
+                parameters=params,
             )
         except Exception as exc:  # Unavailable, DeadlineExceeded
             return Outcome(False, error=f"{type(exc).__name__}: {exc}")
@@ -282,10 +309,18 @@ def make_target(
     settings: PlazaSettings | None = None,
     max_connections: int = 256,
     timeout_s: float = 30.0,
+    sequence_length: int = 0,
 ) -> Target:
-    """A target of ``kind`` for ``model``."""
+    """A target of ``kind`` for ``model`` (``sequence_length``: a stateful model's, each
+    concurrent client running sequences of that many requests)."""
     if kind == "kafka":
-        return KafkaTarget(settings or PlazaSettings(), model, pool, timeout_s=timeout_s)
+        return KafkaTarget(
+            settings or PlazaSettings(),
+            model,
+            pool,
+            timeout_s=timeout_s,
+            sequence_length=sequence_length,
+        )
     if kind not in ("http-json", "http-binary"):
         raise ValueError(f"unknown target {kind!r} (one of {', '.join(TARGET_KINDS)})")
     return HttpTarget(
@@ -295,4 +330,5 @@ def make_target(
         binary=kind == "http-binary",
         max_connections=max_connections,
         timeout_s=timeout_s,
+        sequence_length=sequence_length,
     )

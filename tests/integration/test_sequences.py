@@ -18,6 +18,10 @@ import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
 from plaza.client import PlazaClient
+from plaza.loadgen.inputs import input_pool
+from plaza.loadgen.measure import Load, WindowConfig, measure
+from plaza.loadgen.targets import make_target
+from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 from tests.support import REPOSITORY, gateway_fronts, running_worker
 
@@ -179,3 +183,25 @@ async def test_a_stateful_model_warms_up_as_a_sequence_of_one(
         x = {"INPUT": np.array([[3]], np.int32)}
         first = await client.infer("accumulate", x, parameters=params)
     assert int(first.outputs[0].to_numpy()[0, 0]) == 3
+
+
+@pytest.mark.parametrize("kind", ["kafka", "http-json", "http-binary"])
+async def test_loadgen_drives_a_stateful_model_with_sequences(
+    settings: PlazaSettings, kind: str
+) -> None:
+    """plaza loadgen's targets on accumulate: each concurrent client runs sequences of five
+    requests, one request in flight per sequence, and none is refused (a request sent out of
+    its sequence's order, or without its flags, would be)."""
+    spec = ModelRepository(REPOSITORY).spec("accumulate")
+    pool = input_pool(spec)
+    cfg = WindowConfig(window_s=1.0, warmup_s=0.3, stable_count=1, max_windows=1)
+    async with running_worker(settings, "accumulate"), gateway_fronts(settings) as gw:
+        target = make_target(
+            kind, "accumulate", pool, url=gw.http_url, settings=settings, sequence_length=5
+        )
+        await target.start()
+        try:
+            point = await measure(target, Load("concurrency", 4), cfg)
+        finally:
+            await target.stop()
+    assert point.completed > 10 and point.errors == 0, point.error_examples

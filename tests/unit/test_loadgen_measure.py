@@ -164,8 +164,33 @@ def test_plaza_loadgen_rejects_an_unknown_target(capsys: pytest.CaptureFixture[s
     assert "unknown target" in capsys.readouterr().err
 
 
-def test_plaza_loadgen_refuses_a_stateful_model(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_stateful_models_load_is_one_row_sequences(capsys: pytest.CaptureFixture[str]) -> None:
     from plaza.cli.main import main
 
-    assert main(["loadgen", "-m", "accumulate", "--target", "kafka"]) == 2
-    assert "--sequence-length" in capsys.readouterr().err
+    assert main(["loadgen", "-m", "accumulate", "--target", "kafka", "--batch-size", "2"]) == 2
+    assert "one row a request" in capsys.readouterr().err
+    assert main(["loadgen", "-m", "accumulate", "--sequence-length", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
+
+
+def test_sequence_steps_run_each_sequence_in_order_one_request_at_a_time() -> None:
+    from plaza.loadgen.sequences import SequenceSteps
+
+    steps = SequenceSteps(3, seed=1)
+    a, pa = steps.take()
+    b, pb = steps.take()  # a is in flight: a second sequence
+    assert pa["sequence_id"] != pb["sequence_id"]
+    assert (pa["sequence_start"], pa["sequence_end"]) == (True, False)
+    steps.give_back(a, ok=True)
+    again, p2 = steps.take()
+    assert again is a and p2 == {**pa, "sequence_start": False}
+    steps.give_back(a, ok=True)
+    _, p3 = steps.take()
+    assert (p3["sequence_id"], p3["sequence_end"]) == (pa["sequence_id"], True)
+    steps.give_back(a, ok=True)  # its END: the slot starts a new sequence
+    _, p4 = steps.take()
+    assert p4["sequence_start"] and p4["sequence_id"] not in (pa["sequence_id"], pb["sequence_id"])
+    steps.give_back(b, ok=False)  # a failure ends b's sequence too
+    _, p5 = steps.take()
+    assert p5["sequence_start"] and p5["sequence_id"] != pb["sequence_id"]
+    assert steps.started == 4
