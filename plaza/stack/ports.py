@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 
 from plaza.stack.errors import ServiceError
 
@@ -11,14 +13,31 @@ HOST = "127.0.0.1"
 """Every service and Plaza process of the stack listens on loopback only."""
 
 
+LOWEST = 10_000
+"""Ports picked at random start here (the well-known and dev services' ports lie below)."""
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(preferred: int | None = None, count: int = 1) -> int:
     """First port of ``count`` consecutive free TCP ports on 127.0.0.1.
 
-    ``preferred`` when that whole block is free, else a block starting at a port the OS
-    hands out. Free means bindable with SO_REUSEADDR, as the servers bind.
+    ``preferred`` when that whole block is free, else a block picked at random below the
+    kernel's ephemeral range: the kernel never gives those ports to outgoing connections, so
+    a block found free stays free while a service starts (a Kafka node takes seconds, and
+    the clients around it open connections meanwhile; a block inside the range once lost a
+    port to one, and the node failed to bind). Where the range leaves no room below it, a
+    block starting at a port the OS hands out. Free means bindable with SO_REUSEADDR, as
+    the servers bind.
     """
     if preferred is not None and ports_free(preferred, count):
         return preferred
+    low = ephemeral_low()
+    picker = random.Random()
+    if low - count > LOWEST:
+        for _ in range(200):
+            start = picker.randrange(LOWEST, low - count)
+            if ports_free(start, count):
+                return start
     for _ in range(200):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((HOST, 0))
@@ -26,6 +45,14 @@ def free_port(preferred: int | None = None, count: int = 1) -> int:
         if start + count <= 65535 and ports_free(start, count):
             return start
     raise ServiceError(f"found no block of {count} free ports on {HOST}")
+
+
+def ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's default, 32768, elsewhere)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def ports_free(start: int, count: int = 1) -> bool:

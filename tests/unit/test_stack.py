@@ -126,3 +126,17 @@ async def test_wait_for_names_what_it_waited_for() -> None:
         await wait_for(lambda: False, 0.05, "the impossible", lambda: "some detail")
     assert "some detail" in str(caught.value)
     assert isinstance(caught.value, TimeoutError)
+
+
+def test_free_ports_come_from_below_the_ephemeral_range() -> None:
+    """A block no outgoing connection can take while its service starts; a preferred block
+    that is free is used as it is."""
+    from plaza.stack.ports import LOWEST, ephemeral_low, free_port, ports_free
+
+    low = ephemeral_low()
+    for count in (1, 6):
+        start = free_port(count=count)
+        assert ports_free(start, count)
+        if low - count > LOWEST:
+            assert start >= LOWEST and start + count <= low
+    assert free_port(preferred=start, count=6) == start
