@@ -86,25 +86,20 @@ class GatewayService:
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
         self.metrics = GatewayMetrics()
         self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
-        several = (
-            f"gateway.workers is {settings.gateway.workers}: each process would hold its own"
-            if settings.gateway.workers > 1
-            else ""
-        )
-        self.tracer = Tracer(
-            settings.gateway.trace_dir, refusal=several and f"trace settings: {several}"
-        )
         """Triton's logging extension (``plaza.log_settings``): the deployment's settings."""
         gw = settings.gateway
+        # Shared memory regions and trace settings live in one process: with several
+        # gateway processes a client's next call may reach another, so both are refused.
+        several = (
+            f"gateway.workers is {gw.workers}: each process would hold its own"
+            if gw.workers > 1
+            else ""
+        )
+        self.tracer = Tracer(gw.trace_dir, refusal=several and f"trace settings: {several}")
         self.shm = SharedMemoryRegions(
             allowed=gw.allow_client_shm,
             max_regions=gw.max_shm_regions,
-            refusal=(
-                f"client shared memory needs one gateway process (gateway.workers is "
-                f"{gw.workers}): each process would hold its own regions"
-                if gw.workers > 1
-                else ""
-            ),
+            refusal=several and f"client shared memory needs one gateway process ({several})",
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -274,7 +269,7 @@ class GatewayService:
         spec = self.model(req.model, req.version).spec
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
         traced = self.tracer.sample(req.model)  # Triton's trace extension (gateway/tracing.py)
-        started_ns = time.time_ns()
+        started_ns = time.time_ns() if traced else 0
         if traced:
             req = msgspec.structs.replace(req, trace=True)
         result = await self._require(self._producer).infer(req, spec, wait_s)
