@@ -1,5 +1,6 @@
 #!/bin/bash
 # CPU per request of a worker and a gateway under load, and (PROF=1) their cProfile profiles.
+# Prints the requests and batches (executions) served while measured, and the worker's CPU.
 #
 #   scripts/profile_stack.sh MODEL TARGET CONCURRENCY [SPINNING]
 #   PROF=1 scripts/profile_stack.sh identity kafka 64
@@ -30,17 +31,19 @@ $SERVER_PY $WP -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log
 $SERVER_PY $GP -m plaza.cli.main gateway > "$O/gateway.log" 2>&1 & G=$!
 trap 'kill -TERM $W 2>/dev/null; kill -INT $G 2>/dev/null' EXIT
 sleep 12
-count() { curl -s "http://127.0.0.1:18100/v2/models/$MODEL/stats" | .venv/bin/python -c \
-  "import json,sys; print(json.load(sys.stdin)['model_stats'][0]['inference_stats']['success']['count'])"; }
+stat() { curl -s "http://127.0.0.1:18100/v2/models/$MODEL/stats" | .venv/bin/python -c \
+  "import json,sys; print(json.load(sys.stdin)['model_stats'][0]$1)"; }
+count() { stat "['inference_stats']['success']['count']"; }
+runs() { stat "['execution_count']"; }
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 load() { .venv/bin/python -m plaza.cli.main loadgen -m "$MODEL" --target "$TARGET" \
   --url http://127.0.0.1:18100 --concurrency "$C" --no-progress --no-plot "$@"; }
 load --window-s 1 --warmup-s 1 --max-windows 2 > /dev/null 2>&1
-w0=$(cpu $W); g0=$(cpu $G); n0=$(count)
+w0=$(cpu $W); g0=$(cpu $G); n0=$(count); b0=$(runs)
 load --window-s 2 --warmup-s 0.5 --max-windows 4 --out "$O/load" > "$O/load.txt" 2>&1
-w1=$(cpu $W); g1=$(cpu $G); n1=$(count)
-n=$((n1 - n0))
-echo "requests $n worker_us_per_req $(( (w1-w0)*10000 / (n>0?n:1) )) gateway_us_per_req $(( (g1-g0)*10000 / (n>0?n:1) ))" | tee "$O/cpu.txt"
+w1=$(cpu $W); g1=$(cpu $G); n1=$(count); b1=$(runs)
+n=$((n1 - n0)); b=$((b1 - b0))
+echo "requests $n batches $b worker_cpu_ms $(( (w1-w0)*10 )) worker_us_per_req $(( (w1-w0)*10000 / (n>0?n:1) )) gateway_us_per_req $(( (g1-g0)*10000 / (n>0?n:1) ))" | tee "$O/cpu.txt"
 grep -E "^(kafka|http)" "$O/load.txt"
 kill -TERM $W; kill -INT $G; wait
 trap - EXIT
