@@ -184,6 +184,13 @@ class Names:
         """Whether ``name`` is a stream a worker may write a request's answer to."""
         return any(name.startswith(p) and len(name) > len(p) for p in self.reply_stream_prefixes())
 
+    def sequence_state_key(self, model: str, sequence_id: int | str) -> str:
+        """A stateful model's sequence: its implicit state after its last answered request,
+        kept while it runs, so that the next owner of its partition goes on from there
+        (``workers/sequences.py``). An integer id and a string id are different sequences."""
+        kind = "i" if isinstance(sequence_id, int) else "s"
+        return f"{self.key_prefix}sequence:{check_model_name(model)}:{kind}:{sequence_id}"
+
     def delivery_key(self, topic: str, partition: int, offset: int) -> str:
         """Counts how often one Kafka record was delivered to a worker without an answer
         (a record that crashes every worker that takes it is dead-lettered past a limit)."""

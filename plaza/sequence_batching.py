@@ -15,7 +15,9 @@ sends them all to one partition, ``plaza.producer``), and this batcher keeps the
 - A request whose sequence has not started (no START came, or its END ran, or it was idle
   past ``max_sequence_idle_microseconds`` and released) is refused; so is a new sequence
   beyond ``max_candidate_sequences`` (``queue_full``). Both are clear errors, where serving
-  them would give the model a state that is not theirs.
+  them would give the model a state that is not theirs. A sequence that ran on another
+  worker (its partition moved here) is taken up with the state it left there (``resume``:
+  the worker reads it from Redis first, ``workers/sequences.py``).
 - ``oldest.max_queue_delay_microseconds`` lets a batch wait that long after its oldest
   request for more sequences to fill it (0: run at once).
 """
@@ -124,17 +126,20 @@ class SequenceBatcher(Generic[T]):
         if seq is None:
             if not flags.start:
                 raise _not_started(flags.key)
-            if len(self._sequences) >= self.policy.max_sequences:
-                raise QueueFull(
-                    f"{self.policy.max_sequences} sequences are active on this worker "
-                    "(sequence_batching.oldest.max_candidate_sequences); end one first"
-                )
+            self._check_room()
             seq = self._sequences[flags.key] = _Sequence(flags.key, item)
         seq.origin = item
         seq.last = now
         since = now if arrival is None else min(arrival, now)
         seq.queue.append(_Queued(item, flags, since, deadline))
         self._count += 1
+
+    def _check_room(self) -> None:
+        if len(self._sequences) >= self.policy.max_sequences:
+            raise QueueFull(
+                f"{self.policy.max_sequences} sequences are active on this worker "
+                "(sequence_batching.oldest.max_candidate_sequences); end one first"
+            )
 
     def __len__(self) -> int:
         """Requests waiting (not handed out)."""
@@ -224,6 +229,20 @@ class SequenceBatcher(Generic[T]):
         """When to look again with nothing to run: the next sweep while sequences are held
         (their idle time runs out without any arrival)."""
         return max(self._next_sweep, now) if self._sequences else None
+
+    def holds(self, key: SequenceKey) -> bool:
+        """Whether a sequence of this id is held here (started, not released)."""
+        return key in self._sequences
+
+    def resume(self, key: SequenceKey, state: State, item: T) -> None:
+        """Take up a sequence that ran elsewhere (its partition was another worker's), with
+        the state it left, ``item`` its request that asked for it; QueueFull past
+        ``max_sequences``. A sequence held here already is left as it is."""
+        if key in self._sequences:
+            return
+        self._check_room()
+        seq = self._sequences[key] = _Sequence(key, item, state=state)
+        seq.last = self._clock()
 
     # -- running ---------------------------------------------------------------------------
     def step(self, item: T) -> Step:

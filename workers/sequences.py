@@ -7,11 +7,24 @@ inputs, from what the sequence's previous request left) and asks for the state o
 After it ran, ``complete`` takes the state outputs out of each answer, keeps them for the
 sequence's next request, and lets that request become a candidate (``finish``). A request
 that was not run is let go (``release``) so its sequence goes on.
+
+The state also goes to Redis, with each answer (``StateWrite``; the result writer keeps it
+only where the answer is the first written, in the same script call): under the sequence's
+key (``Names.sequence_state_key``) the state after its last answered request and when it
+was made, and nothing after its END. A request of a sequence this worker does not hold, and
+that does not start one, is one whose partition moved here (a rebalance, a worker that
+stopped or crashed): the worker reads that state (``needs_state``, ``resume``) and the
+sequence goes on where its answers left it, unless the request was sent more than the
+model's idle time after the state was made (the sequence went idle). A replay of an answered
+request writes no answer, so no state either, and a request whose answer was never written
+runs again on the state before it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,20 +32,70 @@ import msgspec
 import numpy as np
 
 from plaza.contract import InferResult
-from plaza.datatypes import to_numpy_dtype
+from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
+from plaza.errors import PlazaError
 from plaza.modelconfig import ModelSpec
-from plaza.sequence_batching import SequenceBatcher, SequenceFlags, State, Step, sequence_flags
+from plaza.naming import Names
+from plaza.sequence_batching import (
+    SequenceBatcher,
+    SequenceFlags,
+    SequenceKey,
+    State,
+    Step,
+    sequence_flags,
+)
 from plaza.sequence_config import CORRID, END, READY, START, SequenceControl
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
+from plaza.workers.writer import StateWrite
+
+
+class _Kept(msgspec.Struct, array_like=True):
+    """A state as Redis keeps it."""
+
+    at: float
+    """When it was made (Unix time, the worker's clock): when its request ran."""
+    tensors: dict[str, tuple[str, list[int], bytes]]
+    """Each state input's datatype, shape and bytes."""
+
+
+_KEPT = msgspec.msgpack.Decoder(_Kept)
+
+
+def encode_state(state: State | None, at: float) -> bytes:
+    """A sequence's state as Redis keeps it, made at ``at`` (None, the zeros of a START:
+    no tensors)."""
+    tensors = {
+        name: (from_numpy_dtype(a.dtype), list(a.shape), np.ascontiguousarray(a).tobytes())
+        for name, a in (state or {}).items()
+    }
+    return msgspec.msgpack.encode(_Kept(at, tensors))
+
+
+def decode_state(data: bytes) -> tuple[State, float]:
+    """``encode_state``'s bytes back: the state (empty: zeros next) and when it was made."""
+    kept = _KEPT.decode(data)
+    state = {
+        name: np.frombuffer(raw, dtype=to_numpy_dtype(datatype)).reshape(shape).copy()
+        for name, (datatype, shape, raw) in kept.tensors.items()
+    }
+    return state, kept.at
 
 
 class SequenceRuns:
     """The sequences of one stateful model on one worker."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, names: Names, keep_s: int) -> None:
+        """``keep_s``: how long a kept state outlives the idle time (``redis.result_ttl_s``,
+        as long as the answers are kept)."""
         self.spec = spec
+        self.names = names
         self.config = spec.sequence
+        self.idle_s = spec.sequence.max_idle_us / 1e6
+        self.state_ttl_ms = math.ceil(spec.sequence.max_idle_us / 1000) + keep_s * 1000
+        """A kept state outlives the idle time: a crashed worker's next owner may start
+        late, and whether the sequence went idle is judged by when its next request was
+        sent (``resume``), not by how long it waited in Kafka."""
         self.batcher: SequenceBatcher[WorkItem] = SequenceBatcher(
             spec.sequence, spec.max_batch_size, self._flags
         )
@@ -90,13 +153,19 @@ class SequenceRuns:
 
     def complete(
         self, batch: Sequence[WorkItem], results: Sequence[InferResult]
-    ) -> list[InferResult]:
-        """The answers without the state outputs, whose values each sequence keeps."""
+    ) -> tuple[list[InferResult], list[StateWrite]]:
+        """The answers without the state outputs, whose values each sequence keeps; and
+        the states to write to Redis with them (``answers[w.index]`` for each)."""
         answers: list[InferResult] = []
+        writes: list[StateWrite] = []
+        now = time.time()
         for item, result in zip(batch, results, strict=True):
+            step = self.batcher.step(item)
             if result.error is not None:
                 self.batcher.finish(item, None)
                 answers.append(result)
+                if step.start or step.end:  # a failed START: zeros next; an END ends anyway
+                    writes.append(self._write(len(answers) - 1, step, None, now))
                 continue
             state: State = {}
             kept: list[Tensor] = []
@@ -109,7 +178,46 @@ class SequenceRuns:
                 state[name] = array[0] if self._batched else array
             self.batcher.finish(item, state)
             answers.append(msgspec.structs.replace(result, outputs=tuple(kept)))
-        return answers
+            writes.append(self._write(len(answers) - 1, step, state, now))
+        return answers, writes
+
+    def _write(self, index: int, step: Step, state: State | None, now: float) -> StateWrite:
+        kept = None if step.end else encode_state(state, now)
+        key = self.state_key(step.key)
+        return StateWrite(index, key, kept, self.state_ttl_ms)
+
+    def key_of(self, item: WorkItem) -> SequenceKey | None:
+        """``item``'s sequence id; None where its parameters name none (the batcher refuses
+        it with the reason)."""
+        try:
+            return self._flags(item).key
+        except PlazaError:
+            return None
+
+    def needs_state(self, item: WorkItem) -> SequenceKey | None:
+        """The id of ``item``'s sequence when this worker does not hold it and ``item`` does
+        not start it: its state is to be read from Redis (``resume``). None otherwise."""
+        try:
+            flags = self._flags(item)
+        except PlazaError:
+            return None
+        return None if flags.start or self.batcher.holds(flags.key) else flags.key
+
+    def state_key(self, key: SequenceKey) -> str:
+        """Where Redis keeps the state of sequence ``key``."""
+        return self.names.sequence_state_key(self.spec.name, key)
+
+    def resume(self, key: SequenceKey, stored: bytes, item: WorkItem, sent: float) -> bool:
+        """Take sequence ``key`` up with the state Redis kept for it; ``item`` is its request
+        that asked, sent at ``sent`` (Unix time). False, and not taken up, when that request
+        was sent more than the idle time after the state was made: the sequence went idle
+        (this compares the producer's clock with the workers'). QueueFull past
+        ``max_candidate_sequences``."""
+        state, made = decode_state(stored)
+        if sent - made > self.idle_s:
+            return False
+        self.batcher.resume(key, state, item)
+        return True
 
     def release(self, items: Sequence[WorkItem]) -> None:
         """These were handed out and will not run: their sequences go on."""

@@ -57,6 +57,7 @@ from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
+from plaza.sequence_batching import SequenceKey
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.workers import classification, warmup
@@ -72,13 +73,15 @@ from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.runner import BatchRunner, WorkItem, error_result
 from plaza.workers.sequences import SequenceRuns
-from plaza.workers.writer import ResultWriter
+from plaza.workers.writer import ResultWriter, StateWrite
 
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 RecordKey = tuple[TopicPartition, int]
 Record: TypeAlias = ConsumerRecord[Any, Any]
+Deferred = tuple[WorkItem, int, Record, float | None, float | None]
+"""A request that waits for its sequence's state: ``_queue``'s arguments but ``done``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,8 @@ class Completed:
     records: list[tuple[TopicPartition, int]] = field(default_factory=list)
     in_flight: int = 0
     """How many of them the scheduler counted as in flight."""
+    states: list[StateWrite] = field(default_factory=list)
+    """A stateful model's sequences' states, written with their answers."""
 
 
 class Worker:
@@ -161,6 +166,10 @@ class Worker:
         self._record_bytes = 0.0
         """Running mean record size: how many records the byte budget has room for."""
         self._suspects: deque[Suspect] = deque()
+        self._deferred: list[Deferred] = []
+        """This fetch's requests of sequences not held here, waiting for their states."""
+        self._deferred_keys: dict[SequenceKey, tuple[WorkItem, float]] = {}
+        """Those sequences, each with its first request and when that was sent."""
         self._moved: set[TopicPartition] = set()
         """Partitions revoked since the last fetch returned: the rest of that fetch is not
         ours (a new assignment fetches again from the committed offset)."""
@@ -201,7 +210,9 @@ class Worker:
         self._backends: dict[int, Backend] = self.runner.backends
         self.policy = BatchingPolicy.from_spec(self.spec)
         # A stateful model's sequences (sequence_batching) have a batcher of their own.
-        self.sequences = SequenceRuns(self.spec) if self.spec.sequence.enabled else None
+        keep_s = settings.redis.result_ttl_s
+        enabled = self.spec.sequence.enabled
+        self.sequences = SequenceRuns(self.spec, self.names, keep_s) if enabled else None
         self.batcher: Batcher[WorkItem] = (
             self.sequences.batcher if self.sequences is not None else DynamicBatcher(self.policy)
         )
@@ -414,6 +425,8 @@ class Worker:
         for (tp, record), deliveries, rid, hit in zip(records, counts, ids, answered, strict=True):
             looked_id = None if hit is None else rid
             await self._take(tp, record, deliveries, done, now_mono, now_wall, looked_id, hit)
+        if self._deferred:
+            await self._resume(done)
         if done.records:
             await self._results.put(done)
         self._arrived.set()
@@ -493,8 +506,14 @@ class Worker:
         done: Completed,
         now_mono: float | None = None,
         now_wall: float | None = None,
+        *,
+        defer: bool = True,
     ) -> None:
-        """Into the batcher, or, if delivered before, to the suspects that run alone."""
+        """Into the batcher, or, if delivered before, to the suspects that run alone; a
+        sequence's request that needs its sequence's state first, to ``_resume``."""
+        if self.sequences is not None and defer and self._defer(item, record):
+            self._deferred.append((item, deliveries, record, now_mono, now_wall))
+            return
         req, tp = item.request, item.partition
         if deliveries > 1:
             self._suspects.append(Suspect(item, record))
@@ -521,6 +540,71 @@ class Worker:
             self.metrics.count("rejected")
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
             done.records.append((tp, item.offset))
+
+    def _defer(self, item: WorkItem, record: Record) -> bool:
+        """Whether ``item`` waits for its sequence's state: the sequence is not held here
+        and ``item`` does not start it, or a request before it in this fetch waits."""
+        seq = self.sequences
+        assert seq is not None
+        if self._deferred_keys and seq.key_of(item) in self._deferred_keys:
+            return True
+        key = seq.needs_state(item)
+        if key is None:
+            return False
+        sent_us = item.request.sent_us  # else the record's timestamp: when it was produced
+        self._deferred_keys[key] = (item, sent_us / 1e6 if sent_us > 0 else record.timestamp / 1e3)
+        return True
+
+    async def _resume(self, done: Completed) -> None:
+        """Take up the sequences this fetch's deferred requests belong to, with the states
+        Redis keeps for them (``workers/sequences.py``), then queue those requests in their
+        order. Where Redis keeps none (the sequence never started, or ended), or one made
+        more than the idle time before the request was sent, the batcher refuses them as
+        not started, as before."""
+        seq = self.sequences
+        assert seq is not None
+        deferred, self._deferred = self._deferred, []
+        firsts, self._deferred_keys = self._deferred_keys, {}
+        stored = await self._read_states([seq.state_key(key) for key in firsts])
+        refused: dict[SequenceKey, PlazaError] = {}
+        for (key, (first, sent)), data in zip(firsts.items(), stored, strict=True):
+            if data is None:
+                continue
+            try:
+                seq.resume(key, data, first, sent)
+            except QueueFull as exc:
+                refused[key] = exc
+            except Exception as exc:  # not a state this worker wrote: the sequence is lost
+                log.warning("%s: sequence %r's kept state is unreadable: %s", self.id, key, exc)
+        for item, deliveries, record, now_mono, now_wall in deferred:
+            if item.partition in self._moved:
+                continue  # revoked while the states were read: the next owner replays it
+            item_key = seq.key_of(item)
+            err = None if item_key is None else refused.get(item_key)
+            if err is None:
+                self._queue(item, deliveries, record, done, now_mono, now_wall, defer=False)
+                continue
+            self.metrics.count("rejected")
+            req = item.request
+            done.answers.append((error_result(req, err, worker=self.id), req.reply.stream))
+            done.records.append((item.partition, item.offset))
+
+    async def _read_states(self, keys: list[str]) -> list[bytes | None]:
+        """The sequence states Redis keeps under ``keys``, read again until Redis answers
+        (the writer waits for it too): a sequence is not refused for a moment's outage."""
+        delay = 0.05
+        while True:
+            try:
+                pipe = self.redis.pipeline(transaction=False)  # one key per command: clusters
+                for key in keys:
+                    pipe.get(key)
+                return list(await pipe.execute())
+            except Exception as exc:
+                if self._stopping.is_set():
+                    raise
+                log.warning("reading %d sequence states failed (%s); retrying", len(keys), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     def _topic_level(self, topic: str) -> int:
         """``names.topic_level`` of one of our request topics, remembered (asked per record)."""
@@ -653,8 +737,9 @@ class Worker:
             raise
         finally:
             self.device.finish(grant, time.monotonic() - started)
+        states: list[StateWrite] = []
         if seq is not None:
-            results = seq.complete(batch, results)
+            results, states = seq.complete(batch, results)
             self._arrived.set()  # the sequences' next requests may run now
         await self._results.put(
             Completed(
@@ -663,6 +748,7 @@ class Worker:
                 ],
                 records=[(it.partition, it.offset) for it in batch],
                 in_flight=len(batch),
+                states=states,
             )
         )
 
@@ -721,7 +807,7 @@ class Worker:
         while True:
             done = await self._results.get()
             try:
-                written = await self.writer.write_until_done(done.answers)
+                written = await self.writer.write_until_done(done.answers, states=done.states)
                 self.metrics.answered(done.answers)
                 self.metrics.count("written", written)
                 self.metrics.count("duplicate", len(done.answers) - written)

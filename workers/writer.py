@@ -14,6 +14,13 @@ that cannot take an entry (a key of another type at that name) loses only its ow
 never a batch-mate's. Every XADD also (re)sets the stream's idle expiry, so a stream whose
 reader went away, and that late results recreate, still expires.
 
+A stateful model's answers carry their sequence's state (``StateWrite``): the state after
+the request, kept under the sequence's key, or the key dropped after its END. The script
+writes a state only where its answer's SET won, in the same call: the state Redis holds is
+always the one after the sequence's last answered request, so the next owner of the
+sequence's partition (after a rebalance or a crash) goes on from it, and a replay, which
+writes no answer, writes no state either (``workers/sequences.py``).
+
 On a Redis Cluster (``redis.cluster``) one script cannot span the result keys of many
 requests and their reply streams: they live in different hash slots. There the batch is
 written in two pipelined steps, each command touching one key: a claim script per result
@@ -25,7 +32,10 @@ write wins as before: a replay encodes a different payload (its own timings) and
 nothing. What the cluster loses is the atomicity of the two steps: a worker that dies
 between them leaves results stored (pollable) but not on their reply stream; and a write
 retried after a step failed midway (a node away) adds its results to the streams again,
-so a stream may then hold the same answer twice (byte for byte the same).
+so a stream may then hold the same answer twice (byte for byte the same). States go with
+the second step, for the claimed answers: a worker that dies between the steps leaves its
+sequences' states one request behind their answers, and the sequences' next owner runs
+their next requests on those (a sequence there must be started again after such a crash).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -45,20 +56,35 @@ from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
-# KEYS: n result keys, then the distinct streams.
+# KEYS: n result keys, the distinct streams, then m state keys.
 # ARGV: result ttl, maxlen, stream ttl, n, then per result: payload, stream index (0 = none;
-# 1-based into the streams). Returns {first writes, results lost to failed XADDs, error}.
+# 1-based into the streams); then (only where there are states) m, and per state: the
+# 1-based index of its result, the state ('' drops the key), its ttl in ms.
+# Returns {first writes, results lost to failed XADDs, error}.
 _WRITE_SCRIPT = """
 local ttl, maxlen, stream_ttl, n = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local per_stream = {}
+local per_stream, won = {}, {}
 local written = 0
 for i = 1, n do
   local payload, s = ARGV[3 + 2 * i], tonumber(ARGV[4 + 2 * i])
   if redis.call('SET', KEYS[i], payload, 'NX', 'EX', ttl) then
     written = written + 1
+    won[i] = true
     if s > 0 then
       per_stream[s] = per_stream[s] or {}
       table.insert(per_stream[s], payload)
+    end
+  end
+end
+local m = tonumber(ARGV[5 + 2 * n] or '0')
+for j = 1, m do
+  local at = 5 + 2 * n + 3 * (j - 1)
+  if won[tonumber(ARGV[at + 1])] then
+    local key, state = KEYS[#KEYS - m + j], ARGV[at + 2]
+    if state == '' then
+      redis.call('DEL', key)
+    else
+      redis.call('SET', key, state, 'PX', ARGV[at + 3])
     end
   end
 end
@@ -98,6 +124,20 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ''
 """
 _MAX_PER_CALL = 8192  # results per script call: Redis serves nothing else while one runs
+Results = Sequence[tuple[InferResult, str | None]]
+"""(result, reply stream) pairs; None: the result key alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    """A sequence's state to keep under ``key`` (``state``; None drops the key), written
+    with the answer at ``index`` of the same write, and only where that answer is the
+    first written for its request."""
+
+    index: int
+    key: str
+    state: bytes | None
+    ttl_ms: int
 
 
 class ResultWriter:
@@ -114,16 +154,23 @@ class ResultWriter:
         """Close the writer's own Redis connection (the client stays the caller's)."""
         await self._script.close()
 
-    async def write(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
-        """Write (result, reply stream) pairs; returns how many were first writes."""
+    async def write(self, results: Results, states: Sequence[StateWrite] = ()) -> int:
+        """Write (result, reply stream) pairs, and the sequences' ``states`` that go with
+        them; returns how many results were first writes."""
         written = 0
         for start in range(0, len(results), _MAX_PER_CALL):
-            written += await self._write_chunk(results[start : start + _MAX_PER_CALL])
+            end = start + _MAX_PER_CALL
+            chunk = [
+                StateWrite(w.index - start, w.key, w.state, w.ttl_ms)
+                for w in states
+                if start <= w.index < end
+            ]
+            written += await self._write_chunk(results[start:end], chunk)
         return written
 
-    async def _write_chunk(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+    async def _write_chunk(self, results: Results, states: Sequence[StateWrite] = ()) -> int:
         if self._cluster:
-            return await self._write_chunk_by_slot(results)
+            return await self._write_chunk_by_slot(results, states)
         streams: dict[str, int] = {}
         keys: list[str] = []
         args: list[bytes | int | str] = [
@@ -137,13 +184,20 @@ class ResultWriter:
             args.append(encode_result(result))
             args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
         keys.extend(streams)
+        if states:
+            args.append(len(states))
+            for w in states:
+                args += [w.index + 1, w.state or b"", w.ttl_ms]
+            keys.extend(w.key for w in states)
         written, lost, error = await self._script(keys, args)
         if lost:
             # Their result keys hold the answers (pollable); only the stream copy is gone.
             log.warning("%d results not added to their reply stream: %r", lost, error)
         return int(written)
 
-    async def _write_chunk_by_slot(self, results: Sequence[tuple[InferResult, str | None]]) -> int:
+    async def _write_chunk_by_slot(
+        self, results: Results, states: Sequence[StateWrite] = ()
+    ) -> int:
         """The cluster path: every command of it touches one key (see the module doc)."""
         ttl = self._settings.result_ttl_s
         payloads = [encode_result(result) for result, _ in results]
@@ -157,6 +211,15 @@ class ResultWriter:
                 per_stream.setdefault(stream, []).append(payload)
         if per_stream:
             await self._add_to_streams(per_stream)
+        kept = [w for w in states if won[w.index]]
+        if kept:
+            pipe = self._redis.pipeline(transaction=False)
+            for w in kept:
+                if w.state is None:
+                    pipe.delete(w.key)
+                else:
+                    pipe.set(w.key, w.state, px=w.ttl_ms)
+            await pipe.execute()
         return sum(1 for first in won if first)
 
     async def _add_to_streams(self, per_stream: dict[str, list[bytes]]) -> None:
@@ -174,13 +237,16 @@ class ResultWriter:
                 )
 
     async def write_until_done(
-        self, results: Sequence[tuple[InferResult, str | None]], stop: asyncio.Event | None = None
+        self,
+        results: Results,
+        stop: asyncio.Event | None = None,
+        states: Sequence[StateWrite] = (),
     ) -> int:
         """``write``, retried with backoff until Redis takes it (or ``stop`` is set)."""
         delay = 0.05
         while True:
             try:
-                return await self.write(results)
+                return await self.write(results, states)
             except Exception as exc:  # connection errors, LOADING while Redis replays its AOF
                 if stop is not None and stop.is_set():
                     raise

@@ -14,13 +14,14 @@ WORKER_ENV = {"PLAZA_WORKER__INTRA_OP_THREADS": "1", "PLAZA_WORKER__DEVICE": "cp
 
 
 class FaultProcesses(ProcessGroup):
-    """The test's workers (of the identity model) and gateways; all stopped afterwards."""
+    """The test's workers (of the identity model unless named) and gateways; all stopped
+    afterwards."""
 
-    def worker(self, deployment: Deployment, name: str) -> WorkerProcess:
-        """Start worker ``name``; its worker id is ``<prefix>-<name>``."""
+    def worker(self, deployment: Deployment, name: str, model: str = MODEL) -> WorkerProcess:
+        """Start worker ``name`` (of ``model``); its worker id is ``<prefix>-<name>``."""
         worker_id = f"{deployment.prefix}-{name}"
         proc = WorkerProcess(
-            deployment, MODEL, self.log_dir, name=name, worker_id=worker_id, env=WORKER_ENV
+            deployment, model, self.log_dir, name=name, worker_id=worker_id, env=WORKER_ENV
         )
         return self.start(proc)
 

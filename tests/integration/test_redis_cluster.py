@@ -28,7 +28,7 @@ from plaza.stack import RedisClusterNodes
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.runner import WorkItem
-from plaza.workers.writer import ResultWriter
+from plaza.workers.writer import ResultWriter, StateWrite
 from tests.integration.test_gateway_http import add_sub_json, http, outputs_by_name, poll_until
 from tests.support import REPOSITORY, make_settings, running_worker, wait_for
 
@@ -161,6 +161,27 @@ async def test_writer_first_write_wins_on_a_cluster(
     assert await writer.write(mixed) == 2
     assert int((await cluster_client.xrange(stream))[-1][1][b"n"]) == 1
     assert await cluster_client.exists(names.result_key(_result(names, 100).id)) == 1
+
+
+async def test_sequence_states_go_with_their_first_answers_on_a_cluster(
+    cluster_settings: PlazaSettings,
+    cluster_client: redis.asyncio.Redis,
+    redis_cluster: RedisClusterNodes,
+) -> None:
+    names = cluster_settings.names
+    writer = ResultWriter(cluster_client, cluster_settings.redis, names)
+    keys = [names.sequence_state_key("accumulate", i) for i in range(6)]
+    assert len(nodes_holding(redis_cluster, keys)) > 1  # states on several nodes
+    states = [StateWrite(i, key, f"after-{i}".encode(), 60_000) for i, key in enumerate(keys)]
+    assert await writer.write([(_result(names, 200 + i), None) for i in range(6)], states) == 6
+    assert [await cluster_client.get(k) for k in keys] == [f"after-{i}".encode() for i in range(6)]
+    # a replay of the first three (losing) and an END of the fourth (winning)
+    replay = [(_result(names, 200 + i, worker="w2"), None) for i in range(3)]
+    replay.append((_result(names, 300), None))
+    later = [StateWrite(i, keys[i], b"replayed", 60_000) for i in range(3)]
+    assert await writer.write(replay, [*later, StateWrite(3, keys[3], None, 60_000)]) == 1
+    assert await cluster_client.get(keys[0]) == b"after-0"
+    assert await cluster_client.exists(keys[3]) == 0
 
 
 async def test_delivery_counts_and_answered_check_on_a_cluster(

@@ -119,8 +119,7 @@ async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings
                 sums.append(int(result.outputs[0].to_numpy()[0, 0]))
             return sums
 
-        # Both members hold partitions before the sequences start: a rebalance during one
-        # would move its partition, and its state would not follow (docs/models.md).
+        # Both members hold partitions before the sequences start, so both serve some.
         partitions = settings.kafka.partitions
         for _ in range(300):
             held = [len(w.consumer.assignment()) for w in (first, second)]
@@ -130,6 +129,73 @@ async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings
         assert all(held) and sum(held) == partitions, held
         got = await asyncio.gather(*(run(k) for k in keys))
     assert got == [[1, 3, 6, 10, 15]] * len(keys)
+
+
+async def _step(client: PlazaClient, key: int | str, i: int, steps: int) -> tuple[int, str]:
+    """Request ``i`` (0-based) of a sequence of ``steps``, adding i + 1: its sum and the
+    worker that answered it."""
+    params = {"sequence_id": key, "sequence_start": i == 0, "sequence_end": i == steps - 1}
+    x = {"INPUT": np.array([[i + 1]], np.int32)}
+    result = await client.infer("accumulate", x, parameters=params)
+    return int(result.outputs[0].to_numpy()[0, 0]), result.worker
+
+
+Answers = dict[int | str, list[tuple[int, str]]]
+"""Each sequence's answers so far: (sum, worker that answered)."""
+
+
+async def _steps(client: PlazaClient, answers: Answers, steps: int, now: range) -> None:
+    """Steps ``now`` of every sequence in ``answers``, the sequences side by side."""
+
+    async def run(key: int | str) -> None:
+        for i in now:
+            answers[key].append(await _step(client, key, i, steps))
+
+    await asyncio.gather(*(run(key) for key in answers))
+
+
+async def test_a_sequence_goes_on_after_its_worker_stops(settings: PlazaSettings) -> None:
+    """A worker stops in the middle of its sequences; another starts and takes them up
+    where their answers left them: each answer carried its sequence's state to Redis."""
+    steps = 5
+    answers: Answers = {61: [], 62: [], "s-63": []}
+    async with PlazaClient(settings) as client:
+        async with running_worker(settings, "accumulate") as first:
+            await _steps(client, answers, steps, range(2))
+        async with running_worker(settings, "accumulate") as second:
+            await _steps(client, answers, steps, range(2, steps))
+            state_keys = [second.names.sequence_state_key("accumulate", k) for k in answers]
+            kept = await second.redis.exists(*state_keys)
+    assert [[total for total, _ in run] for run in answers.values()] == [[1, 3, 6, 10, 15]] * 3
+    by = [first.id] * 2 + [second.id] * 3
+    assert all([worker for _, worker in run] == by for run in answers.values())
+    assert kept == 0  # each END dropped its sequence's state
+
+
+async def test_sequences_go_on_when_a_second_worker_takes_their_partitions(
+    settings: PlazaSettings,
+) -> None:
+    """A second worker joins the group while sequences run on the first: the rebalance moves
+    some of their partitions, and those sequences go on on the newcomer, from the states
+    their answers on the first worker left."""
+    steps = 6
+    answers: Answers = {key: [] for key in (71, 72, 73, 74, "s-75", "s-76", "s-77", "s-78")}
+    async with (
+        running_worker(settings, "accumulate") as first,
+        PlazaClient(settings) as client,
+    ):
+        await _steps(client, answers, steps, range(2))
+        async with running_worker(settings, "accumulate") as second:
+            for _ in range(300):  # until the group has given the newcomer its share
+                if second.consumer.assignment():
+                    break
+                await asyncio.sleep(0.1)
+            await _steps(client, answers, steps, range(2, steps))
+    runs = list(answers.values())
+    assert [[total for total, _ in run] for run in runs] == [[1, 3, 6, 10, 15, 21]] * len(runs)
+    assert all(worker == first.id for run in runs for _, worker in run[:2])
+    moved = [run for run in runs if run[-1][1] == second.id]
+    assert moved, "no sequence moved to the second worker: the test would show nothing"
 
 
 async def test_a_stream_may_send_a_sequence_without_waiting(settings: PlazaSettings) -> None:

@@ -10,7 +10,7 @@ from plaza.contract import ErrorInfo, InferResult
 from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
-from plaza.workers.writer import ResultWriter
+from plaza.workers.writer import ResultWriter, StateWrite
 
 
 def ok(rid: str, value: float = 1.0) -> InferResult:
@@ -91,3 +91,25 @@ async def test_every_write_bounds_its_reply_stream(
         await writer.write([(ok(f"late-{i}"), stream)])
     assert 0 < await redis_client.ttl(stream) <= 77
     assert await redis_client.xlen(stream) <= 10 + 100  # MAXLEN ~ trims whole stream nodes
+
+
+async def test_a_sequences_state_goes_with_its_first_answer_only(
+    settings: PlazaSettings, redis_client: redis.asyncio.Redis
+) -> None:
+    """A stateful model's states (``StateWrite``) are written in the answers' script call,
+    each only where its answer is the first written: a replay's answer loses, and so does
+    the state it carries; an END drops the kept state."""
+    names = settings.names
+    writer = ResultWriter(redis_client, settings.redis, names)
+    seq_a, seq_b = names.sequence_state_key("m", 1), names.sequence_state_key("m", "b")
+    first = [(ok("s1"), None), (ok("t1"), None), (ok("plain"), None)]
+    states = [StateWrite(0, seq_a, b"after-s1", 60_000), StateWrite(1, seq_b, b"after-t1", 50)]
+    assert await writer.write(first, states) == 3
+    assert await redis_client.get(seq_a) == b"after-s1"
+    assert 0 < await redis_client.pttl(seq_b) <= 50  # the model's idle time
+    replay = [(ok("s1", 5.0), None), (ok("s2"), None)]
+    again = [StateWrite(0, seq_a, b"replayed", 60_000), StateWrite(1, seq_b, None, 60_000)]
+    assert await writer.write(replay, again) == 1
+    assert await redis_client.get(seq_a) == b"after-s1"  # s1's replay wrote no state
+    assert await redis_client.exists(seq_b) == 0  # s2 won, and it ended its sequence
+    assert await writer.write([(ok("s3"), None)]) == 1  # no states: the script as before

@@ -1,19 +1,26 @@
 """Sequence batching: the ``sequence_batching`` block as read (``plaza.sequence_config``),
-the request parameters (``sequence_flags``), and the sequence batcher on a fake clock."""
+the request parameters (``sequence_flags``), the sequence batcher on a fake clock, and the
+states the worker keeps in Redis for its sequences (``workers/sequences.py``)."""
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import ConfigError, InvalidInput, QueueFull
-from plaza.modelconfig import parse_model_config
+from plaza.modelconfig import ModelSpec, parse_model_config
+from plaza.naming import Names
 from plaza.repository import ModelRepository
 from plaza.sequence_batching import SequenceBatcher, SequenceFlags, sequence_flags
 from plaza.sequence_config import CORRID, READY, START, SequenceBatching
+from plaza.tensors import Tensor
+from plaza.workers.runner import WorkItem
+from plaza.workers.sequences import SequenceRuns, decode_state, encode_state
 from tests.support import REPOSITORY
 
 _BASE = """
@@ -260,3 +267,114 @@ def test_a_backend_called_directly_gets_the_control_and_state_inputs() -> None:
         "SUM_IN": (3, 1),
     }
     assert feeds["START"].tolist() == [[1]] * 3 and not feeds["SUM_IN"].any()
+
+
+def test_a_sequence_resumed_goes_on_from_the_state_it_left() -> None:
+    clock = Clock()
+    b = batcher(clock, max_sequences=2)
+    nxt = Req(9)
+    assert not b.holds(9)
+    b.resume(9, {"SIN": np.array([4.0, 5.0])}, nxt)
+    assert b.holds(9) and b.active == 1
+    b.add(nxt)
+    (got,) = b.decide().batch
+    step = b.step(got)
+    assert not step.start and step.state is not None and step.state["SIN"].tolist() == [4.0, 5.0]
+    b.resume(9, {"SIN": np.array([0.0, 0.0])}, Req(9))  # held here: what runs here wins
+    b.finish(got, {"SIN": np.array([6.0, 7.0])})
+    again = Req(9)
+    b.add(again)
+    b.decide()
+    assert b.step(again).state["SIN"].tolist() == [6.0, 7.0]  # type: ignore[index]
+    b.resume(10, {}, Req(10))
+    with pytest.raises(QueueFull, match="2 sequences"):
+        b.resume(11, {}, Req(11))
+
+
+def _accumulate_runs() -> tuple[SequenceRuns, ModelSpec]:
+    spec = ModelRepository(REPOSITORY).spec("accumulate")
+    return SequenceRuns(spec, Names("t.", "t:"), keep_s=60), spec
+
+
+def _item(key: int | str, value: int, *, start: bool = False, end: bool = False) -> WorkItem:
+    params = {"sequence_id": key, "sequence_start": start, "sequence_end": end}
+    x = Tensor.from_numpy("INPUT", np.array([[value]], np.int32))
+    req = InferRequest(f"{key}-{value}", "accumulate", "", (x,), parameters=params)
+    return WorkItem(req, rows=1, version=1)
+
+
+def _answer(item: WorkItem, total: int | None) -> InferResult:
+    if total is None:
+        return InferResult(item.request.id, "accumulate", "1", error=ErrorInfo("model_error", "x"))
+    outputs = tuple(
+        Tensor.from_numpy(name, np.array([[total]], np.int32)) for name in ("OUTPUT", "SUM_OUT")
+    )
+    return InferResult(item.request.id, "accumulate", "1", outputs=outputs)
+
+
+def test_each_answer_carries_its_sequences_state_to_keep() -> None:
+    runs, spec = _accumulate_runs()
+    first, failed, ends = _item(3, 5, start=True), _item("s", 1, start=True), _item(4, 2, end=True)
+    kept = encode_state({"SUM_IN": np.array([7], np.int32)}, time.time())
+    assert runs.resume(4, kept, ends, sent=time.time())  # the state Redis kept
+    for it in (first, failed, ends):
+        runs.batcher.add(it)
+    batch = runs.batcher.decide().batch
+    assert batch == [first, failed, ends]
+    assert runs.batcher.step(ends).state["SUM_IN"].tolist() == [7]  # type: ignore[index]
+    runs.prepare(batch)  # what the model gets; the answers belong to the batch as handed out
+    answers, writes = runs.complete(
+        batch, [_answer(batch[0], 5), _answer(batch[1], None), _answer(batch[2], 9)]
+    )
+    assert [t.name for t in answers[0].outputs] == ["OUTPUT"]  # the state is not sent back
+    by_index = {w.index: w for w in writes}
+    assert by_index[0].key == "t:sequence:accumulate:i:3"
+    state, made = decode_state(by_index[0].state or b"")
+    assert state["SUM_IN"].tolist() == [5] and abs(made - time.time()) < 60
+    assert by_index[1].key == "t:sequence:accumulate:s:s"  # a failed START: zeros next
+    assert decode_state(by_index[1].state or b"")[0] == {}
+    assert by_index[2].state is None  # its END: the kept state goes
+    # kept past the idle time as long as the answers are: a late owner still takes it up
+    assert {w.ttl_ms for w in writes} == {spec.sequence.max_idle_us // 1000 + 60_000}
+
+
+def test_a_failed_step_keeps_the_state_before_it() -> None:
+    runs, _ = _accumulate_runs()
+    runs.batcher.resume(6, {"SUM_IN": np.array([3], np.int32)}, _item(6, 1))  # as if from Redis
+    step = _item(6, 1)
+    runs.batcher.add(step)
+    batch = runs.batcher.decide().batch
+    runs.prepare(batch)  # what the model gets; the answers belong to the batch as handed out
+    _, writes = runs.complete(batch, [_answer(batch[0], None)])
+    assert writes == []  # Redis keeps the state before it, as the batcher does
+
+
+def test_a_state_is_kept_as_bytes_and_read_back() -> None:
+    state = {"A": np.arange(6, dtype=np.float32).reshape(2, 3), "B": np.array([True, False])}
+    back, made = decode_state(encode_state(state, 1234.5))
+    assert {n: (a.dtype, a.tolist()) for n, a in back.items()} == {
+        n: (a.dtype, a.tolist()) for n, a in state.items()
+    }
+    assert made == 1234.5
+    assert decode_state(encode_state(None, 0.0)) == ({}, 0.0)
+
+
+def test_a_sequence_whose_next_request_came_after_its_idle_time_is_not_taken_up() -> None:
+    runs, spec = _accumulate_runs()
+    idle_s = spec.sequence.max_idle_us / 1e6
+    kept = encode_state({"SUM_IN": np.array([3], np.int32)}, 1000.0)
+    assert not runs.resume(5, kept, _item(5, 1), sent=1000.0 + idle_s + 0.5)
+    assert not runs.batcher.holds(5)  # refused as not started, as on its own worker
+    # sent in time, taken up however long it then waited in Kafka for a new owner
+    assert runs.resume(5, kept, _item(5, 1), sent=1000.0 + idle_s - 0.5)
+    assert runs.batcher.holds(5)
+
+
+def test_which_requests_need_their_sequences_state() -> None:
+    runs, _ = _accumulate_runs()
+    assert runs.needs_state(_item(1, 1)) == 1  # not held here, not a START
+    assert runs.needs_state(_item(1, 1, start=True)) is None
+    runs.batcher.add(_item(2, 1, start=True))
+    assert runs.needs_state(_item(2, 1)) is None  # held
+    bad = WorkItem(InferRequest("x", "accumulate", "", _item(1, 1).request.inputs), 1, 1)
+    assert runs.needs_state(bad) is None and runs.key_of(bad) is None  # refused as before
