@@ -568,8 +568,8 @@ class Worker:
         stored = await self._read_states([seq.state_key(key) for key in firsts])
         refused: dict[SequenceKey, PlazaError] = {}
         for (key, (first, sent)), data in zip(firsts.items(), stored, strict=True):
-            if data is None:
-                continue
+            if data is None or first.partition in self._moved:
+                continue  # revoked meanwhile: its sequences are the next owner's
             try:
                 seq.resume(key, data, first, sent)
             except QueueFull as exc:
