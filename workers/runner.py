@@ -29,7 +29,7 @@ from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
 from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
-from plaza.workers.backends.base import Answer, Arrays, Backend, RequestBackend
+from plaza.workers.backends.base import Answer, Arrays, Backend, takes_requests
 from plaza.workers.classification import classify
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class BatchRunner:
         """Results in the order of ``items``; inference runs in the executor thread."""
         loop = asyncio.get_running_loop()
         groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
-        by_request = {v for v, b in self.backends.items() if isinstance(b, RequestBackend)}
+        by_request = {v for v, b in self.backends.items() if takes_requests(b)}
         for i, item in enumerate(items):
             groups[self._key(i, item, by_request)].append(i)
         results: list[InferResult | None] = [None] * len(items)
@@ -153,7 +153,7 @@ class BatchRunner:
     def _execute(self, items: Sequence[WorkItem]) -> list[InferResult]:
         t0 = time.monotonic()
         backend = self.backends[items[0].version]
-        if isinstance(backend, RequestBackend):
+        if takes_requests(backend):
             requests = [self._request_to_model(it.request) for it in items]
             answers = [self._answer_to_client(a) for a in backend.execute_requests(requests)]
             t2 = time.monotonic()

@@ -109,3 +109,15 @@ def test_wrong_output_rows_is_a_model_error_not_a_crash() -> None:
     runner = BatchRunner(SPEC, {1: Truncating()})  # type: ignore[dict-item]
     results = run(runner, [item(1), item(2)])
     assert [r.error.code if r.error else "ok" for r in results] == ["model_error"] * 2
+
+
+def test_a_backend_takes_requests_as_the_protocol_says() -> None:
+    from plaza.workers.backends.base import RequestBackend, takes_requests
+    from plaza.workers.backends.python_backend import PythonBackend
+    from plaza.workers.backends.simulated import SimulatedBackend
+
+    for cls in (PythonBackend, SimulatedBackend):
+        backend = object.__new__(cls)  # the answer is the class's: nothing loaded
+        assert takes_requests(backend) == isinstance(backend, RequestBackend)
+    assert takes_requests(object.__new__(PythonBackend))
+    assert not takes_requests(object.__new__(SimulatedBackend))

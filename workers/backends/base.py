@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
 
@@ -44,6 +44,13 @@ class RequestBackend(Protocol):
         """One answer per request, in order. Raises when the batch failed as a whole (the
         runner then splits it to find the request that fails on its own)."""
         ...
+
+
+def takes_requests(backend: object) -> TypeGuard[RequestBackend]:
+    """``isinstance(backend, RequestBackend)``, asked of its class: the same answer for a
+    backend's methods, in 0.1 µs instead of the 7 that a protocol's isinstance costs (it
+    looks each member up with ``inspect.getattr_static``), and the runner asks per batch."""
+    return issubclass(type(backend), RequestBackend)
 
 
 def thread_count(mv: ModelVersion, configured: int) -> int:
