@@ -10,6 +10,7 @@ fixed-width copies, plus three ensembles over them: ``chain`` (identity -> ident
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -25,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 from plaza.client import PlazaClient, make_request
 from plaza.codec import encode_request
 from plaza.contract import InferResult
+from plaza.errors import PlazaError
 from plaza.naming import step_request_id
 from plaza.publisher import request_headers
 from plaza.results import ResultStore
@@ -33,8 +35,8 @@ from plaza.statistics import ModelStatistics
 from plaza.workers.ensemble import EnsembleRunner
 from plaza.workers.host import Host
 from plaza.workers.worker import Worker
+from tests.support import REPOSITORY, running_worker, wait_for, with_model
 from tests.support import gateway_fronts as both_fronts
-from tests.support import running_worker, wait_for, with_model
 
 COPY_I32 = """
 name: "copy"
@@ -353,3 +355,48 @@ async def test_one_host_serves_an_ensemble_and_its_steps(
         await host.stop()
     assert kinds == {"EnsembleRunner", "Worker"}
     np.testing.assert_array_equal(answer.output("OUTPUT0").to_numpy(), x)
+
+
+RUNNING = """
+name: "running"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "accumulate"
+      model_version: -1
+      input_map { key: "INPUT" value: "X" }
+      output_map { key: "OUTPUT" value: "TOTAL" }
+    }
+  ]
+}
+"""
+
+
+async def test_an_ensemble_over_a_stateful_model_runs_sequences(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """A step inherits the ensemble request's parameters: its ``sequence_id`` and flags reach
+    the stateful step, whose requests the producer core sends to the sequence's partition.
+    Two sequences through the ensemble, interleaved, each keep their own running sum."""
+    root = tmp_path / "repository"
+    shutil.copytree(REPOSITORY / "accumulate", root / "accumulate")  # the sample, built
+    (root / "running" / "1").mkdir(parents=True)
+    (root / "running" / "config.pbtxt").write_text(RUNNING)
+    settings = settings.model_copy(update={"repository": root})
+    sums: dict[int, list[int]] = {5: [], 6: []}
+    async with serving(settings, ["accumulate"], ["running"]), PlazaClient(settings) as client:
+        for i in range(4):
+            for key, step in ((5, 1), (6, 10)):
+                params = {"sequence_id": key, "sequence_start": i == 0, "sequence_end": i == 3}
+                x = {"X": np.array([[step]], np.int32)}
+                result = await client.infer("running", x, parameters=params)
+                sums[key].append(int(result.output("TOTAL").to_numpy()[0, 0]))
+        # after its END, a sequence's next request is refused by the step, named
+        after = {"sequence_id": 5}
+        with pytest.raises(PlazaError, match=r"accumulate.*has not started"):
+            await client.infer("running", {"X": np.array([[1]], np.int32)}, parameters=after)
+    assert sums == {5: [1, 2, 3, 4], 6: [10, 20, 30, 40]}
