@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plaza import __version__
 from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
-from plaza.gateway import kserve
+from plaza.gateway import generate, kserve
 from plaza.gateway.errors import http_error
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
@@ -46,6 +46,7 @@ EXTENSIONS = (
     "system_shared_memory",
     "logging",
     "trace",
+    "generate",
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
@@ -243,6 +244,23 @@ class Endpoints:
         )
         return tensor_response(encoded)
 
+    # -- Triton's generate extension (plaza.gateway.generate) ---------------------------
+    async def generate(self, request: Request) -> Response:
+        return JSONBody(await self._generated(request))
+
+    async def generate_stream(self, request: Request) -> Response:
+        answer = generate.sse_event(await self._generated(request))
+        return Response(answer, media_type=generate.CONTENT_TYPE_SSE)
+
+    async def _generated(self, request: Request) -> dict[str, Any]:
+        model, version = _model_path(request)
+        spec = self.service.model(model, version).spec  # 404 before reading a body
+        doc = await self._json_object(request)
+        front, client_id = generate.decode_generate_request(doc, spec)
+        req = front.to_request(model, version, uuid.uuid4().hex)
+        result = await self.service.infer(req, self.service.sync_timeout(front.timeout_us))
+        return generate.generate_response(result, client_id)
+
     # -- model repository (Triton's model control) -------------------------------------
     async def _json_object(self, request: Request) -> dict[str, Any]:
         raw = await read_body(request, self._max_body)
@@ -328,6 +346,10 @@ class Endpoints:
         bases = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
         routes: list[BaseRoute] = [Route(f"{b}/infer", self.infer, methods=["POST"]) for b in bases]
         routes += [Route(f"{b}/jobs", self.submit_job, methods=["POST"]) for b in bases]
+        routes += [Route(f"{b}/generate", self.generate, methods=["POST"]) for b in bases]
+        routes += [
+            Route(f"{b}/generate_stream", self.generate_stream, methods=["POST"]) for b in bases
+        ]
         routes += [
             Route("/v2/jobs/{job_id}", self.poll_job, methods=["GET"]),
             Route("/v2", self.server_metadata, methods=["GET"]),

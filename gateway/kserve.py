@@ -154,7 +154,7 @@ def decode_infer_request(
         header, binary = view[:header_length], view[header_length:]
     doc = _load_json(header)
     inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None, regions)
-    params = _parameters(doc.get("parameters"), "request")
+    params = request_parameters(doc.get("parameters"), "request")
     outputs = _decode_outputs(doc.get("outputs"))
     names = tuple(o.name for o in outputs)
     classes = {o.name: o.classes for o in outputs if o.classes is not None}
@@ -184,7 +184,7 @@ def _client_id(value: Any) -> str | None:
     return value
 
 
-def _parameters(value: Any, where: str | None, shm: bool = False) -> dict[str, Scalar]:
+def request_parameters(value: Any, where: str | None, shm: bool = False) -> dict[str, Scalar]:
     """A ``parameters`` object, checked; ``where`` None: an output's, whose extensions
     ``output_classes`` checks; ``shm``: the shared memory parameters are allowed."""
     shown = where or "output"
@@ -218,7 +218,7 @@ def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
     for i, item in enumerate(value):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise InvalidInput(f"outputs[{i}] must be an object with a non-empty 'name'")
-        params = _parameters(item.get("parameters"), None)
+        params = request_parameters(item.get("parameters"), None)
         shm = shm_ref(params, f"output {item['name']!r}")
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
@@ -239,7 +239,7 @@ def _decode_inputs(
         if not isinstance(item, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
         name, datatype, shape = _tensor_header(item, i)
-        params = _parameters(item.get("parameters"), f"input {name!r}", shm=True)
+        params = request_parameters(item.get("parameters"), f"input {name!r}", shm=True)
         shm = shm_ref(params, f"input {name!r}")
         size = params.get("binary_data_size")
         if shm is not None:
@@ -248,7 +248,7 @@ def _decode_inputs(
             tensors.append(shm_tensor(name, datatype, shape, shm, regions))
             continue
         if size is None:
-            tensors.append(_json_tensor(name, datatype, shape, item))
+            tensors.append(json_tensor(name, datatype, shape, item))
             continue
         if "data" in item:
             raise InvalidInput(f"input {name!r} has both 'data' and 'binary_data_size'")
@@ -327,7 +327,9 @@ def shm_tensor(
     return Tensor(name, datatype, shape, regions.read(ref, what))
 
 
-def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], item: dict[str, Any]) -> Tensor:
+def json_tensor(name: str, datatype: str, shape: tuple[int, ...], item: dict[str, Any]) -> Tensor:
+    """An input from its JSON ``item``'s ``data`` (a list, nested or flat), checked against
+    its datatype's range and its ``shape``'s element count."""
     data = item.get("data")
     if not isinstance(data, list):
         raise InvalidInput(

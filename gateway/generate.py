@@ -1,0 +1,121 @@
+"""Triton's generate extension: a text-first JSON body for a model, over HTTP only.
+
+``POST /v2/models/{model}[/versions/{version}]/generate`` (and ``generate_stream``) take one
+JSON object. Each of the model's inputs is a top-level key of its own name, whose value is a
+JSON scalar (a string for BYTES) or a list, nested or flat; ``parameters`` is an object of
+scalars; ``id`` is the client's label; any other top-level key with a scalar value is a
+parameter too (Triton: extra properties are "passed either as parameters or tensors based
+on model specification"). An input takes the model's dims: a nested list of that shape, or
+values that fill its fixed dims and at most one variable one; a batching model gets a batch
+of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, and
+each output by its name: its one value, or a flat list of its values (BYTES as text).
+
+``generate_stream`` answers as server-sent events (``text/event-stream``). Plaza's models
+answer a request once (Triton's decoupled models, which stream many answers, are refused),
+so the stream holds that one answer as one ``data:`` event; an error is answered as a JSON
+error with its status, as Triton answers an error met before inference began.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from plaza.contract import InferResult, Scalar
+from plaza.errors import InvalidInput
+from plaza.gateway.kserve import MAX_NESTING, encode_json, json_tensor, request_parameters
+from plaza.gateway.requests import FrontRequest
+from plaza.modelconfig import ModelSpec, TensorSpec
+from plaza.tensors import Tensor
+
+CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
+_RESERVED = frozenset({"parameters", "id"})
+
+
+def decode_generate_request(doc: Any, spec: ModelSpec) -> tuple[FrontRequest, str | None]:
+    """The request a generate body makes for ``spec``'s model, and the client's ``id``."""
+    if not isinstance(doc, dict):
+        raise InvalidInput("a generate request body must be a JSON object")
+    params = dict(request_parameters(doc.get("parameters"), "request"))
+    by_name = {t.name: t for t in spec.inputs}
+    inputs: list[Tensor] = []
+    for key, value in doc.items():
+        if key in _RESERVED:
+            continue
+        if key in by_name:
+            inputs.append(_input(by_name[key], value, spec.max_batch_size > 0))
+        elif isinstance(value, str | int | float | bool) and key not in params:
+            params[key] = value
+        else:
+            known = ", ".join(repr(t.name) for t in spec.inputs)
+            raise InvalidInput(
+                f"{key!r} is not an input of model {spec.name!r} ({known}), nor a parameter "
+                "(a string, number or bool not also in 'parameters')"
+            )
+    client_id = doc.get("id")
+    if client_id is not None and not isinstance(client_id, str):
+        raise InvalidInput("'id' must be a string")
+    return FrontRequest.from_parameters(tuple(inputs), (), params), client_id
+
+
+def _input(spec: TensorSpec, value: Any, batched: bool) -> Tensor:
+    shape = _shape(spec, value)
+    data = value if isinstance(value, list) else [value]
+    return json_tensor(spec.name, spec.datatype, (1, *shape) if batched else shape, {"data": data})
+
+
+def _shape(spec: TensorSpec, value: Any) -> tuple[int, ...]:
+    """The shape ``value`` takes in ``spec``'s dims: its own nesting where that fits them,
+    else its element count spread over the dims (one variable dim takes the rest)."""
+    nested = _nesting(spec.name, value)
+    dims = spec.dims
+    if len(nested) == len(dims) and all(d in (-1, n) for d, n in zip(dims, nested, strict=True)):
+        return nested
+    count = math.prod(nested)
+    fixed = math.prod(d for d in dims if d != -1)
+    free = sum(1 for d in dims if d == -1)
+    if (free == 0 and fixed == count) or (free == 1 and fixed and count % fixed == 0):
+        return tuple(count // fixed if d == -1 else d for d in dims)
+    raise InvalidInput(
+        f"input {spec.name!r}: {count} values do not fit its dims {list(dims)}", tensor=spec.name
+    )
+
+
+def _nesting(name: str, value: Any) -> tuple[int, ...]:
+    """The shape of nested lists, read down their first items (a scalar: ``()``); ragged
+    lists are found when the values are counted against it (``json_tensor``)."""
+    shape: list[int] = []
+    while isinstance(value, list):
+        if len(shape) >= MAX_NESTING:
+            raise InvalidInput(
+                f"input {name!r}: nested deeper than {MAX_NESTING} lists", tensor=name
+            )
+        shape.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return tuple(shape)
+
+
+def generate_response(result: InferResult, client_id: str | None) -> dict[str, Any]:
+    """The answer's JSON object: the model, and each output by name."""
+    doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
+    if client_id is not None:
+        doc["id"] = client_id
+    for tensor in result.outputs:
+        doc[tensor.name] = _value(tensor)
+    return doc
+
+
+def _value(tensor: Tensor) -> Scalar | list[Any]:
+    flat = tensor.to_numpy().reshape(-1)
+    if tensor.datatype == "BYTES":
+        values: list[Any] = [b.decode("utf-8", errors="replace") for b in flat]
+    else:
+        values = flat.tolist()
+    return values[0] if len(values) == 1 else values
+
+
+def sse_event(doc: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``doc``."""
+    return b"data: " + encode_json(doc) + b"\n\n"
