@@ -67,13 +67,15 @@ async def test_sequences_outlive_their_worker_killed_mid_flight(
         pid = victim.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        in_flight = [asyncio.create_task(_step(client, k, KILL_AT)) for k in keys]
-        await asyncio.sleep(1)  # published (the producer's linger is milliseconds)
+        x = {"INPUT": np.array([[KILL_AT + 1]], np.int32)}
+        jobs = [  # each returns once Kafka has it: all in flight, none answered
+            await client.submit("accumulate", x, parameters=_params(k, KILL_AT)) for k in keys
+        ]
         victim.kill()
         killed_at = time.monotonic()
         survivor = processes.worker(deployment, "b", model="accumulate")
-        for key, result in zip(keys, await asyncio.gather(*in_flight), strict=True):
-            answers[key].append(result)
+        for key, job in zip(keys, jobs, strict=True):
+            answers[key].append(await client.result(job, timeout_s=90))
         recovered_s = time.monotonic() - killed_at
         for i in range(KILL_AT + 1, STEPS):  # the rest, on the survivor
             for key, result in zip(
