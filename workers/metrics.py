@@ -61,6 +61,7 @@ from plaza.naming import (
 )
 from plaza.settings import WorkerSettings
 from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
+from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.runner import WorkItem
 
@@ -263,16 +264,23 @@ class WorkerMetrics:
 
 
 class MetricsHub:
-    """One process's /metrics: the registry, its server and the GPU collector, shared by
-    the WorkerMetrics of every model the process serves."""
+    """One process's /metrics: the registry, its server and the GPU and CPU collectors,
+    shared by the WorkerMetrics of every model the process serves."""
 
-    def __init__(self, settings: WorkerSettings, *, gpu: GpuCollector | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        gpu: GpuCollector | None = None,
+        cpu: CpuCollector | None = None,
+    ) -> None:
         self._settings = settings
         self.members: list[WorkerMetrics] = []
         self.gpu = gpu if gpu is not None else GpuCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         self.registry.register(self.gpu)
+        self.registry.register(cpu if cpu is not None else CpuCollector())
         self.server: MetricsServer | None = None
         self._failed = False
 

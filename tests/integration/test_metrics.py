@@ -97,6 +97,9 @@ async def test_stats_and_metrics_after_requests_through_a_real_worker(
             assert value(got, "nv_inference_pending_request_count", **v1) == 0
             lags = named(got, "plaza_kafka_consumer_lag")
             assert lags and all(v >= 0 for v in lags.values())
+            # the host's CPU and memory, as Triton reports them (workers/cpu_metrics.py)
+            total = value(got, "nv_cpu_memory_total_bytes")
+            assert total is not None and 0 < (value(got, "nv_cpu_memory_used_bytes") or 0) < total
             if not list_gpus():
                 assert not any(name.startswith("nv_gpu") for name, _ in got)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +16,7 @@ from plaza.metrics import render
 from plaza.naming import Names
 from plaza.settings import WorkerSettings
 from plaza.statistics import ModelStatistics, flush_arguments, increments
+from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.device import list_gpus
 from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
@@ -335,3 +337,80 @@ def test_a_hubs_models_share_one_registry_and_each_family_appears_once() -> None
     assert value(got, "nv_inference_request_success", model="a", version="1") == 1
     assert value(got, "nv_inference_request_success", model="b", version="2") == 0
     assert a.registry is b.registry is hub.registry
+
+
+class _PowerNvml(_FakeNvml):
+    """GPU 0 reports its power and energy; GPU 1 cannot (NVML's "not supported")."""
+
+    def __init__(self) -> None:
+        super().__init__(count=2)
+        self.energy_mj = 5_000_000
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle == 1:
+            raise RuntimeError("Not Supported")
+        return 150_500  # milliwatts
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:
+        if handle == 1:
+            raise RuntimeError("Not Supported")
+        return 300_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        if handle == 1:
+            raise RuntimeError("Not Supported")
+        self.energy_mj += 2_500  # 2.5 J between reads
+        return self.energy_mj
+
+
+def test_gpu_collector_reports_power_and_energy_where_a_gpu_can() -> None:
+    collector = GpuCollector(nvml=_PowerNvml())
+
+    def scrape() -> dict[str, dict[str, float]]:
+        return {
+            f.name: {s.labels["gpu_uuid"]: s.value for s in f.samples} for f in collector.collect()
+        }
+
+    first, second = scrape(), scrape()
+    assert first["nv_gpu_power_usage"] == {"GPU-0": 150.5}  # watts; GPU-1 has none
+    assert first["nv_gpu_power_limit"] == {"GPU-0": 300.0}
+    assert first["nv_energy_consumption"] == {"GPU-0": 0.0}  # counted from the first read
+    assert second["nv_energy_consumption"] == {"GPU-0": 2.5}
+    assert set(second["nv_gpu_utilization"]) == {"GPU-0", "GPU-1"}  # the rest as before
+
+
+def _proc(root: Path, busy: int, idle: int, available_kib: int) -> Path:
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    (root / "stat").write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 7 0\ncpu0 1 2 3 4\n")
+    (root / "meminfo").write_text(
+        f"MemTotal:       16384 kB\nMemFree:        1024 kB\nMemAvailable:   {available_kib} kB\n"
+    )
+    return root
+
+
+def test_cpu_collector_reports_utilization_since_the_last_scrape(tmp_path: Path) -> None:
+    collector = CpuCollector(_proc(tmp_path, busy=100, idle=300, available_kib=4096))
+    _proc(tmp_path, busy=160, idle=340, available_kib=4096)  # 60 busy of 100 ticks
+    first = {f.name: f.samples[0].value for f in collector.collect()}
+    assert first == {
+        "nv_cpu_utilization": 0.6,
+        "nv_cpu_memory_used_bytes": (16384 - 4096) * 1024,
+        "nv_cpu_memory_total_bytes": 16384 * 1024,
+    }
+    _proc(tmp_path, busy=170, idle=430, available_kib=2048)  # 10 busy of 100
+    second = {f.name: f.samples[0].value for f in collector.collect()}
+    assert second["nv_cpu_utilization"] == pytest.approx(0.1)
+    assert second["nv_cpu_memory_used_bytes"] == (16384 - 2048) * 1024
+    # no tick between two scrapes: no rate to tell, the memory still
+    assert "nv_cpu_utilization" not in {f.name for f in collector.collect()}
+
+
+def test_cpu_collector_yields_nothing_without_proc(tmp_path: Path) -> None:
+    assert list(CpuCollector(tmp_path / "absent").collect()) == []
+
+
+def test_cpu_collector_on_this_machine() -> None:
+    collector = CpuCollector()
+    families = {f.name: f.samples[0].value for f in collector.collect()}
+    assert families["nv_cpu_memory_total_bytes"] > families["nv_cpu_memory_used_bytes"] > 0
+    assert 0.0 <= families.get("nv_cpu_utilization", 0.0) <= 1.0
