@@ -245,8 +245,8 @@ def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     such a model would get the wrong batches or the wrong shapes (a stateful model its
     sequences interleaved), not an error. Fields that only tune speed (optimization) are
     read and ignored."""
-    if config.HasField("sequence_batching") and platform != PLATFORM_ONNX:
-        why = "Plaza batches sequences for ONNX Runtime models only"
+    if config.HasField("sequence_batching") and platform not in (PLATFORM_ONNX, BACKEND_PYTHON):
+        why = "Plaza batches sequences for ONNX Runtime and Python backend models only"
         raise _fail(source, "sequence_batching", f"is not supported for {platform}: {why}")
     for name in ("batch_input", "batch_output"):
         if getattr(config, name):

@@ -200,11 +200,55 @@ class TritonPythonModel:
         return responses
 '''
 
+RUNNING_SUM_CONFIG = """
+name: "running_sum"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT64 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]
+}
+"""
+
+RUNNING_SUM_MODEL = '''
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """A stateful model: TOTAL is the running sum of the sequence's X, kept as the implicit
+    state SUM_IN -> SUM_OUT; START zeroes it. It also checks the sequence's id (CORRID)
+    against the request's correlation_id()."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            state = pb_utils.get_input_tensor_by_name(request, "SUM_IN").as_numpy()
+            if int(corrid.reshape(-1)[0]) != request.correlation_id():
+                raise pb_utils.TritonModelException("CORRID is not the sequence's id")
+            total = (state * (1 - start) + x).astype(np.int64)
+            outputs = [pb_utils.Tensor("TOTAL", total), pb_utils.Tensor("SUM_OUT", total)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+'''
+
+
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
     "bls": (BLS_CONFIG, BLS_MODEL),
     "faulty": (FAULTY_CONFIG, FAULTY_MODEL),
     "meta": (META_CONFIG, META_MODEL),
+    "running_sum": (RUNNING_SUM_CONFIG, RUNNING_SUM_MODEL),
 }
 
 

@@ -156,3 +156,19 @@ async def test_a_python_model_answers_over_http_like_any_model(settings: PlazaSe
         assert out["OUTPUT1"] == (x["INPUT0"] - x["INPUT1"]).reshape(-1).tolist()
         metadata = (await client.get("/v2/models/add_sub")).json()
         assert metadata["platform"] == "python"
+
+
+async def test_a_stateful_python_model_runs_sequences(settings: PlazaSettings) -> None:
+    """sequence_batching on a Python model: each request gets the control inputs (START,
+    CORRID) and the sequence's implicit state (SUM_IN), and its SUM_OUT is kept for the
+    sequence's next request, as for an ONNX model."""
+    sums: dict[int, list[int]] = {81: [], 82: []}
+    async with running_worker(settings, "running_sum"), PlazaClient(settings) as client:
+        for i in range(4):
+            for key, step in ((81, 1), (82, 100)):
+                params = {"sequence_id": key, "sequence_start": i == 0, "sequence_end": i == 3}
+                x = {"X": np.array([[step * (i + 1)]], np.int64)}
+                result = await client.infer("running_sum", x, parameters=params)
+                assert [t.name for t in result.outputs] == ["TOTAL"]  # the state stays behind
+                sums[key].append(int(result.output("TOTAL").to_numpy()[0, 0]))
+    assert sums == {81: [1, 3, 6, 10], 82: [100, 300, 600, 1000]}

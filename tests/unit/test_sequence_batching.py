@@ -59,6 +59,11 @@ def test_the_block_is_read() -> None:
     assert not plain.sequence.enabled
 
 
+def test_a_python_model_may_batch_sequences() -> None:
+    text = _BASE.replace('platform: "onnxruntime_onnx"', 'backend: "python"') + _SEQ
+    assert parse_model_config(text, source="t", default_name="m").sequence.enabled
+
+
 def test_the_sample_is_a_sequence_model() -> None:
     spec = ModelRepository(REPOSITORY).spec("accumulate")
     assert {c.kind for c in spec.sequence.controls} == {START, READY}
@@ -69,6 +74,10 @@ def test_the_sample_is_a_sequence_model() -> None:
     [
         (_BASE + _SEQ + "dynamic_batching { }", "sequence_batching"),
         (_BASE.replace("onnxruntime_onnx", "pytorch_libtorch") + _SEQ, "sequence_batching"),
+        (
+            _BASE.replace('platform: "onnxruntime_onnx"', 'backend: "plaza_simulated"') + _SEQ,
+            "sequence_batching",
+        ),
         (_BASE + _SEQ.replace("fp32_false_true: [ 0, 1 ]", "fp32_false_true: [ 0 ]"), "control"),
         (_BASE + _SEQ.replace('input_name: "SIN"', 'input_name: "INPUT"'), "sequence_batching"),
         (_BASE + _SEQ.replace("dims: [ 2 ]", "dims: [ -1 ]"), "state[0].dims"),
