@@ -107,6 +107,54 @@ class TritonPythonModel:
         return responses
 '''
 
+ASYNC_BLS_CONFIG = BLS_CONFIG.replace('name: "bls"', 'name: "async_bls"')
+
+ASYNC_BLS_MODEL = '''
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Async BLS: for each request, two calls to the model named in MODEL_NAME, awaited
+    together: (INPUT0, INPUT1) and (INPUT1, INPUT0). OUTPUT0 is the first call's OUTPUT0,
+    OUTPUT1 the sum of both calls' OUTPUT1 (x - y + y - x: zeros)."""
+
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            in_0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in_1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            model_name = pb_utils.get_input_tensor_by_name(request, "MODEL_NAME")
+            name = model_name.as_numpy()[0][0].decode("utf-8")
+            calls = [
+                pb_utils.InferenceRequest(
+                    model_name=name,
+                    requested_output_names=["OUTPUT0", "OUTPUT1"],
+                    inputs=[
+                        pb_utils.Tensor("INPUT0", first.as_numpy()),
+                        pb_utils.Tensor("INPUT1", second.as_numpy()),
+                    ],
+                ).async_exec()
+                for first, second in ((in_0, in_1), (in_1, in_0))
+            ]
+            answers = await asyncio.gather(*calls)
+            for answer in answers:
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+            out_0 = pb_utils.get_output_tensor_by_name(answers[0], "OUTPUT0").as_numpy()
+            diffs = [pb_utils.get_output_tensor_by_name(a, "OUTPUT1").as_numpy() for a in answers]
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("OUTPUT0", out_0),
+                        pb_utils.Tensor("OUTPUT1", diffs[0] + diffs[1]),
+                    ]
+                )
+            )
+        return responses
+'''
+
 FAULTY_CONFIG = """
 name: "faulty"
 backend: "python"
@@ -246,6 +294,7 @@ class TritonPythonModel:
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
     "bls": (BLS_CONFIG, BLS_MODEL),
+    "async_bls": (ASYNC_BLS_CONFIG, ASYNC_BLS_MODEL),
     "faulty": (FAULTY_CONFIG, FAULTY_MODEL),
     "meta": (META_CONFIG, META_MODEL),
     "running_sum": (RUNNING_SUM_CONFIG, RUNNING_SUM_MODEL),

@@ -107,6 +107,21 @@ async def test_bls_model_calls_another_model_through_its_topic(
         assert "INPUT" in failed.error.message  # faulty's own words about its inputs
 
 
+async def test_an_async_bls_model_awaits_two_calls_together(
+    bls_environment: PlazaSettings, add_sub_worker: Worker
+) -> None:
+    """``async def execute`` with ``async_exec``: two BLS calls to add_sub gathered."""
+    settings = bls_environment
+    async with running_worker(settings, "async_bls"), PlazaClient(settings) as client:
+        x = _pair(5)
+        name = np.array([[b"add_sub"]], dtype=np.object_)
+        result = await client.infer("async_bls", {**x, "MODEL_NAME": name}, timeout_s=60)
+    out = result.as_numpy()
+    np.testing.assert_array_equal(out["OUTPUT0"], x["INPUT0"] + x["INPUT1"])
+    np.testing.assert_array_equal(out["OUTPUT1"], np.zeros((1, 4), np.float32))
+    assert add_sub_worker.metrics.executions() >= 1  # both calls went to add_sub's worker
+
+
 async def test_a_raising_model_answers_an_error_and_the_worker_goes_on(
     settings: PlazaSettings,
 ) -> None:

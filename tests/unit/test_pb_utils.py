@@ -99,13 +99,18 @@ def test_what_plaza_does_not_build_says_not_supported() -> None:
     request = pb_utils.InferenceRequest(model_name="m")
     for call in (
         lambda: request.exec(decoupled=True),
-        request.async_exec,
+        lambda: request.async_exec(decoupled=True),
         request.get_response_sender,
         lambda: pb_utils.MetricFamily("n", "d", pb_utils.MetricFamily.COUNTER),
         lambda: pb_utils.InferenceRequest(model_name="m", shared_memory=True),
     ):
         with pytest.raises(pb_utils.TritonModelException, match="not supported"):
             call()
+
+
+def test_async_exec_outside_an_async_execute_is_a_clear_error() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="inside an async def execute"):
+        pb_utils.InferenceRequest(model_name="m").async_exec()
 
 
 def test_exec_outside_the_backend_is_a_clear_error() -> None:

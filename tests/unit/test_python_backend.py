@@ -28,7 +28,13 @@ from plaza.workers.backends import create_backend
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.device import CPU
 from plaza.workers.runner import BatchRunner, WorkItem
-from tests.python_models import FAULTY_CONFIG, FAULTY_MODEL, write_model, write_repository
+from tests.python_models import (
+    ADD_SUB_CONFIG,
+    FAULTY_CONFIG,
+    FAULTY_MODEL,
+    write_model,
+    write_repository,
+)
 from tests.support import wait_for
 
 
@@ -176,10 +182,6 @@ def test_unload_ends_the_process(tmp_path: Path) -> None:
     [
         ("class Other:\n    pass\n", "defines no class TritonPythonModel"),
         (
-            "class TritonPythonModel:\n    async def execute(self, requests):\n        return []\n",
-            "async def execute is not supported",
-        ),
-        (
             "class TritonPythonModel:\n    def initialize(self, args):\n"
             "        raise ValueError('no weights')\n    def execute(self, requests):\n"
             "        return []\n",
@@ -196,6 +198,50 @@ def test_a_model_py_that_cannot_load_is_a_config_error(
     with pytest.raises(ConfigError, match=message):
         backend.load()
     assert backend.pid is None
+
+
+ASYNC_MODEL = '''
+import asyncio
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """OUTPUT0 = INPUT0 + INPUT1, computed in an async def execute that awaits between
+    requests; it counts its calls on the loop it runs on (the same one every time)."""
+
+    def initialize(self, args):
+        self.loops = set()
+
+    async def execute(self, requests):
+        self.loops.add(id(asyncio.get_running_loop()))
+        responses = []
+        for request in requests:
+            await asyncio.sleep(0)
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            total = pb_utils.Tensor("OUTPUT0", a + b)
+            loops = pb_utils.Tensor("OUTPUT1", (a * 0 + len(self.loops)).astype(a.dtype))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[total, loops]))
+        return responses
+'''
+
+
+def test_an_async_execute_runs_to_its_end_on_one_loop(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    config = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "asyncsum"')
+    mv = _version(write_model(tmp_path, "asyncsum", config, ASYNC_MODEL), "asyncsum")
+    backend = _load(mv, backends)
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for _ in range(2):  # two batches: the second on the first one's loop
+        items = [
+            _item("asyncsum", {"INPUT0": a[i : i + 1], "INPUT1": a[i : i + 1]}) for i in (0, 1)
+        ]
+        results = _run(mv, backend, items)
+    for i, result in enumerate(results):
+        np.testing.assert_array_equal(result.as_numpy()["OUTPUT0"], 2 * a[i : i + 1])
+        assert result.as_numpy()["OUTPUT1"].tolist() == [[1.0] * 4]
 
 
 def test_decoupled_mode_is_refused_at_once(tmp_path: Path) -> None:

@@ -4,13 +4,15 @@ The Python backend's child process (``python_stub``) puts this module into ``sys
 under Triton's name before it loads ``model.py``, so a Triton user's model runs unchanged.
 It holds the parts real model.py files use: tensors, requests, responses, errors, the config
 helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
-Kafka topic). What Triton has and Plaza does not build raises ``TritonModelException`` whose
-message says "not supported" (decoupled mode, async execute, response senders, custom
-metrics). Only numpy is imported here; torch only for DLPack, Kafka and Redis only for BLS.
+Kafka topic, and ``async_exec()``, its awaitable form). What Triton has and Plaza does not
+build raises ``TritonModelException`` whose message says "not supported" (decoupled mode,
+response senders, custom metrics). Only numpy is imported here; torch only for DLPack,
+Kafka and Redis only for BLS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import struct
@@ -258,8 +260,18 @@ class InferenceRequest:
             )
         return _bls_call(self, self._timeout_us / 1e6)
 
-    def async_exec(self, decoupled: bool = False) -> Any:
-        raise not_supported("InferenceRequest.async_exec (async BLS)")
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[InferenceResponse]:
+        """``exec`` as an awaitable, for an ``async def execute``: the call waits on a thread
+        of the running loop's executor, so several BLS calls gathered run side by side."""
+        if decoupled:
+            raise not_supported("InferenceRequest.async_exec(decoupled=True)")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise TritonModelException(
+                "InferenceRequest.async_exec must be awaited inside an async def execute"
+            ) from None
+        return loop.run_in_executor(None, self.exec)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

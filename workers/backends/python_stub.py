@@ -5,11 +5,15 @@ WRITE_FD PARENT_PID``. It puts ``pb_utils`` into ``sys.modules`` as
 ``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
 (``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
 per request out) and ``finalize``. What model.py does wrong becomes an error answer; what
-kills this process (``os._exit``, a segfault) the worker sees as a closed pipe.
+kills this process (``os._exit``, a segfault) the worker sees as a closed pipe. An ``async
+def execute`` runs to its end on this process's own event loop, one batch at a time (the
+same loop every call, so a model may keep loop-bound resources between calls), where
+``async_exec`` BLS calls run side by side.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import inspect
@@ -49,6 +53,8 @@ class ModelHost:
         self.version = 0
         self.outputs: list[str] = []
         self.bls: BlsClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """Where an ``async def execute`` runs (made for the first one)."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
@@ -75,8 +81,6 @@ class ModelHost:
             cls = getattr(module, "TritonPythonModel", None)
             if cls is None:
                 return _failure(f"{path} defines no class TritonPythonModel")
-            if inspect.iscoroutinefunction(getattr(cls, "execute", None)):
-                raise pb_utils.not_supported("async def execute")
             self.model = cls()
             if hasattr(self.model, "initialize"):
                 self.model.initialize(dict(message["args"]))
@@ -90,6 +94,10 @@ class ModelHost:
         requests = [decode_request(raw) for raw in encoded]
         try:
             responses = self.model.execute([self._pb_request(r) for r in requests])
+            if inspect.isawaitable(responses):  # async def execute
+                if self.loop is None:
+                    self.loop = asyncio.new_event_loop()
+                responses = self.loop.run_until_complete(responses)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
@@ -108,6 +116,8 @@ class ModelHost:
         finally:
             if self.bls is not None:
                 self.bls.close()
+            if self.loop is not None:
+                self.loop.close()
         return {"ok": True}
 
     def _pb_request(self, req: InferRequest) -> pb_utils.InferenceRequest:
