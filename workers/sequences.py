@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import redis.asyncio as aioredis
 
 from plaza.contract import InferResult
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
@@ -80,6 +81,15 @@ def decode_state(data: bytes) -> tuple[State, float]:
         for name, (datatype, shape, raw) in kept.tensors.items()
     }
     return state, kept.at
+
+
+async def read_states(redis: aioredis.Redis, keys: Sequence[str]) -> list[bytes | None]:
+    """The states Redis keeps under ``keys`` (None where none): one round trip, one key per
+    command (a Redis Cluster holds them in many slots)."""
+    pipe = redis.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+    return list(await pipe.execute())
 
 
 class SequenceRuns:

@@ -57,6 +57,7 @@ from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
+from plaza.retry import until_done
 from plaza.sequence_batching import SequenceKey
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
@@ -72,7 +73,7 @@ from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.runner import BatchRunner, WorkItem, error_result
-from plaza.workers.sequences import SequenceRuns
+from plaza.workers.sequences import SequenceRuns, read_states
 from plaza.workers.writer import ResultWriter, StateWrite
 
 log = logging.getLogger(__name__)
@@ -565,7 +566,11 @@ class Worker:
         assert seq is not None
         deferred, self._deferred = self._deferred, []
         firsts, self._deferred_keys = self._deferred_keys, {}
-        stored = await self._read_states([seq.state_key(key) for key in firsts])
+        keys = [seq.state_key(key) for key in firsts]
+        # read again until Redis answers (the writer waits for it too): a sequence is not
+        # refused for a moment's outage
+        what = f"reading {len(keys)} sequence states"
+        stored = await until_done(lambda: read_states(self.redis, keys), what, self._stopping)
         refused: dict[SequenceKey, PlazaError] = {}
         for (key, (first, sent)), data in zip(firsts.items(), stored, strict=True):
             if data is None or first.partition in self._moved:
@@ -588,23 +593,6 @@ class Worker:
             req = item.request
             done.answers.append((error_result(req, err, worker=self.id), req.reply.stream))
             done.records.append((item.partition, item.offset))
-
-    async def _read_states(self, keys: list[str]) -> list[bytes | None]:
-        """The sequence states Redis keeps under ``keys``, read again until Redis answers
-        (the writer waits for it too): a sequence is not refused for a moment's outage."""
-        delay = 0.05
-        while True:
-            try:
-                pipe = self.redis.pipeline(transaction=False)  # one key per command: clusters
-                for key in keys:
-                    pipe.get(key)
-                return list(await pipe.execute())
-            except Exception as exc:
-                if self._stopping.is_set():
-                    raise
-                log.warning("reading %d sequence states failed (%s); retrying", len(keys), exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
 
     def _topic_level(self, topic: str) -> int:
         """``names.topic_level`` of one of our request topics, remembered (asked per record)."""

@@ -52,6 +52,7 @@ from plaza.connections import is_cluster
 from plaza.contract import InferResult
 from plaza.naming import Names
 from plaza.resp_channel import ChannelScript
+from plaza.retry import until_done
 from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -243,15 +244,5 @@ class ResultWriter:
         states: Sequence[StateWrite] = (),
     ) -> int:
         """``write``, retried with backoff until Redis takes it (or ``stop`` is set)."""
-        delay = 0.05
-        while True:
-            try:
-                return await self.write(results, states)
-            except Exception as exc:  # connection errors, LOADING while Redis replays its AOF
-                if stop is not None and stop.is_set():
-                    raise
-                log.warning(
-                    "writing %d results failed (%s); retrying in %.2fs", len(results), exc, delay
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        what = f"writing {len(results)} results"
+        return await until_done(lambda: self.write(results, states), what, stop)
