@@ -24,7 +24,7 @@ from typing import Any
 from plaza.contract import InferResult, Scalar
 from plaza.errors import InvalidInput
 from plaza.gateway.kserve import MAX_NESTING, encode_json, json_tensor, request_parameters
-from plaza.gateway.requests import FrontRequest
+from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tensors import Tensor
 
@@ -52,6 +52,7 @@ def decode_generate_request(doc: Any, spec: ModelSpec) -> tuple[FrontRequest, st
                 f"{key!r} is not an input of model {spec.name!r} ({known}), nor a parameter "
                 "(a string, number or bool not also in 'parameters')"
             )
+    refuse_unsupported(params, "request")  # the top-level ones too
     client_id = doc.get("id")
     if client_id is not None and not isinstance(client_id, str):
         raise InvalidInput("'id' must be a string")

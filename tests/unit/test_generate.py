@@ -71,6 +71,7 @@ def test_flat_values_fill_the_dims() -> None:
         ({"text_input": "x", "max_tokens": 2**40}, "out of range for INT32"),
         ({"text_input": "x", "bias": [[1, 2], [3]]}, "'bias'"),
         ({"text_input": "x", "id": 7}, "'id' must be a string"),
+        ({"text_input": "x", "shared_memory_region": "r"}, "is not supported by Plaza"),
     ],
 )
 def test_bad_bodies_are_clear_errors(doc: object, words: str) -> None:
