@@ -155,6 +155,45 @@ class TritonPythonModel:
         return responses
 '''
 
+METERED_CONFIG = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "metered"')
+
+METERED_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """add_sub's OUTPUT0 and OUTPUT1, and custom metrics: requests by outcome (a counter),
+    the last request's row count (a gauge) and the sum of each request's INPUT0 (a
+    histogram)."""
+
+    def initialize(self, args):
+        requests = pb_utils.MetricFamily(
+            name="metered_requests", description="requests by outcome",
+            kind=pb_utils.MetricFamily.COUNTER,
+        )
+        self.ok = requests.Metric(labels={"outcome": "ok"})
+        self.rows = pb_utils.MetricFamily(
+            name="metered_rows", description="rows of the last request",
+            kind=pb_utils.MetricFamily.GAUGE,
+        ).Metric()
+        self.sums = pb_utils.MetricFamily(
+            name="metered_input_sum", description="sum of INPUT0",
+            kind=pb_utils.MetricFamily.HISTOGRAM,
+        ).Metric(buckets=[0.0, 10.0, 100.0])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            self.ok.increment(1)
+            self.rows.set(a.shape[0])
+            self.sums.observe(float(a.sum()))
+            outputs = [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+'''
+
 FAULTY_CONFIG = """
 name: "faulty"
 backend: "python"
@@ -295,6 +334,7 @@ MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
     "bls": (BLS_CONFIG, BLS_MODEL),
     "async_bls": (ASYNC_BLS_CONFIG, ASYNC_BLS_MODEL),
+    "metered": (METERED_CONFIG, METERED_MODEL),
     "faulty": (FAULTY_CONFIG, FAULTY_MODEL),
     "meta": (META_CONFIG, META_MODEL),
     "running_sum": (RUNNING_SUM_CONFIG, RUNNING_SUM_MODEL),

@@ -62,6 +62,7 @@ from plaza.naming import (
 from plaza.settings import WorkerSettings
 from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
 from plaza.workers.cpu_metrics import CpuCollector
+from plaza.workers.custom_metrics import CustomMetrics, Source
 from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.runner import WorkItem
 
@@ -116,6 +117,7 @@ class WorkerMetrics:
         """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
         self._pending: Callable[[], int] = lambda: 0
         self._sequences: Callable[[], int] | None = None
+        self._custom: list[Source] = []
         self._own_hub = hub is None
         self.hub = hub if hub is not None else MetricsHub(settings, gpu=gpu)
         self.hub.join(self)
@@ -259,13 +261,21 @@ class WorkerMetrics:
         except Exception as exc:
             log.warning("%s: last statistics flush failed: %s", self.model, exc)
         self.hub.leave(self)
+        for source in self._custom:
+            self.hub.custom.remove(source)
         if self._own_hub:
             self.hub.close()
 
+    def watch(self, source: Source) -> None:
+        """Serve the custom metrics of this model process (a Python model's) until close."""
+        self._custom.append(source)
+        self.hub.custom.add(source)
+
 
 class MetricsHub:
-    """One process's /metrics: the registry, its server and the GPU and CPU collectors,
-    shared by the WorkerMetrics of every model the process serves."""
+    """One process's /metrics: the registry, its server, the GPU and CPU collectors and the
+    Python models' own metrics, shared by the WorkerMetrics of every model the process
+    serves."""
 
     def __init__(
         self,
@@ -281,6 +291,9 @@ class MetricsHub:
         self.registry.register(_Collector(self))
         self.registry.register(self.gpu)
         self.registry.register(cpu if cpu is not None else CpuCollector())
+        self.custom = CustomMetrics()
+        """Python models' own metrics (``workers/custom_metrics.py``)."""
+        self.registry.register(self.custom)
         self.server: MetricsServer | None = None
         self._failed = False
 

@@ -65,6 +65,7 @@ from plaza.workers import classification, warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
+from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
 from plaza.workers.deliveries import DeliveryCounter
@@ -316,6 +317,8 @@ class Worker:
                     )
                     await loop.run_in_executor(executor, backend.load)
                     runner.backends[mv.version] = backend
+                    if isinstance(backend, PythonBackend):
+                        self.metrics.watch(backend)  # model.py's own metrics
                     if samples:
                         alone = None if self.sequences is None else self.sequences.alone
                         await loop.run_in_executor(

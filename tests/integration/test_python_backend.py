@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -20,6 +21,7 @@ from plaza.settings import PlazaSettings
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.worker import Worker
 from tests.integration.test_gateway_http import http
+from tests.metrics_support import samples, value
 from tests.python_models import write_repository
 from tests.support import make_settings, running_worker
 
@@ -44,8 +46,8 @@ def bls_environment(settings: PlazaSettings, monkeypatch: pytest.MonkeyPatch) ->
         "PLAZA_REDIS__URL": settings.redis.url,
         "PLAZA_REDIS__KEY_PREFIX": settings.redis.key_prefix,
     }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    for key, setting in env.items():
+        monkeypatch.setenv(key, setting)
     return settings
 
 
@@ -187,3 +189,25 @@ async def test_a_stateful_python_model_runs_sequences(settings: PlazaSettings) -
                 assert [t.name for t in result.outputs] == ["TOTAL"]  # the state stays behind
                 sums[key].append(int(result.output("TOTAL").to_numpy()[0, 0]))
     assert sums == {81: [1, 3, 6, 10], 82: [100, 300, 600, 1000]}
+
+
+async def test_a_python_models_own_metrics_are_on_the_workers_metrics(
+    settings: PlazaSettings,
+) -> None:
+    """``pb_utils.MetricFamily``: what model.py counts is on the worker's /metrics, next to
+    Plaza's own numbers, after the answers it went with."""
+    async with (
+        running_worker(settings, "metered", metrics_port=0) as worker,
+        PlazaClient(settings) as client,
+    ):
+        for i in range(3):  # INPUT0 sums: 6, 10, 14
+            await client.infer("metered", _pair(i))
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as scraper:
+            scrape = await scraper.get(f"http://127.0.0.1:{worker.metrics.port}/metrics")
+    got = samples(scrape.text)
+    assert value(got, "metered_requests", outcome="ok") == 3
+    assert value(got, "metered_rows") == 1
+    assert value(got, "metered_input_sum_bucket", le="10.0") == 2  # 6 and 10
+    assert value(got, "metered_input_sum_count") == 3
+    assert value(got, "metered_input_sum_sum") == 30
+    assert value(got, "nv_inference_count", model="metered", version="1") == 3

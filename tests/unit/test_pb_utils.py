@@ -101,7 +101,6 @@ def test_what_plaza_does_not_build_says_not_supported() -> None:
         lambda: request.exec(decoupled=True),
         lambda: request.async_exec(decoupled=True),
         request.get_response_sender,
-        lambda: pb_utils.MetricFamily("n", "d", pb_utils.MetricFamily.COUNTER),
         lambda: pb_utils.InferenceRequest(model_name="m", shared_memory=True),
     ):
         with pytest.raises(pb_utils.TritonModelException, match="not supported"):

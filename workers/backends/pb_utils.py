@@ -4,10 +4,10 @@ The Python backend's child process (``python_stub``) puts this module into ``sys
 under Triton's name before it loads ``model.py``, so a Triton user's model runs unchanged.
 It holds the parts real model.py files use: tensors, requests, responses, errors, the config
 helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
-Kafka topic, and ``async_exec()``, its awaitable form). What Triton has and Plaza does not
-build raises ``TritonModelException`` whose message says "not supported" (decoupled mode,
-response senders, custom metrics). Only numpy is imported here; torch only for DLPack,
-Kafka and Redis only for BLS.
+Kafka topic, and ``async_exec()``, its awaitable form) and custom metrics (``MetricFamily``,
+``pb_metrics``). What Triton has and Plaza does not build raises ``TritonModelException``
+whose message says "not supported" (decoupled mode, response senders). Only numpy is
+imported here; torch only for DLPack, Kafka and Redis only for BLS.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+
+from plaza.workers.backends.pb_exception import TritonModelException
+from plaza.workers.backends.pb_metrics import MetricFamily as MetricFamily  # model.py's
 
 _log = logging.getLogger("triton_python_backend_utils")
 
@@ -45,13 +48,6 @@ _STRING_TO_NUMPY: dict[str, type[Any]] = {
 }
 # TRITONSERVER_DataType numbers (the same as model_config.proto's DataType enum).
 _TYPE_NUMBER = {name: i for i, name in enumerate(_STRING_TO_NUMPY, start=1)}
-
-
-class TritonModelException(Exception):
-    """What pb_utils raises, and what a model raises to fail its whole batch."""
-
-    def message(self) -> str:
-        return str(self.args[0]) if self.args else ""
 
 
 def not_supported(what: str) -> TritonModelException:
@@ -379,14 +375,3 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug("%s", message)
-
-
-class MetricFamily:
-    """Custom metrics: not built (Plaza's metrics are its own, see docs/metrics.md)."""
-
-    COUNTER: ClassVar[int] = 0
-    GAUGE: ClassVar[int] = 1
-    HISTOGRAM: ClassVar[int] = 2
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise not_supported("pb_utils.MetricFamily (custom metrics)")

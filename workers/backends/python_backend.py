@@ -35,6 +35,7 @@ from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_fro
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.base import Answer, Arrays
+from plaza.workers.backends.pb_metrics import Snapshot
 from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
 from plaza.workers.device import Device
 
@@ -67,6 +68,9 @@ class PythonBackend:
         self._channel: Channel | None = None
         self._lock = threading.Lock()
         """One exchange at a time: the executor thread's batch, or the stop's finalize."""
+        self.custom_metrics: Snapshot = []
+        """The model's own metrics (``pb_utils.MetricFamily``), as its process last sent
+        them; a new process (after a crash) starts them again from zero."""
         if mv.spec.config.model_transaction_policy.decoupled:
             raise ConfigError(
                 f"{mv.spec.name}: decoupled mode (model_transaction_policy) is not supported "
@@ -189,7 +193,7 @@ class PythonBackend:
         assert channel is not None
         try:
             channel.send(message)
-            return channel.recv(timeout_s)
+            reply = channel.recv(timeout_s)
         except ChannelTimeout:
             self._stop(kill=True)
             raise ModelExecutionError(
@@ -202,6 +206,10 @@ class PythonBackend:
                 f"model {self.spec.name!r}: its Python process exited (status {status}) "
                 "before answering"
             ) from None
+        metrics = reply.get("metrics")
+        if isinstance(metrics, list):
+            self.custom_metrics = metrics
+        return reply
 
     def _stop(self, kill: bool = False) -> int | None:
         """Close the pipes and end the process (at once with ``kill``; else it gets

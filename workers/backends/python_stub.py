@@ -4,7 +4,8 @@ Started by ``PythonBackend`` as ``python -m plaza.workers.backends.python_stub R
 WRITE_FD PARENT_PID``. It puts ``pb_utils`` into ``sys.modules`` as
 ``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
 (``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
-per request out) and ``finalize``. What model.py does wrong becomes an error answer; what
+per request out) and ``finalize``; an answer carries the model's custom metrics
+(``pb_metrics``) when they changed. What model.py does wrong becomes an error answer; what
 kills this process (``os._exit``, a segfault) the worker sees as a closed pipe. An ``async
 def execute`` runs to its end on this process's own event loop, one batch at a time (the
 same loop every call, so a model may keep loop-bound resources between calls), where
@@ -33,7 +34,7 @@ from plaza.codec import decode_request, encode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import PlazaError
 from plaza.tensors import Tensor as WireTensor
-from plaza.workers.backends import pb_utils
+from plaza.workers.backends import pb_metrics, pb_utils
 from plaza.workers.backends.python_channel import Channel, ChannelClosed
 from plaza.workers.backends.python_errors import plaza_code, triton_code
 
@@ -57,6 +58,14 @@ class ModelHost:
         """Where an ``async def execute`` runs (made for the first one)."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to one frame, with the model's custom metrics when they changed."""
+        answer = self._handle(message)
+        snapshot = pb_metrics.registry.snapshot()
+        if snapshot is not None:
+            answer["metrics"] = snapshot
+        return answer
+
+    def _handle(self, message: dict[str, Any]) -> dict[str, Any]:
         op = message.get("op")
         try:
             if op == "initialize":
