@@ -234,6 +234,8 @@ def _platform(config: mc.ModelConfig, source: str) -> str:
     return platform
 
 
+_SEQUENCE_PLATFORMS = (PLATFORM_ONNX, PLATFORM_TORCH, BACKEND_PYTHON)
+"""What may be stateful: the backends that take the control and state inputs."""
 _TENSOR_NOT_BUILT = {
     "allow_ragged_batch": "Plaza has no ragged batching",
     "is_shape_tensor": "Plaza has no shape tensors",
@@ -245,8 +247,8 @@ def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     such a model would get the wrong batches or the wrong shapes (a stateful model its
     sequences interleaved), not an error. Fields that only tune speed (optimization) are
     read and ignored."""
-    if config.HasField("sequence_batching") and platform not in (PLATFORM_ONNX, BACKEND_PYTHON):
-        why = "Plaza batches sequences for ONNX Runtime and Python backend models only"
+    if config.HasField("sequence_batching") and platform not in _SEQUENCE_PLATFORMS:
+        why = "Plaza batches sequences for ONNX Runtime, PyTorch and Python backend models"
         raise _fail(source, "sequence_batching", f"is not supported for {platform}: {why}")
     for name in ("batch_input", "batch_output"):
         if getattr(config, name):

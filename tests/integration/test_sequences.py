@@ -271,3 +271,36 @@ async def test_loadgen_drives_a_stateful_model_with_sequences(
         finally:
             await target.stop()
     assert point.completed > 10 and point.errors == 0, point.error_examples
+
+
+async def test_a_torchscript_model_runs_sequences(settings: PlazaSettings, tmp_path: Path) -> None:
+    """A stateful TorchScript model: its forward takes the config's inputs, then the control
+    inputs in the config's order, then the state inputs; it returns its outputs, then its
+    state outputs (workers/backends/torch.py). The same running sum as accumulate's."""
+    torch = pytest.importorskip("torch", reason="the PyTorch backend needs the torch extra")
+
+    class Accumulate(torch.nn.Module):
+        def forward(
+            self, x: torch.Tensor, start: torch.Tensor, ready: torch.Tensor, total: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            total = total * (1 - start) + x * ready
+            return total, total
+
+    folder = tmp_path / "acc_torch"
+    (folder / "1").mkdir(parents=True)
+    torch.jit.script(Accumulate()).save(str(folder / "1" / "model.pt"))
+    config = (REPOSITORY / "accumulate" / "config.pbtxt").read_text()
+    config = config.replace('name: "accumulate"', 'name: "acc_torch"')
+    (folder / "config.pbtxt").write_text(
+        config.replace('platform: "onnxruntime_onnx"', 'platform: "pytorch_libtorch"')
+    )
+    settings = settings.model_copy(update={"repository": tmp_path})
+    sums: dict[int, list[int]] = {91: [], 92: []}
+    async with running_worker(settings, "acc_torch"), PlazaClient(settings) as client:
+        for i in range(3):
+            for key, step in ((91, 2), (92, 7)):
+                params = {"sequence_id": key, "sequence_start": i == 0, "sequence_end": i == 2}
+                x = {"INPUT": np.array([[step]], np.int32)}
+                result = await client.infer("acc_torch", x, parameters=params)
+                sums[key].append(int(result.outputs[0].to_numpy()[0, 0]))
+    assert sums == {91: [2, 4, 6], 92: [7, 14, 21]}

@@ -59,8 +59,9 @@ def test_the_block_is_read() -> None:
     assert not plain.sequence.enabled
 
 
-def test_a_python_model_may_batch_sequences() -> None:
-    text = _BASE.replace('platform: "onnxruntime_onnx"', 'backend: "python"') + _SEQ
+@pytest.mark.parametrize("platform", ['backend: "python"', 'platform: "pytorch_libtorch"'])
+def test_python_and_torch_models_may_batch_sequences(platform: str) -> None:
+    text = _BASE.replace('platform: "onnxruntime_onnx"', platform) + _SEQ
     assert parse_model_config(text, source="t", default_name="m").sequence.enabled
 
 
@@ -73,7 +74,6 @@ def test_the_sample_is_a_sequence_model() -> None:
     ("text", "field"),
     [
         (_BASE + _SEQ + "dynamic_batching { }", "sequence_batching"),
-        (_BASE.replace("onnxruntime_onnx", "pytorch_libtorch") + _SEQ, "sequence_batching"),
         (
             _BASE.replace('platform: "onnxruntime_onnx"', 'backend: "plaza_simulated"') + _SEQ,
             "sequence_batching",

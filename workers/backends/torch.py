@@ -2,7 +2,9 @@
 
 TorchScript archives load with ``torch.jit.load``, which runs no arbitrary pickled Python.
 Inputs are passed positionally in config order and outputs taken in config order, as
-Triton's libtorch backend does. This module is imported only for torch models.
+Triton's libtorch backend does. A stateful model (``sequence_batching``) takes its control
+inputs next, in the order the config lists them, then its state inputs, and returns its
+state outputs after its outputs. This module is imported only for torch models.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ class TorchBackend:
         self.threads = threads
         self._module: Any = None
         self._torch_device = torch.device("cpu")
+        sequence = mv.spec.sequence
+        self._inputs = [s.name for s in mv.spec.inputs] + list(sequence.model_inputs)
+        self._outputs = [s.name for s in mv.spec.outputs] + list(sequence.state_outputs)
 
     def load(self) -> None:
         if self.device.kind == "cuda" and torch.cuda.is_available():
@@ -64,11 +69,11 @@ class TorchBackend:
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         if self._module is None:
             raise RuntimeError("backend not loaded")
-        args = [self._tensor(inputs[s.name]) for s in self.mv.spec.inputs]
+        args = [self._tensor(inputs[name]) for name in self._inputs]
         with torch.inference_mode():
             raw = self._module(*args)
         values = raw if isinstance(raw, tuple | list) else (raw,)
-        by_name = {s.name: v for s, v in zip(self.mv.spec.outputs, values, strict=False)}
+        by_name = dict(zip(self._outputs, values, strict=False))
         return {name: by_name[name].detach().cpu().numpy() for name in outputs}
 
     def _tensor(self, array: np.ndarray[Any, Any]) -> torch.Tensor:
