@@ -56,6 +56,9 @@ class SequenceState:
     output_name: str
     datatype: str
     dims: tuple[int, ...]
+    initial_file: str = ""
+    """Triton's ``initial_state { data_file }``: a file of ``<model>/initial_state/`` whose
+    raw bytes (row-major) are the state at a START; empty: zeros."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,18 +177,34 @@ def _states(sb: Any, source: str, where: str) -> tuple[SequenceState, ...]:
         dims = tuple(int(d) for d in st.dims)
         if not dims or any(d < 1 for d in dims):
             raise _fail(source, f"{at}.dims", f"{list(dims)}: Plaza needs fixed positive dims")
-        for j, init in enumerate(st.initial_state):
-            if init.WhichOneof("state_data") != "zero_data":
-                raise _fail(
-                    source, f"{at}.initial_state[{j}]", "only zero_data is supported by Plaza"
-                )
         if st.use_growable_memory:
             raise _fail(source, f"{at}.use_growable_memory", "is not supported by Plaza")
         datatype = _datatype(st.data_type, source, f"{at}.data_type")
         if datatype == "BYTES":
             raise _fail(source, f"{at}.data_type", "a state is a numeric tensor in Plaza")
-        states.append(SequenceState(st.input_name, st.output_name, datatype, dims))
+        initial = _initial_file(st, datatype, dims, source, at)
+        states.append(SequenceState(st.input_name, st.output_name, datatype, dims, initial))
     return tuple(states)
+
+
+def _initial_file(st: Any, datatype: str, dims: tuple[int, ...], source: str, at: str) -> str:
+    """The state's ``initial_state`` data file ("" for none, or ``zero_data``): at most one
+    entry, of the state's own type and dims, naming a file of ``initial_state/``."""
+    if not st.initial_state:
+        return ""
+    if len(st.initial_state) > 1:
+        raise _fail(source, f"{at}.initial_state", "takes one entry in Plaza")
+    init, where = st.initial_state[0], f"{at}.initial_state[0]"
+    if init.data_type and _datatype(init.data_type, source, f"{where}.data_type") != datatype:
+        raise _fail(source, f"{where}.data_type", f"must be the state's own, {datatype}")
+    if init.dims and tuple(int(d) for d in init.dims) != dims:
+        raise _fail(source, f"{where}.dims", f"must be the state's own, {list(dims)}")
+    if init.WhichOneof("state_data") != "data_file":
+        return ""  # zero_data, or nothing: zeros
+    name = init.data_file
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise _fail(source, f"{where}.data_file", f"{name!r} is not a file name")
+    return str(name)
 
 
 def _datatype(value: int, source: str, at: str) -> str:

@@ -26,6 +26,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -34,7 +35,7 @@ import redis.asyncio as aioredis
 
 from plaza.contract import InferResult
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
-from plaza.errors import PlazaError
+from plaza.errors import ConfigError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.sequence_batching import (
@@ -83,6 +84,37 @@ def decode_state(data: bytes) -> tuple[State, float]:
     return state, kept.at
 
 
+INITIAL_STATE_DIR = "initial_state"
+"""Where a model's ``initial_state { data_file }`` files are, in its folder (Triton's)."""
+
+
+def initial_states(spec: ModelSpec, model_dir: Path) -> State:
+    """Each state input that starts from a data file, its value at a START (the others
+    start from zeros); ConfigError when a file is missing or not the state's size."""
+    initial: State = {}
+    for st in spec.sequence.states:
+        if not st.initial_file:
+            continue
+        path = model_dir / INITIAL_STATE_DIR / st.initial_file
+        dtype = to_numpy_dtype(st.datatype)
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                f"{spec.name}: initial state of {st.input_name!r}: {exc}", file=str(path)
+            ) from exc
+        expected = math.prod(st.dims) * dtype.itemsize
+        if len(raw) != expected:
+            raise ConfigError(
+                f"{spec.name}: initial state file {path} holds {len(raw)} bytes; "
+                f"{st.datatype} {list(st.dims)} is {expected}",
+                file=str(path),
+            )
+        array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(st.dims)
+        initial[st.input_name] = array.astype(dtype)  # little-endian, as Triton's files are
+    return initial
+
+
 async def read_states(redis: aioredis.Redis, keys: Sequence[str]) -> list[bytes | None]:
     """The states Redis keeps under ``keys`` (None where none): one round trip, one key per
     command (a Redis Cluster holds them in many slots)."""
@@ -95,10 +127,14 @@ async def read_states(redis: aioredis.Redis, keys: Sequence[str]) -> list[bytes 
 class SequenceRuns:
     """The sequences of one stateful model on one worker."""
 
-    def __init__(self, spec: ModelSpec, names: Names, keep_s: int) -> None:
+    def __init__(
+        self, spec: ModelSpec, names: Names, keep_s: int, initial: State | None = None
+    ) -> None:
         """``keep_s``: how long a kept state outlives the idle time (``redis.result_ttl_s``,
-        as long as the answers are kept)."""
+        as long as the answers are kept); ``initial``: the states that do not start from
+        zeros (``initial_states``)."""
         self.spec = spec
+        self.initial = initial or {}
         self.names = names
         self.config = spec.sequence
         self.idle_s = spec.sequence.max_idle_us / 1e6
@@ -157,6 +193,8 @@ class SequenceRuns:
         self, name: str, datatype: str, dims: tuple[int, ...], state: State | None
     ) -> Tensor:
         row = None if state is None else state.get(name)
+        if row is None:
+            row = self.initial.get(name)
         if row is None:
             row = np.zeros(dims, dtype=to_numpy_dtype(datatype))
         return Tensor.from_numpy(name, row[np.newaxis] if self._batched else row)

@@ -74,7 +74,7 @@ from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.runner import BatchRunner, WorkItem, error_result
-from plaza.workers.sequences import SequenceRuns, read_states
+from plaza.workers.sequences import SequenceRuns, initial_states, read_states
 from plaza.workers.writer import ResultWriter, StateWrite
 
 log = logging.getLogger(__name__)
@@ -213,8 +213,13 @@ class Worker:
         self.policy = BatchingPolicy.from_spec(self.spec)
         # A stateful model's sequences (sequence_batching) have a batcher of their own.
         keep_s = settings.redis.result_ttl_s
+        model_dir = self._repo.root / self.model
         enabled = self.spec.sequence.enabled
-        self.sequences = SequenceRuns(self.spec, self.names, keep_s) if enabled else None
+        self.sequences = (
+            SequenceRuns(self.spec, self.names, keep_s, initial_states(self.spec, model_dir))
+            if enabled
+            else None
+        )
         self.batcher: Batcher[WorkItem] = (
             self.sequences.batcher if self.sequences is not None else DynamicBatcher(self.policy)
         )

@@ -7,6 +7,7 @@ with its own sum, and the errors a client meets when it gets a sequence wrong.""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -304,3 +305,31 @@ async def test_a_torchscript_model_runs_sequences(settings: PlazaSettings, tmp_p
                 result = await client.infer("acc_torch", x, parameters=params)
                 sums[key].append(int(result.outputs[0].to_numpy()[0, 0]))
     assert sums == {91: [2, 4, 6], 92: [7, 14, 21]}
+
+
+async def test_a_sequence_starts_from_its_initial_state_file(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """``initial_state { data_file }``: at a START the state is the file's bytes (in the
+    model folder's ``initial_state/``), not zeros. accumulate zeroes its state where START is
+    1; here START's true value is 0 as well, so the sum goes on from the initial 100."""
+    folder = tmp_path / "accumulate"
+    shutil.copytree(REPOSITORY / "accumulate", folder)
+    state = 'output_name: "SUM_OUT"'
+    start = "CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ]"
+    config = (folder / "config.pbtxt").read_text()
+    assert state in config and start in config
+    config = config.replace(state, state + ' initial_state [ { data_file: "hundred" } ]')
+    config = config.replace(start, start.replace("[ 0, 1 ]", "[ 0, 0 ]"))
+    (folder / "config.pbtxt").write_text(config)
+    (folder / "initial_state").mkdir()
+    (folder / "initial_state" / "hundred").write_bytes(np.array([100], "<i4").tobytes())
+    settings = settings.model_copy(update={"repository": tmp_path})
+    sums = []
+    async with running_worker(settings, "accumulate"), PlazaClient(settings) as client:
+        for i in range(3):
+            params = {"sequence_id": 95, "sequence_start": i == 0}
+            x = {"INPUT": np.array([[i + 1]], np.int32)}
+            result = await client.infer("accumulate", x, parameters=params)
+            sums.append(int(result.outputs[0].to_numpy()[0, 0]))
+    assert sums == [101, 103, 106]

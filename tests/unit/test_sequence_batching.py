@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from plaza.sequence_batching import SequenceBatcher, SequenceFlags, sequence_fla
 from plaza.sequence_config import CORRID, READY, START, SequenceBatching
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
-from plaza.workers.sequences import SequenceRuns, decode_state, encode_state
+from plaza.workers.sequences import SequenceRuns, decode_state, encode_state, initial_states
 from tests.support import REPOSITORY
 
 _BASE = """
@@ -83,7 +84,22 @@ def test_the_sample_is_a_sequence_model() -> None:
         (_BASE + _SEQ.replace("dims: [ 2 ]", "dims: [ -1 ]"), "state[0].dims"),
         (
             _BASE
-            + _SEQ.replace("dims: [ 2 ] }", 'dims: [ 2 ] initial_state [{ data_file: "f" }] }'),
+            + _SEQ.replace("dims: [ 2 ] }", 'dims: [ 2 ] initial_state [{ data_file: "../f" }] }'),
+            "initial_state[0].data_file",
+        ),
+        (
+            _BASE
+            + _SEQ.replace(
+                "dims: [ 2 ] }", "dims: [ 2 ] initial_state [{ dims: [ 3 ] zero_data: true }] }"
+            ),
+            "initial_state[0].dims",
+        ),
+        (
+            _BASE
+            + _SEQ.replace(
+                "dims: [ 2 ] }",
+                'dims: [ 2 ] initial_state [{ data_file: "a" }, { data_file: "b" }] }',
+            ),
             "initial_state",
         ),
         (_BASE + _SEQ.replace("TYPE_UINT64", "TYPE_FP32"), "data_type"),
@@ -387,3 +403,34 @@ def test_which_requests_need_their_sequences_state() -> None:
     assert runs.needs_state(_item(2, 1)) is None  # held
     bad = WorkItem(InferRequest("x", "accumulate", "", _item(1, 1).request.inputs), 1, 1)
     assert runs.needs_state(bad) is None and runs.key_of(bad) is None  # refused as before
+
+
+_FROM_FILE = _SEQ.replace(
+    "dims: [ 2 ] }",
+    'dims: [ 2 ] initial_state [{ data_type: TYPE_FP32 dims: [ 2 ] data_file: "sin.bin" }] }',
+).replace("max_queue_delay_microseconds: 500", "max_queue_delay_microseconds: 0")
+
+
+def test_a_state_may_start_from_a_data_file(tmp_path: Path) -> None:
+    spec = parse_model_config(_BASE + _FROM_FILE, source="t", default_name="m")
+    assert spec.sequence.states[0].initial_file == "sin.bin"
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "sin.bin").write_bytes(np.array([1.5, -2], "<f4").tobytes())
+    initial = initial_states(spec, tmp_path)
+    assert initial["SIN"].tolist() == [1.5, -2.0]
+    runs = SequenceRuns(spec, Names("t.", "t:"), keep_s=60, initial=initial)
+    start = _item(4, 1, start=True)
+    runs.batcher.add(start)
+    (prepared,) = runs.prepare(runs.batcher.decide().batch)
+    given = {t.name: t.to_numpy() for t in prepared.request.inputs}
+    assert given["SIN"].tolist() == [[1.5, -2.0]]  # not zeros, at its START
+
+
+def test_a_missing_or_misfit_initial_state_file_is_a_config_error(tmp_path: Path) -> None:
+    spec = parse_model_config(_BASE + _FROM_FILE, source="t", default_name="m")
+    with pytest.raises(ConfigError, match=r"sin\.bin"):
+        initial_states(spec, tmp_path)
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "sin.bin").write_bytes(b"\0" * 12)
+    with pytest.raises(ConfigError, match="holds 12 bytes; FP32 \\[2\\] is 8"):
+        initial_states(spec, tmp_path)
