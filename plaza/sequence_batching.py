@@ -19,7 +19,9 @@ sends them all to one partition, ``plaza.producer``), and this batcher keeps the
   worker (its partition moved here) is taken up with the state it left there (``resume``:
   the worker reads it from Redis first, ``workers/sequences.py``).
 - ``oldest.max_queue_delay_microseconds`` lets a batch wait that long after its oldest
-  request for more sequences to fill it (0: run at once).
+  request for more sequences to fill it (0: run at once); with
+  ``oldest.preferred_batch_size``, the largest preferred size the waiting sequences fill
+  runs at once, before the delay is out (as the dynamic batcher's preferred sizes do).
 """
 
 from __future__ import annotations
@@ -188,10 +190,14 @@ class SequenceBatcher(Generic[T]):
             return Decision([], expired, self._wake(now), refused)
         candidates.sort(key=lambda s: s.queue[0].arrival)
         due = candidates[0].queue[0].arrival + self.policy.max_queue_delay_us / 1e6
-        if len(candidates) < self.max_batch_size and now < due:
-            return Decision([], expired, min(due, self._wake(now) or due), refused)
+        size = min(len(candidates), self.max_batch_size)
+        if size < self.max_batch_size and now < due:
+            preferred = [n for n in self.policy.preferred_batch_sizes if n <= size]
+            if not preferred:
+                return Decision([], expired, min(due, self._wake(now) or due), refused)
+            size = preferred[-1]  # the largest preferred size the sequences can fill
         batch: list[T] = []
-        for seq in candidates[: self.max_batch_size]:
+        for seq in candidates[:size]:
             head = seq.queue.popleft()
             self._count -= 1
             seq.running = True

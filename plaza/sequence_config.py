@@ -68,6 +68,9 @@ class SequenceBatching:
     enabled: bool = False
     max_idle_us: int = DEFAULT_IDLE_US
     max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """``oldest.preferred_batch_size``, increasing: a batch of one of these runs before the
+    queue delay is out."""
     max_sequences: int = DEFAULT_MAX_SEQUENCES
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
@@ -101,13 +104,20 @@ def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatc
     if sb.iterative_sequence:
         raise _fail(source, f"{where}.iterative_sequence", "is not supported by Plaza")
     delay, max_sequences = 0, DEFAULT_MAX_SEQUENCES
+    preferred: tuple[int, ...] = ()
     if sb.HasField("oldest"):
         oldest = sb.oldest
         delay = int(oldest.max_queue_delay_microseconds)
         if oldest.max_candidate_sequences > 0:
             max_sequences = int(oldest.max_candidate_sequences)
-        if oldest.preferred_batch_size:
-            raise _fail(source, f"{where}.oldest.preferred_batch_size", "is not supported by Plaza")
+        preferred = tuple(sorted({int(n) for n in oldest.preferred_batch_size}))
+        limit = max(1, config.max_batch_size)
+        if preferred and not 1 <= preferred[0] <= preferred[-1] <= limit:
+            raise _fail(
+                source,
+                f"{where}.oldest.preferred_batch_size",
+                f"{list(preferred)}: each must be between 1 and max_batch_size ({limit})",
+            )
     elif sb.HasField("direct"):
         delay = int(sb.direct.max_queue_delay_microseconds)
     controls = _controls(sb, source, where)
@@ -129,6 +139,7 @@ def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatc
         enabled=True,
         max_idle_us=int(sb.max_sequence_idle_microseconds) or DEFAULT_IDLE_US,
         max_queue_delay_us=delay,
+        preferred_batch_sizes=preferred,
         max_sequences=max_sequences,
         controls=controls,
         states=states,

@@ -231,6 +231,33 @@ def test_the_queue_delay_waits_for_more_sequences() -> None:
     assert len(b.decide().batch) == 2
 
 
+def test_a_preferred_size_runs_before_the_queue_delay_is_out() -> None:
+    clock = Clock()
+    config = SequenceBatching(enabled=True, max_queue_delay_us=1000, preferred_batch_sizes=(2, 3))
+    b = SequenceBatcher(config, 4, lambda r: SequenceFlags(r.key, r.start, r.end), clock)
+    b.add(Req(1, start=True))
+    assert b.decide().batch == []  # one sequence fills no preferred size: it waits
+    for key in (2, 3):
+        b.add(Req(key, start=True))
+    assert [r.key for r in b.decide().batch] == [1, 2, 3]  # 3 waiting: the size 3 runs now
+    b.add(Req(4, start=True))
+    clock.now += 0.001
+    assert [r.key for r in b.decide().batch] == [4]  # the delay is out: whatever waits
+
+
+def test_preferred_sizes_are_read_and_checked() -> None:
+    text = _BASE + _SEQ.replace("oldest {", "oldest { preferred_batch_size: [ 4, 2 ]")
+    assert parse_model_config(
+        text, source="t", default_name="m"
+    ).sequence.preferred_batch_sizes == (
+        2,
+        4,
+    )
+    too_big = _BASE + _SEQ.replace("oldest {", "oldest { preferred_batch_size: [ 5 ]")
+    with pytest.raises(ConfigError, match="between 1 and max_batch_size"):
+        parse_model_config(too_big, source="t", default_name="m")
+
+
 def test_a_revoked_partition_takes_its_sequences_with_it() -> None:
     clock = Clock()
     b = batcher(clock)
