@@ -581,8 +581,10 @@ class Worker:
         stored = await until_done(lambda: read_states(self.redis, keys), what, self._stopping)
         refused: dict[SequenceKey, PlazaError] = {}
         for (key, (first, sent)), data in zip(firsts.items(), stored, strict=True):
+            # none kept (refused below as not started), or revoked meanwhile (the
+            # sequence is the next owner's)
             if data is None or first.partition in self._moved:
-                continue  # revoked meanwhile: its sequences are the next owner's
+                continue
             try:
                 seq.resume(key, data, first, sent)
             except QueueFull as exc:
