@@ -283,6 +283,12 @@ def _result_to_map(res: InferResult) -> dict[str, Any]:
         body["worker"] = res.worker
     if res.trace_ns:
         body["trace_ns"] = res.trace_ns
+    if res.index:
+        body["index"] = res.index
+    if not res.final:
+        body["final"] = False
+    if res.empty:
+        body["empty"] = True
     return body
 
 
@@ -318,6 +324,13 @@ def _result_from_map(body: Any) -> InferResult:
             raise CodecError("error result without an 'error' map")
         error = ErrorInfo(str(err.get("code", "internal")), str(err.get("message", "")))
     outputs = tuple(_tensor_from_map(t, "output", i) for i, t in enumerate(body.get("outputs", [])))
+    index, final, empty = body.get("index", 0), body.get("final", True), body.get("empty", False)
+    if type(index) is not int or index < 0:
+        raise CodecError(f"result index must be a non-negative int, not {index!r}")
+    if type(final) is not bool or type(empty) is not bool:
+        raise CodecError("result 'final' and 'empty' must be booleans")
+    if empty and not final:
+        raise CodecError("an empty result must be final")
     return InferResult(
         id=str(body.get("id", "")),
         model=str(body.get("model", "")),
@@ -327,6 +340,9 @@ def _result_from_map(body: Any) -> InferResult:
         timing_us=dict(body.get("timing_us", {})),
         worker=str(body.get("worker", "")),
         trace_ns=dict(body.get("trace_ns", {})),
+        index=index,
+        final=final,
+        empty=empty,
     )
 
 

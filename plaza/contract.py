@@ -87,6 +87,15 @@ class InferResult(msgspec.Struct, frozen=True):
     trace_ns: dict[str, int] = msgspec.field(default_factory=dict)
     """A traced request's stages in the worker (Triton's names: QUEUE_START,
     COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END), Unix epoch ns."""
+    index: int = 0
+    """Which of its request's responses this is, from 0: a decoupled model (Triton's
+    ``model_transaction_policy { decoupled: true }``) may answer one request many times."""
+    final: bool = True
+    """The request's last response: nothing more comes for its id. Every answer of an
+    ordinary model is final; a decoupled model's are not until it says so."""
+    empty: bool = False
+    """A final response that carries no response of its own (a decoupled model that
+    closed its request without data: Triton's empty final response); no outputs."""
 
     @property
     def status(self) -> Status:

@@ -148,6 +148,12 @@ class ModelSpec:
     """``sequence_batching``: a stateful model's sequences (``plaza.sequence_config``)."""
 
     @property
+    def decoupled(self) -> bool:
+        """``model_transaction_policy { decoupled: true }``: the model may answer a request
+        with any number of responses, the last one marked final (``InferResult.final``)."""
+        return bool(self.config.model_transaction_policy.decoupled)
+
+    @property
     def is_ensemble(self) -> bool:
         """An ensemble: served by an ensemble runner, not by a backend."""
         return self.platform == PLATFORM_ENSEMBLE
@@ -250,6 +256,13 @@ def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
     if config.HasField("sequence_batching") and platform not in _SEQUENCE_PLATFORMS:
         why = "Plaza batches sequences for ONNX Runtime, PyTorch and Python backend models"
         raise _fail(source, "sequence_batching", f"is not supported for {platform}: {why}")
+    if config.model_transaction_policy.decoupled:
+        field_name = "model_transaction_policy.decoupled"
+        if platform != BACKEND_PYTHON:
+            why = "Plaza's decoupled models are Python backend models (a response sender)"
+            raise _fail(source, field_name, f"is not supported for {platform}: {why}")
+        if config.HasField("sequence_batching"):
+            raise _fail(source, field_name, "is not supported with sequence_batching")
     for name in ("batch_input", "batch_output"):
         if getattr(config, name):
             raise _fail(source, name, "is not supported: Plaza has no ragged batching")

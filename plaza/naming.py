@@ -137,6 +137,20 @@ class Names:
         Cluster both keys of one request live in one hash slot."""
         return f"{self.key_prefix}result:{{{correlation_id}}}"
 
+    def response_key(self, correlation_id: str, index: int) -> str:
+        """Holds response ``index`` of a decoupled model's request, all but its final one
+        (that one is the request's result key): first write wins per response, so a
+        replayed request adds only the responses its first run did not write. Same hash
+        tag as the result key."""
+        return f"{self.key_prefix}response:{{{correlation_id}}}:{index}"
+
+    def answer_key(self, correlation_id: str, index: int, final: bool) -> str:
+        """Where a response is stored: the result key for a final one (every ordinary
+        answer), else its ``response_key``."""
+        if final:
+            return self.result_key(correlation_id)
+        return self.response_key(correlation_id, index)
+
     def job_key(self, correlation_id: str) -> str:
         """Marks a submitted async job as known (so polling can say 'pending')."""
         return f"{self.key_prefix}job:{{{correlation_id}}}"

@@ -546,6 +546,12 @@ def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
             step_spec = specs.get(step.model_name) or repo.spec(step.model_name)
         except PlazaError as exc:
             raise ConfigError(f"ensemble {spec.name!r}: {step.label}: {exc.message}") from exc
+        if step_spec.decoupled:
+            raise ConfigError(
+                f"ensemble {spec.name!r}: {step.label}: the model is decoupled (many responses "
+                "per request), which Plaza's ensembles do not pass on",
+                field=f"ensemble_scheduling.step[{step.index}].model_name",
+            )
         for kind, names, known in (
             ("input", step.input_map, {t.name for t in step_spec.inputs}),
             ("output", step.output_map, {t.name for t in step_spec.outputs}),

@@ -14,6 +14,10 @@ that cannot take an entry (a key of another type at that name) loses only its ow
 never a batch-mate's. Every XADD also (re)sets the stream's idle expiry, so a stream whose
 reader went away, and that late results recreate, still expires.
 
+A decoupled model's responses that are not final go under their own keys
+(``Names.response_key``), first write wins per response: a replay adds to the stream only
+the responses that its first run did not write.
+
 A stateful model's answers carry their sequence's state (``StateWrite``): the state after
 the request, kept under the sequence's key, or the key dropped after its END. The script
 writes a state only where its answer's SET won, in the same call: the state Redis holds is
@@ -181,7 +185,7 @@ class ResultWriter:
             len(results),
         ]
         for result, stream in results:
-            keys.append(self._names.result_key(result.id))
+            keys.append(self._names.answer_key(result.id, result.index, result.final))
             args.append(encode_result(result))
             args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
         keys.extend(streams)
@@ -204,7 +208,8 @@ class ResultWriter:
         payloads = [encode_result(result) for result, _ in results]
         pipe = self._redis.pipeline(transaction=False)
         for (result, _), payload in zip(results, payloads, strict=True):
-            pipe.eval(_CLAIM_SCRIPT, 1, self._names.result_key(result.id), payload, ttl)
+            key = self._names.answer_key(result.id, result.index, result.final)
+            pipe.eval(_CLAIM_SCRIPT, 1, key, payload, ttl)
         won = [int(claimed) for claimed in await pipe.execute()]
         per_stream: dict[str, list[bytes]] = {}
         for (_, stream), payload, first in zip(results, payloads, won, strict=True):

@@ -127,6 +127,31 @@ def test_result_round_trip_single_and_packed() -> None:
     assert both[1].status == "error" and both[1].error == ErrorInfo("invalid_input", "nope")
 
 
+def test_a_decoupled_models_responses_keep_their_index_and_final_flag() -> None:
+    y = (Tensor.from_numpy("y", np.arange(3, dtype=np.int32)),)
+    first = InferResult("a", "m", "1", y, index=0, final=False)
+    second = InferResult("a", "m", "1", y, index=1, final=False)
+    closing = InferResult("a", "m", "1", index=2, empty=True)
+    back = decode_results(encode_results([first, second, closing]))
+    assert [(r.index, r.final, r.empty) for r in back] == [(0, False, False), (1, False, False),
+                                                           (2, True, True)]  # fmt: skip
+    assert back[1].output("y").to_numpy().tolist() == [0, 1, 2] and back[2].outputs == ()
+    # an ordinary answer's map is what it was before decoupled models: no new keys
+    plain = msgpack.unpackb(encode_result(InferResult("b", "m", "1", y)))
+    assert not {"index", "final", "empty"} & set(plain)
+
+
+@pytest.mark.parametrize(
+    ("extra", "text"),
+    [({"index": -1}, "index"), ({"index": "2"}, "index"), ({"final": 0}, "final"),
+     ({"empty": True, "final": False}, "empty result must be final")],
+)  # fmt: skip
+def test_a_bad_response_marker_is_a_codec_error(extra: dict[str, Any], text: str) -> None:
+    body = msgpack.unpackb(encode_result(InferResult("a", "m", "1")))
+    with pytest.raises(CodecError, match=text):
+        decode_result(msgpack.packb({**body, **extra}))
+
+
 def test_a_result_batch_is_result_maps_back_to_back() -> None:
     results = [InferResult(f"r{i}", "m", "1", error=ErrorInfo("timeout", "late")) for i in range(3)]
     batch = encode_results(results)

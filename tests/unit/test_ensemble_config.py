@@ -192,3 +192,29 @@ def test_a_step_answer_becomes_ensemble_tensors_or_an_error_naming_the_step() ->
     assert err.value.error == ErrorInfo("invalid_input", "step 1 (model 'mlp'): bad shape")
     with pytest.raises(StepFailed, match="has no output 'y'"):
         step_outputs(step, InferResult("r.1", "mlp", "1"))
+
+
+def test_a_decoupled_step_is_refused_naming_the_step(tmp_path: Path) -> None:
+    from plaza.workers.ensemble import _step_specs
+
+    def model(name: str, text: str) -> None:
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(text)
+
+    body = (
+        'backend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },\n'
+        '        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },\n'
+        '         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
+    )
+    model("add_sub", body + "model_transaction_policy { decoupled: true }\n")
+    model("copy", body)
+    model("fan", FAN)
+    repo = ModelRepository(tmp_path)
+    with pytest.raises(ConfigError, match=r"step 0 \(model 'add_sub'\).*decoupled") as err:
+        _step_specs(repo, repo.spec("fan"))
+    assert err.value.details["field"] == "ensemble_scheduling.step[0].model_name"
+    model_text = (tmp_path / "add_sub" / "config.pbtxt").read_text()
+    (tmp_path / "add_sub" / "config.pbtxt").write_text(model_text.split("model_transaction")[0])
+    assert set(_step_specs(ModelRepository(tmp_path), repo.spec("fan"))) == {"add_sub", "copy"}

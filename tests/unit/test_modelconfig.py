@@ -224,3 +224,21 @@ def test_a_config_name_is_a_plain_file_stem(name: str) -> None:
 def test_a_repository_refuses_a_config_name_that_leads_elsewhere(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a file name's stem"):
         ModelRepository(tmp_path, "../../etc/x")
+
+
+def test_decoupled_is_read_for_python_models_and_refused_where_plaza_cannot_stream() -> None:
+    python = GOOD.replace('platform: "onnxruntime_onnx"', 'backend: "python"')
+    policy = "model_transaction_policy { decoupled: true }\n"
+    assert spec(python + policy).decoupled and not spec(python).decoupled
+    with pytest.raises(ConfigError, match=r"decoupled.*not supported for onnxruntime_onnx") as err:
+        spec(GOOD + policy)
+    assert err.value.details["field"] == "model_transaction_policy.decoupled"
+    stateful = (
+        'backend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        "sequence_batching { max_sequence_idle_microseconds: 1000 }\n"
+    )
+    assert spec(stateful).sequence.enabled
+    with pytest.raises(ConfigError, match=r"decoupled.*not supported with sequence_batching"):
+        spec(stateful + policy)

@@ -155,8 +155,14 @@ def test_config_enables_the_cache_and_refuses_bad_values() -> None:
         spec("response_cache { enable: maybe }")
     with pytest.raises(ConfigError, match='no field named "size"'):
         spec("response_cache { size: 10 }")
+    decoupled = CONFIG.replace('platform: "onnxruntime_onnx"', 'backend: "python"')
     with pytest.raises(ConfigError, match=r"response_cache\.enable.*decoupled") as err:
-        spec("response_cache { enable: true }\nmodel_transaction_policy { decoupled: true }")
+        parse_model_config(
+            decoupled
+            + "response_cache { enable: true }\nmodel_transaction_policy { decoupled: true }",
+            source="ident/config.pbtxt",
+            default_name="ident",
+        )
     assert err.value.details["field"] == "response_cache.enable"
 
 
