@@ -329,6 +329,105 @@ class TritonPythonModel:
         return responses
 '''
 
+REPEAT_CONFIG = """
+name: "repeat"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "IDX" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+model_transaction_policy { decoupled: true }
+dynamic_batching { max_queue_delay_microseconds: 100000 }
+"""
+
+REPEAT_MODEL = '''
+import json
+import os
+import threading
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    """A decoupled model: one response per element of IN (OUT = the element, IDX = its
+    position), then the request is closed: by the final flag alone (an empty final
+    response), or, with the parameter "last_is_final", on its last response. An element
+    -1 answers that position with an error; -2 raises from execute; -3 ends the process.
+    The parameter "later" sends the responses from a thread after execute returned."""
+
+    def execute(self, requests):
+        later = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            if params.get("later"):
+                later.append(request)
+            else:
+                self.answer(request, params)
+        if later:
+            threading.Thread(target=self.answer_all, args=(later,)).start()
+        return None
+
+    def answer_all(self, requests):
+        for request in requests:
+            self.answer(request, json.loads(request.parameters()))
+
+    def answer(self, request, params):
+        sender = request.get_response_sender()
+        values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)
+        last_is_final = bool(params.get("last_is_final")) and len(values) > 0
+        for i, value in enumerate(values.tolist()):
+            flags = FINAL if last_is_final and i == len(values) - 1 else 0
+            if value == -2:
+                raise pb_utils.TritonModelException("asked to fail at element %d" % i)
+            if value == -3:
+                os._exit(3)
+            if value == -1:
+                code = pb_utils.TritonError.INVALID_ARG
+                error = pb_utils.TritonError("element %d is -1" % i, code)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=flags)
+                continue
+            out = pb_utils.Tensor("OUT", np.array([[value]], np.int32))
+            idx = pb_utils.Tensor("IDX", np.array([[i]], np.int32))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[out, idx]), flags=flags)
+        if not last_is_final:
+            sender.send(flags=FINAL)
+'''
+
+ASYNC_REPEAT_CONFIG = REPEAT_CONFIG.replace('name: "repeat"', 'name: "async_repeat"')
+
+ASYNC_REPEAT_MODEL = '''
+import asyncio
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """repeat as an async def execute whose responses come from a task it leaves running
+    (the request is closed after execute returned)."""
+
+    async def execute(self, requests):
+        self.tasks = [asyncio.get_running_loop().create_task(self.answer(r)) for r in requests]
+        return None
+
+    async def answer(self, request):
+        sender = request.get_response_sender()
+        values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)
+        for i, value in enumerate(values.tolist()):
+            await asyncio.sleep(0)
+            out = pb_utils.Tensor("OUT", np.array([[value]], np.int32))
+            idx = pb_utils.Tensor("IDX", np.array([[i]], np.int32))
+            sender.send(pb_utils.InferenceResponse(output_tensors=[out, idx]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
 
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
@@ -338,6 +437,8 @@ MODELS = {
     "faulty": (FAULTY_CONFIG, FAULTY_MODEL),
     "meta": (META_CONFIG, META_MODEL),
     "running_sum": (RUNNING_SUM_CONFIG, RUNNING_SUM_MODEL),
+    "repeat": (REPEAT_CONFIG, REPEAT_MODEL),
+    "async_repeat": (ASYNC_REPEAT_CONFIG, ASYNC_REPEAT_MODEL),
 }
 
 

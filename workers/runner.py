@@ -29,12 +29,21 @@ from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
 from plaza.errors import ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
-from plaza.workers.backends.base import Answer, Arrays, Backend, takes_requests
+from plaza.workers.backends.base import (
+    Answer,
+    Arrays,
+    Backend,
+    streams_responses,
+    takes_requests,
+)
 from plaza.workers.classification import classify
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
 """Told of every backend execution: its requests and their results (worker metrics)."""
+ResponseSink = Callable[["WorkItem", InferResult], None]
+"""Takes a decoupled model's responses before the final ones, as they come, on the
+executor thread that runs the batch (it may block it: that is the back-pressure)."""
 
 
 NO_PARTITION = TopicPartition("", -1)
@@ -100,8 +109,12 @@ class BatchRunner:
         self._to_model = reshaping.to_model(spec.inputs)
         self._to_client = reshaping.to_client(spec.outputs)
 
-    async def run(self, items: Sequence[WorkItem]) -> list[InferResult]:
-        """Results in the order of ``items``; inference runs in the executor thread."""
+    async def run(
+        self, items: Sequence[WorkItem], responses: ResponseSink | None = None
+    ) -> list[InferResult]:
+        """Results in the order of ``items``; inference runs in the executor thread. For a
+        decoupled model these are the requests' final responses; the ones before go to
+        ``responses`` as the model sends them (dropped without one)."""
         loop = asyncio.get_running_loop()
         groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
         by_request = {v for v, b in self.backends.items() if takes_requests(b)}
@@ -110,7 +123,7 @@ class BatchRunner:
         results: list[InferResult | None] = [None] * len(items)
         for indices in groups.values():
             group = [items[i] for i in indices]
-            done = await loop.run_in_executor(self.executor, self.run_group, group)
+            done = await loop.run_in_executor(self.executor, self.run_group, group, responses)
             if self.observer is not None:
                 self.observer(group, done)
             for i, res in zip(indices, done, strict=True):
@@ -126,7 +139,9 @@ class BatchRunner:
             return (item.version,)
         return _group_key(item)
 
-    def run_group(self, items: Sequence[WorkItem]) -> list[InferResult]:
+    def run_group(
+        self, items: Sequence[WorkItem], responses: ResponseSink | None = None
+    ) -> list[InferResult]:
         """Run requests that share shapes and a version as one backend call (blocking).
 
         When the call fails, the group is split in halves and each half runs again, down
@@ -134,6 +149,8 @@ class BatchRunner:
         requests that fail on their own get a ``model_error`` (which is final: first write
         wins), never their innocent batch-mates.
         """
+        if self.spec.decoupled:  # never split: its responses may be out already
+            return self._execute_decoupled(items, responses)
         try:
             return self._execute(items)
         except Exception as exc:
@@ -149,6 +166,54 @@ class BatchRunner:
             )
         half = len(items) // 2
         return self.run_group(items[:half]) + self.run_group(items[half:])
+
+    def _execute_decoupled(
+        self, items: Sequence[WorkItem], responses: ResponseSink | None
+    ) -> list[InferResult]:
+        """A decoupled model's batch: each response numbered within its request; the final
+        ones returned. A batch that fails (``execute`` raised, the process died) closes
+        each request still open with that error, as its next response; a request whose
+        earlier responses went out keeps them (first write wins per response)."""
+        backend = self.backends[items[0].version]
+        if not streams_responses(backend):
+            err = ModelExecutionError(f"model {self.spec.name!r}: its backend cannot stream")
+            return [self._error(it, err) for it in items]
+        t0 = time.monotonic()
+        sent = [0] * len(items)
+        finals: list[InferResult | None] = [None] * len(items)
+
+        def send(i: int, answer: Answer | None, final: bool) -> None:
+            it = items[i]
+            answer = None if answer is None else self._answer_to_client(answer)
+            if answer is None:
+                result = InferResult(it.request.id, self.spec.name, str(it.version), empty=True)
+            elif isinstance(answer, PlazaError):
+                result = self._error(it, answer)
+            else:
+                result = self._ok(it, answer, t0, t0, time.monotonic())
+            result = msgspec.structs.replace(result, index=sent[i], final=final)
+            sent[i] += 1
+            if final:
+                finals[i] = result
+            elif responses is not None:
+                responses(it, result)
+
+        try:
+            requests = [self._request_to_model(it.request) for it in items]
+            backend.execute_decoupled(requests, send)
+            failure: PlazaError = ModelExecutionError(
+                f"model {self.spec.name!r}: execute ended without closing the request "
+                "(a response with the flag TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
+            )
+        except Exception as exc:
+            log.warning("%s: decoupled batch of %d failed: %s", self.spec.name, len(items), exc)
+            failure = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
+        return [
+            final
+            if final is not None
+            else msgspec.structs.replace(self._error(it, failure), index=sent[i])
+            for i, (it, final) in enumerate(zip(items, finals, strict=True))
+        ]
 
     def _execute(self, items: Sequence[WorkItem]) -> list[InferResult]:
         t0 = time.monotonic()

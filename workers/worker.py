@@ -26,6 +26,7 @@ limiter's resources) before it runs, so up to instance-count batches run at once
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -49,6 +50,7 @@ from plaza.errors import (
     ConfigError,
     DeadlineExceeded,
     InvalidInput,
+    ModelExecutionError,
     PlazaError,
     PoisonRecord,
     QueueFull,
@@ -73,7 +75,7 @@ from plaza.workers.device_scheduler import Grant, instance_specs
 from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
-from plaza.workers.runner import BatchRunner, WorkItem, error_result
+from plaza.workers.runner import BatchRunner, ResponseSink, WorkItem, error_result
 from plaza.workers.sequences import SequenceRuns, initial_states, read_states
 from plaza.workers.writer import ResultWriter, StateWrite
 
@@ -82,6 +84,9 @@ Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 RecordKey = tuple[TopicPartition, int]
 Record: TypeAlias = ConsumerRecord[Any, Any]
+RESPONSE_WAIT_S = 1.0
+"""How long a decoupled model's response waits for room in the results queue before it
+looks whether the worker has stopped writing."""
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
 """A request that waits for its sequence's state: ``_queue``'s arguments but ``done``."""
 
@@ -133,6 +138,9 @@ class Completed:
     """How many of them the scheduler counted as in flight."""
     states: list[StateWrite] = field(default_factory=list)
     """A stateful model's sequences' states, written with their answers."""
+    responses: bool = False
+    """A decoupled model's responses before the final ones: no record is finished, and
+    nothing is counted as answered, until the final ones are written."""
 
 
 class Worker:
@@ -188,6 +196,10 @@ class Worker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._results: asyncio.Queue[Completed] = asyncio.Queue(maxsize=4)
+        self._responses: ResponseSink | None = None
+        """A decoupled model's responses' way to the writer (made in ``start``)."""
+        self._writes_closed = False
+        """The writer is going away: a response still waiting for room gives up."""
         self._commit_due = asyncio.Event()
         """Records became durable: the committer commits what became safe."""
         self._commit_lock = asyncio.Lock()
@@ -266,6 +278,7 @@ class Worker:
         )
         await self.services.start()
         self._failed = asyncio.get_running_loop().create_future()
+        self._responses = self._response_sink()
         self._kafka = KafkaClients(self.services.producer, self._make_consumer())
         self.consumer.subscribe(self.topics, listener=Rebalance(self))
         await self.consumer.start()
@@ -370,6 +383,7 @@ class Worker:
         await self._commit()
         log.debug("%s: stop: committed", self.id)
         # An execution still running after the drain timeout goes too.
+        self._writes_closed = True
         await cancel_and_wait([writer, heartbeat, committer, scheduler, intake, *self._executions])
         self._tasks = []
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
@@ -727,7 +741,7 @@ class Worker:
         seq = self.sequences
         try:
             results = await self.instances[grant.instance].run(
-                batch if seq is None else seq.prepare(batch)
+                batch if seq is None else seq.prepare(batch), self._responses
             )
         except BaseException:
             if seq is not None:
@@ -749,6 +763,31 @@ class Worker:
                 states=states,
             )
         )
+
+    def _response_sink(self) -> ResponseSink | None:
+        """Where a decoupled model's responses go on their way to the writer: into the
+        results queue, in the order sent, each write before its request's final one. The
+        executor thread that runs the batch waits for room in the (bounded) queue: a
+        model that sends faster than Redis takes its responses is held back."""
+        if not self.spec.decoupled:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def sink(item: WorkItem, result: InferResult) -> None:
+            done = Completed([(result, item.request.reply.stream)], responses=True)
+            put = asyncio.run_coroutine_threadsafe(self._results.put(done), loop)
+            while True:
+                try:
+                    put.result(timeout=RESPONSE_WAIT_S)
+                    return
+                except concurrent.futures.TimeoutError:
+                    if self._writes_closed:
+                        put.cancel()
+                        raise ModelExecutionError(
+                            "the worker stopped before the response could be written"
+                        ) from None
+
+        return sink
 
     async def _try_suspect(self, suspect: Suspect) -> None:
         """Run a suspect alone once all before it is durable, so that a crash now is
@@ -806,9 +845,10 @@ class Worker:
             done = await self._results.get()
             try:
                 written = await self.writer.write_until_done(done.answers, states=done.states)
-                self.metrics.answered(done.answers)
-                self.metrics.count("written", written)
-                self.metrics.count("duplicate", len(done.answers) - written)
+                if not done.responses:
+                    self.metrics.answered(done.answers)
+                    self.metrics.count("written", written)
+                    self.metrics.count("duplicate", len(done.answers) - written)
                 self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:

@@ -316,3 +316,13 @@ def test_classification_counts_travel_and_are_absent_when_none_asked() -> None:
     plain = decode_request(_envelope())
     assert plain.classification == {}
     assert b"classification" not in encode_request(plain)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_an_empty_tensor_travels(dtype: type) -> None:
+    empty = np.zeros((1, 0), dtype)  # a request whose variable dimension is 0
+    back = decode_request(
+        encode_request(InferRequest("e", "m", "", (Tensor.from_numpy("x", empty),)))
+    )
+    out = back.inputs[0].to_numpy()
+    assert out.shape == (1, 0) and out.dtype == dtype

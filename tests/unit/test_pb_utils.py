@@ -100,11 +100,36 @@ def test_what_plaza_does_not_build_says_not_supported() -> None:
     for call in (
         lambda: request.exec(decoupled=True),
         lambda: request.async_exec(decoupled=True),
-        request.get_response_sender,
         lambda: pb_utils.InferenceRequest(model_name="m", shared_memory=True),
     ):
         with pytest.raises(pb_utils.TritonModelException, match="not supported"):
             call()
+
+
+def test_only_a_decoupled_models_request_has_a_response_sender() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=r"only a decoupled model's"):
+        pb_utils.InferenceRequest(model_name="m").get_response_sender()
+
+
+def test_a_response_sender_delivers_in_order_and_closes_at_the_final_flag() -> None:
+    got: list[tuple[object, bool]] = []
+    sender = pb_utils.InferenceResponseSender("r1", lambda resp, final: got.append((resp, final)))
+    first = pb_utils.InferenceResponse([pb_utils.Tensor("y", np.array([1], np.int32))])
+    sender.send(first)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert got == [(first, False), (None, True)] and sender.closed
+    assert not sender.is_cancelled()
+    with pytest.raises(pb_utils.TritonModelException, match=r"'r1'.*response sender is closed"):
+        sender.send(first)
+    open_one = pb_utils.InferenceResponseSender("r2", lambda resp, final: got.append((resp, final)))
+    with pytest.raises(pb_utils.TritonModelException, match="give a response, or the flag"):
+        open_one.send()
+    with pytest.raises(pb_utils.TritonModelException, match=r"not a pb_utils\.InferenceResponse"):
+        open_one.send("text")  # type: ignore[arg-type]
+    open_one.close()  # its batch ended: nothing more goes out
+    with pytest.raises(pb_utils.TritonModelException, match="closed"):
+        open_one.send(first, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert len(got) == 2
 
 
 def test_async_exec_outside_an_async_execute_is_a_clear_error() -> None:

@@ -244,11 +244,91 @@ def test_an_async_execute_runs_to_its_end_on_one_loop(
         assert result.as_numpy()["OUTPUT1"].tolist() == [[1.0] * 4]
 
 
-def test_decoupled_mode_is_refused_at_once(tmp_path: Path) -> None:
-    config = FAULTY_CONFIG + "model_transaction_policy { decoupled: true }\n"
-    mv = _version(write_model(tmp_path, "faulty", config, FAULTY_MODEL), "faulty")
-    with pytest.raises(ConfigError, match=r"decoupled mode .* not supported"):
-        PythonBackend(mv, CPU)
+def _stream(
+    mv: ModelVersion, backend: PythonBackend, items: list[WorkItem]
+) -> tuple[list[InferResult], list[InferResult]]:
+    """A decoupled batch through the runner: (every response in the order sent, the finals)."""
+    sent: list[InferResult] = []
+    runner = BatchRunner(mv.spec, {mv.version: backend})
+    finals = asyncio.run(runner.run(items, lambda _item, result: sent.append(result)))
+    return sent, finals
+
+
+def _repeat(values: list[int], model: str = "repeat", **parameters: Any) -> WorkItem:
+    return _item(model, {"IN": np.array([values], np.int32)}, parameters=parameters)
+
+
+def _outs(results: list[InferResult]) -> list[tuple[int, int, bool]]:
+    return [
+        (r.index, int(r.as_numpy()["OUT"][0, 0]), r.final) for r in results if r.outputs
+    ]  # fmt: skip
+
+
+def test_a_decoupled_model_answers_each_request_many_times(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "repeat"), "repeat")
+    backend = _load(mv, backends)
+    items = [_repeat([5, 6, 7]), _repeat([8, 9], last_is_final=True), _repeat([])]
+    sent, finals = _stream(mv, backend, items)
+    by_id = {it.request.id: [r for r in sent if r.id == it.request.id] for it in items}
+    first, second, third = (by_id[it.request.id] for it in items)
+    assert _outs(first) == [(0, 5, False), (1, 6, False), (2, 7, False)]
+    assert [r.as_numpy()["IDX"][0, 0] for r in first] == [0, 1, 2]
+    assert _outs(second) == [(0, 8, False)] and third == []
+    # the finals: an empty one after three responses, the last response itself, an empty one
+    assert [(f.id, f.index, f.final, f.empty) for f in finals] == [
+        (items[0].request.id, 3, True, True),
+        (items[1].request.id, 1, True, False),
+        (items[2].request.id, 0, True, True),
+    ]
+    assert _outs([finals[1]]) == [(1, 9, True)] and finals[0].outputs == ()
+
+
+def test_a_decoupled_models_responses_may_come_after_execute_returned(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    root = write_repository(tmp_path, "repeat", "async_repeat")
+    for name in ("repeat", "async_repeat"):
+        mv = _version(root, name)
+        backend = _load(mv, backends)
+        items = [_repeat([1, 2], name, later=True), _repeat([3], name, later=True)]
+        sent, finals = _stream(mv, backend, items)
+        first = [r for r in sent if r.id == items[0].request.id]
+        assert [(r.index, int(r.as_numpy()["OUT"][0, 0])) for r in first] == [(0, 1), (1, 2)]
+        assert [(f.index, f.empty) for f in finals] == [(2, True), (1, True)], name
+        # the process serves the next batch as well (nothing of the last one left over)
+        sent, finals = _stream(mv, backend, [_repeat([4], name)])
+        assert _outs(sent) == [(0, 4, False)] and finals[0].index == 1
+
+
+def test_a_decoupled_models_error_response_and_failures_close_the_open_requests(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "repeat"), "repeat")
+    backend = _load(mv, backends)
+    # an error response is one response among the others; the request goes on
+    sent, finals = _stream(mv, backend, [_repeat([1, -1, 2])])
+    assert [(r.index, r.error.code if r.error else "ok") for r in sent] == [
+        (0, "ok"), (1, "invalid_input"), (2, "ok"),
+    ]  # fmt: skip
+    assert "element 1 is -1" in sent[1].error.message and finals[0].empty  # type: ignore[union-attr]
+    # execute raises at the second request: the first is answered and closed; the second
+    # keeps its first response and is closed by the error; the third, never answered, too
+    items = [_repeat([1]), _repeat([2, -2]), _repeat([3])]
+    sent, finals = _stream(mv, backend, items)
+    assert [(r.id, r.index) for r in sent] == [(items[0].request.id, 0), (items[1].request.id, 0)]
+    assert finals[0].empty and finals[0].index == 1
+    for final, index in ((finals[1], 1), (finals[2], 0)):
+        assert final.final and final.index == index and final.error is not None
+        assert final.error.code == "model_error" and "asked to fail" in final.error.message
+    # the process dies mid-stream: the open requests get model_error, the next batch runs
+    pid = backend.pid
+    sent, finals = _stream(mv, backend, [_repeat([1, -3])])
+    assert _outs(sent) == [(0, 1, False)]
+    assert finals[0].error is not None and "exited" in finals[0].error.message
+    sent, finals = _stream(mv, backend, [_repeat([6])])
+    assert _outs(sent) == [(0, 6, False)] and finals[0].empty and backend.pid != pid
 
 
 def test_infer_runs_a_stacked_batch_as_one_request(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
@@ -44,6 +44,27 @@ class RequestBackend(Protocol):
         """One answer per request, in order. Raises when the batch failed as a whole (the
         runner then splits it to find the request that fails on its own)."""
         ...
+
+
+Send = Callable[[int, Answer | None, bool], None]
+"""A decoupled batch's responses as they come: (request index, its answer or None for a
+final flag without a response, final)."""
+
+
+@runtime_checkable
+class DecoupledBackend(Protocol):
+    """A backend whose model may answer a request many times (Triton's decoupled models:
+    the Python backend): ``execute_decoupled`` hands on each response as it comes."""
+
+    def execute_decoupled(self, requests: Sequence[InferRequest], send: Send) -> None:
+        """Returns once every request got its final response; raises when the batch
+        failed (its open requests then get the error)."""
+        ...
+
+
+def streams_responses(backend: object) -> TypeGuard[DecoupledBackend]:
+    """``isinstance(backend, DecoupledBackend)``, asked of its class (see ``takes_requests``)."""
+    return issubclass(type(backend), DecoupledBackend)
 
 
 def takes_requests(backend: object) -> TypeGuard[RequestBackend]:

@@ -6,8 +6,10 @@ It holds the parts real model.py files use: tensors, requests, responses, errors
 helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
 Kafka topic, and ``async_exec()``, its awaitable form) and custom metrics (``MetricFamily``,
 ``pb_metrics``). What Triton has and Plaza does not build raises ``TritonModelException``
-whose message says "not supported" (decoupled mode, response senders). Only numpy is
-imported here; torch only for DLPack, Kafka and Redis only for BLS.
+whose message says "not supported" (decoupled BLS calls, for one). A decoupled model
+(``model_transaction_policy { decoupled: true }``) answers through each request's
+``get_response_sender()``. Only numpy is imported here; torch only for DLPack, Kafka and
+Redis only for BLS.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import logging
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -171,6 +174,58 @@ class InferenceResponse:
         return self._parameters
 
 
+Deliver = Callable[[InferenceResponse | None, bool], None]
+"""Where a response sender's responses go: (the response or None, final)."""
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer one request: any number of ``send`` calls, from
+    any thread, during ``execute`` or after it returned; the last one with
+    ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (a response, or None: then the request
+    closes without one). Nothing can be sent after that."""
+
+    def __init__(self, request_id: str, deliver: Deliver) -> None:
+        self._request_id = request_id
+        self._deliver = deliver
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException(
+                "InferenceResponseSender.send: give a response, or the flag "
+                "TRITONSERVER_RESPONSE_COMPLETE_FINAL to close the request without one"
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"InferenceResponseSender.send: got a {type(response).__name__}, "
+                "not a pb_utils.InferenceResponse"
+            )
+        with self._lock:  # one send at a time, and none after the final one
+            if self._closed:
+                raise TritonModelException(
+                    f"request {self._request_id!r}: its response sender is closed (its final "
+                    "response was sent, or its batch ended)"
+                )
+            self._closed = final
+            self._deliver(response, final)
+
+    def close(self) -> None:
+        """Refuse further sends (the batch ended without them)."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def is_cancelled(self) -> bool:
+        """Plaza cancels a request before it runs (its caller's cancel finds it unrun),
+        never while it runs: a running request is never cancelled."""
+        return False
+
+
 BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
 _bls_call: BlsCall | None = None
 """How ``InferenceRequest.exec`` reaches another model; the Python backend's process sets it."""
@@ -212,6 +267,8 @@ class InferenceRequest:
         self._flags = int(flags)
         self._timeout_us = int(timeout)
         self._parameters = _json_text(parameters)
+        self._sender: InferenceResponseSender | None = None
+        """A decoupled model's request: its response sender (set by Plaza's process)."""
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -239,8 +296,13 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def get_response_sender(self) -> Any:
-        raise not_supported("decoupled mode (InferenceRequest.get_response_sender)")
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException(
+                "InferenceRequest.get_response_sender: only a decoupled model's requests have "
+                "one (model_transaction_policy { decoupled: true } in config.pbtxt)"
+            )
+        return self._sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Run this request on the Plaza model ``model_name`` and wait for its answer (BLS).

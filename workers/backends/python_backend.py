@@ -8,7 +8,9 @@ Plaza request, as in Triton. Isolation: the call blocks the worker's executor th
 its event loop; a model that raises answers its batch with ``model_error``; a child that dies
 (``os._exit``, a segfault, out of memory) answers its batch with ``model_error`` too and is
 started again for the next batch; one that overruns ``execute_timeout_s`` (a config
-parameter, 0 = no limit) is killed and treated the same.
+parameter, 0 = no limit) is killed and treated the same. A decoupled model's batch
+(``execute_decoupled``) hands each response on as its frame arrives, and the limit covers
+the batch until its last request is closed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -34,12 +38,13 @@ from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_from_wire
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
-from plaza.workers.backends.base import Answer, Arrays
+from plaza.workers.backends.base import Answer, Arrays, Send
 from plaza.workers.backends.pb_metrics import Snapshot
 from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
 from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 STUB_MODULE = "plaza.workers.backends.python_stub"
 LOAD_TIMEOUT_S = 300.0
 """How long ``initialize`` may take (model.py may load weights)."""
@@ -71,12 +76,6 @@ class PythonBackend:
         self.custom_metrics: Snapshot = []
         """The model's own metrics (``pb_utils.MetricFamily``), as its process last sent
         them; a new process (after a crash) starts them again from zero."""
-        if mv.spec.config.model_transaction_policy.decoupled:
-            raise ConfigError(
-                f"{mv.spec.name}: decoupled mode (model_transaction_policy) is not supported "
-                "by Plaza's Python backend",
-                field="model_transaction_policy.decoupled",
-            )
 
     # -- the backend interface -------------------------------------------------------------
     def load(self) -> None:
@@ -108,6 +107,33 @@ class PythonBackend:
                 f"the model process answered {len(encoded)} of {len(requests)} requests"
             )
         return [self._answer(r, raw) for r, raw in zip(requests, encoded, strict=True)]
+
+    def execute_decoupled(self, requests: Sequence[InferRequest], send: Send) -> None:
+        """A decoupled model's batch: ``send(i, answer, final)`` for each response of
+        request ``i`` as its frame arrives (answer None: the final flag without a
+        response), on this thread. Returns once every request got its final flag; raises
+        ModelExecutionError when ``execute`` failed or the process died or overran
+        ``execute_timeout_s`` (across the whole batch), its open requests unanswered."""
+        with self._lock:
+            if self._channel is None:
+                self._restart()
+            message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
+            deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+            self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                frame = self._exchange(partial(Channel.recv, timeout_s=left), "execute_timeout_s")
+                if "response" not in frame:
+                    break
+                i, raw = int(frame["response"]), frame.get("result")
+                if not 0 <= i < len(requests):
+                    raise ModelExecutionError(f"the model process sent a response for {i}")
+                answer = None if raw is None else self._answer(requests[i], raw)
+                send(i, answer, bool(frame.get("final")))
+        self._took_metrics(frame)
+        if "error" in frame:
+            log.info("%s: execute failed:\n%s", self.spec.name, frame.get("traceback", ""))
+            raise ModelExecutionError(str(frame["error"]))
 
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         """A whole stacked batch as one request (the profiler's and raw ceiling's path)."""
@@ -189,15 +215,29 @@ class PythonBackend:
     def _ask(self, message: dict[str, Any], timeout_s: float | None, limit: str) -> dict[str, Any]:
         """Send a frame, await the answer; a dead or overdue process becomes a
         ModelExecutionError (and is gone: the next call starts another)."""
+
+        def ask(channel: Channel) -> dict[str, Any]:
+            channel.send(message)
+            return channel.recv(timeout_s)
+
+        reply = self._exchange(ask, limit, timeout_s)
+        self._took_metrics(reply)
+        return reply
+
+    def _exchange(
+        self, step: Callable[[Channel], T], limit: str, timeout_s: float | None = None
+    ) -> T:
+        """``step`` on the channel; a dead or overdue process becomes a ModelExecutionError
+        (and is gone: the next call starts another)."""
         channel = self._channel
         assert channel is not None
         try:
-            channel.send(message)
-            reply = channel.recv(timeout_s)
+            return step(channel)
         except ChannelTimeout:
             self._stop(kill=True)
+            seconds = self._timeout_s if timeout_s is None else timeout_s
             raise ModelExecutionError(
-                f"model {self.spec.name!r}: no answer within {limit}={timeout_s} s, "
+                f"model {self.spec.name!r}: no answer within {limit}={seconds} s, "
                 "so its Python process was killed"
             ) from None
         except ChannelClosed:
@@ -206,10 +246,11 @@ class PythonBackend:
                 f"model {self.spec.name!r}: its Python process exited (status {status}) "
                 "before answering"
             ) from None
+
+    def _took_metrics(self, reply: dict[str, Any]) -> None:
         metrics = reply.get("metrics")
         if isinstance(metrics, list):
             self.custom_metrics = metrics
-        return reply
 
     def _stop(self, kill: bool = False) -> int | None:
         """Close the pipes and end the process (at once with ``kill``; else it gets
@@ -234,6 +275,7 @@ class PythonBackend:
             "model_file": str(self.mv.path),
             "model_name": self.spec.name,
             "model_version": self.mv.version,
+            "decoupled": self.spec.decoupled,
             "outputs": self._outputs,
             "repository": str(self.mv.path.parent.parent.parent),
             "settings": self._settings_json,

@@ -5,7 +5,11 @@ WRITE_FD PARENT_PID``. It puts ``pb_utils`` into ``sys.modules`` as
 ``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
 (``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
 per request out) and ``finalize``; an answer carries the model's custom metrics
-(``pb_metrics``) when they changed. What model.py does wrong becomes an error answer; what
+(``pb_metrics``) when they changed. A decoupled model's ``execute`` answers through its
+requests' response senders instead: each ``send`` goes to the worker at once as a frame of
+its own (``{"response": i, "final": ..., "result": ...}``, ``result`` absent for a final
+flag without a response), and the batch's answer (``{"ok": true}``) follows once every
+request got its final flag. What model.py does wrong becomes an error answer; what
 kills this process (``os._exit``, a segfault) the worker sees as a closed pipe. An ``async
 def execute`` runs to its end on this process's own event loop, one batch at a time (the
 same loop every call, so a model may keep loop-bound resources between calls), where
@@ -25,7 +29,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -56,6 +61,9 @@ class ModelHost:
         self.bls: BlsClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """Where an ``async def execute`` runs (made for the first one)."""
+        self.decoupled = False
+        self.channel: Channel | None = None
+        """Where a decoupled model's responses go as they are sent."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The answer to one frame, with the model's custom metrics when they changed."""
@@ -70,6 +78,8 @@ class ModelHost:
         try:
             if op == "initialize":
                 return self.initialize(message)
+            if op == "execute" and self.decoupled:
+                return self.execute_decoupled(message["requests"])
             if op == "execute":
                 return self.execute(message["requests"])
             if op == "finalize":
@@ -82,6 +92,7 @@ class ModelHost:
         self.name = message["model_name"]
         self.version = int(message["model_version"])
         self.outputs = list(message["outputs"])
+        self.decoupled = bool(message.get("decoupled", False))
         self.bls = BlsClient(message.get("settings", ""), message["repository"])
         pb_utils.set_bls_call(self.bls)
         path = Path(message["model_file"])
@@ -104,9 +115,7 @@ class ModelHost:
         try:
             responses = self.model.execute([self._pb_request(r) for r in requests])
             if inspect.isawaitable(responses):  # async def execute
-                if self.loop is None:
-                    self.loop = asyncio.new_event_loop()
-                responses = self.loop.run_until_complete(responses)
+                responses = self._event_loop().run_until_complete(responses)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
@@ -117,6 +126,45 @@ class ModelHost:
             )
         results = [self._result(r, resp) for r, resp in zip(requests, responses, strict=True)]
         return {"results": [encode_result(res) for res in results]}
+
+    def execute_decoupled(self, encoded: Sequence[bytes]) -> dict[str, Any]:
+        """Run a decoupled model's batch: its responses leave as the model sends them; the
+        answer comes once every request has its final flag (or ``execute`` failed: the
+        worker then closes the requests still open with the error)."""
+        assert self.channel is not None
+        requests = [decode_request(raw) for raw in encoded]
+        responses = _Responses(self.channel, requests, self._result)
+        pb_requests = [self._pb_request(r) for r in requests]
+        for pb_request, sender in zip(pb_requests, responses.senders, strict=True):
+            pb_request._sender = sender
+        try:
+            returned = self.model.execute(pb_requests)
+            if inspect.isawaitable(returned):
+                returned = self._event_loop().run_until_complete(returned)
+            if returned is not None:
+                return _failure(
+                    "a decoupled model's execute must return None (its responses go through "
+                    f"each request's response sender); it returned a {type(returned).__name__}"
+                )
+            self._wait(responses.done)
+        except Exception as exc:
+            return _failure(f"execute raised {type(exc).__name__}: {exc}")
+        finally:
+            responses.close()
+        return {"ok": True}
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop
+
+    def _wait(self, done: threading.Event) -> None:
+        """Until every request of the batch got its final flag: on the loop of an async
+        model (its tasks may still be sending), else on the senders' threads."""
+        if self.loop is None:
+            done.wait()
+            return
+        self.loop.run_until_complete(self.loop.run_in_executor(None, done.wait))
 
     def finalize(self) -> dict[str, Any]:
         try:
@@ -167,6 +215,44 @@ class ModelHost:
         except PlazaError as exc:
             return failed("model_error", f"an output cannot be sent: {exc.message}")
         return InferResult(id=req.id, model=self.name, version="", outputs=outputs)
+
+
+class _Responses:
+    """One decoupled batch's response senders: each response goes to the worker as a frame
+    the moment it is sent (one frame at a time, whichever thread sends it)."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        requests: Sequence[InferRequest],
+        to_result: Callable[[InferRequest, Any], InferResult],
+    ) -> None:
+        self._channel = channel
+        self._to_result = to_result
+        self._lock = threading.Lock()
+        self._open = len(requests)
+        self.done = threading.Event()
+        if not requests:
+            self.done.set()
+        self.senders = [
+            pb_utils.InferenceResponseSender(r.id, partial(self._deliver, i, r))
+            for i, r in enumerate(requests)
+        ]
+
+    def _deliver(self, i: int, req: InferRequest, response: Any, final: bool) -> None:
+        frame: dict[str, Any] = {"response": i, "final": final}
+        if response is not None:
+            frame["result"] = encode_result(self._to_result(req, response))
+        with self._lock:
+            self._channel.send(frame)
+            if final:
+                self._open -= 1
+                if self._open == 0:
+                    self.done.set()
+
+    def close(self) -> None:
+        for sender in self.senders:
+            sender.close()
 
 
 class BlsClient:
@@ -258,6 +344,7 @@ def main(argv: Sequence[str]) -> int:
     sys.modules[MODULE_NAME] = pb_utils
     channel = Channel(read_fd, write_fd)
     host = ModelHost()
+    host.channel = channel
     while True:
         try:
             message = channel.recv()
