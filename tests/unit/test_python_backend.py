@@ -22,7 +22,7 @@ import pytest
 
 from plaza.client import make_request
 from plaza.contract import InferResult
-from plaza.errors import ConfigError
+from plaza.errors import ConfigError, ModelExecutionError
 from plaza.repository import ModelRepository, ModelVersion
 from plaza.workers.backends import create_backend
 from plaza.workers.backends.python_backend import PythonBackend
@@ -329,6 +329,11 @@ def test_a_decoupled_models_error_response_and_failures_close_the_open_requests(
     assert finals[0].error is not None and "exited" in finals[0].error.message
     sent, finals = _stream(mv, backend, [_repeat([6])])
     assert _outs(sent) == [(0, 6, False)] and finals[0].empty and backend.pid != pid
+    # the one-answer path (the profiler's infer) says why it cannot serve such a model
+    with pytest.raises(ModelExecutionError, match="'repeat' is decoupled"):
+        backend.infer({"IN": np.array([[1]], np.int32)}, ["OUT"])
+    sent, finals = _stream(mv, backend, [_repeat([7])])  # and the process is still in step
+    assert _outs(sent) == [(0, 7, False)] and finals[0].empty
 
 
 def test_infer_runs_a_stacked_batch_as_one_request(

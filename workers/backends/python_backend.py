@@ -89,6 +89,11 @@ class PythonBackend:
         A process that dies or overruns answers every request of the batch with its error;
         an ``execute`` that raises raises ModelExecutionError, so that the runner splits the
         batch to find the request that fails on its own (as for every backend)."""
+        if self.spec.decoupled:  # its process answers in frames of responses
+            raise ModelExecutionError(
+                f"model {self.spec.name!r} is decoupled: its batches run through "
+                "execute_decoupled, which passes on each of its responses"
+            )
         try:
             with self._lock:
                 if self._channel is None:
