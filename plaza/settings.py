@@ -173,6 +173,14 @@ class WorkerSettings(_Section):
         "batches written meanwhile share one (a stop or a rebalance commits at once; 0: "
         "after every write). Measured in docs/benchmarks.md",
     )
+    max_waiting_responses: int = Field(
+        4096,
+        ge=1,
+        le=1_000_000,
+        description="a decoupled model's responses that may wait for the worker's writer, "
+        "which writes all that wait in one Redis call; past it the model's send waits. "
+        "Measured in docs/benchmarks.md (1: a call per response)",
+    )
     metrics_host: str = Field("127.0.0.1", description="address the worker's /metrics listens on")
     metrics_port: int = Field(
         0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"

@@ -26,7 +26,6 @@ limiter's resources) before it runs, so up to instance-count batches run at once
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
@@ -50,7 +49,6 @@ from plaza.errors import (
     ConfigError,
     DeadlineExceeded,
     InvalidInput,
-    ModelExecutionError,
     PlazaError,
     PoisonRecord,
     QueueFull,
@@ -75,6 +73,7 @@ from plaza.workers.device_scheduler import Grant, instance_specs
 from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
+from plaza.workers.responses import ResponseBuffer
 from plaza.workers.runner import BatchRunner, ResponseSink, WorkItem, error_result
 from plaza.workers.sequences import SequenceRuns, initial_states, read_states
 from plaza.workers.writer import ResultWriter, StateWrite
@@ -84,9 +83,6 @@ Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 RecordKey = tuple[TopicPartition, int]
 Record: TypeAlias = ConsumerRecord[Any, Any]
-RESPONSE_WAIT_S = 1.0
-"""How long a decoupled model's response waits for room in the results queue before it
-looks whether the worker has stopped writing."""
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
 """A request that waits for its sequence's state: ``_queue``'s arguments but ``done``."""
 
@@ -138,9 +134,6 @@ class Completed:
     """How many of them the scheduler counted as in flight."""
     states: list[StateWrite] = field(default_factory=list)
     """A stateful model's sequences' states, written with their answers."""
-    responses: bool = False
-    """A decoupled model's responses before the final ones: no record is finished, and
-    nothing is counted as answered, until the final ones are written."""
 
 
 class Worker:
@@ -198,6 +191,7 @@ class Worker:
         self._results: asyncio.Queue[Completed] = asyncio.Queue(maxsize=4)
         self._responses: ResponseSink | None = None
         """A decoupled model's responses' way to the writer (made in ``start``)."""
+        self._response_buffer: ResponseBuffer | None = None
         self._writes_closed = False
         """The writer is going away: a response still waiting for room gives up."""
         self._commit_due = asyncio.Event()
@@ -765,29 +759,25 @@ class Worker:
         )
 
     def _response_sink(self) -> ResponseSink | None:
-        """Where a decoupled model's responses go on their way to the writer: into the
-        results queue, in the order sent, each write before its request's final one. The
-        executor thread that runs the batch waits for room in the (bounded) queue: a
-        model that sends faster than Redis takes its responses is held back."""
+        """Where a decoupled model's responses go on their way to the writer: a bounded
+        buffer that the writer empties before it writes anything else
+        (``workers/responses.py``), woken through the results queue."""
         if not self.spec.decoupled:
             return None
         loop = asyncio.get_running_loop()
+        def wake() -> None:
+            loop.call_soon_threadsafe(self._wake_writer)
 
-        def sink(item: WorkItem, result: InferResult) -> None:
-            done = Completed([(result, item.request.reply.stream)], responses=True)
-            put = asyncio.run_coroutine_threadsafe(self._results.put(done), loop)
-            while True:
-                try:
-                    put.result(timeout=RESPONSE_WAIT_S)
-                    return
-                except concurrent.futures.TimeoutError:
-                    if self._writes_closed:
-                        put.cancel()
-                        raise ModelExecutionError(
-                            "the worker stopped before the response could be written"
-                        ) from None
+        limit = self.settings.worker.max_waiting_responses
+        buffer = ResponseBuffer(wake, lambda: self._writes_closed, limit)
+        self._response_buffer = buffer
+        return lambda item, result: buffer.add((result, item.request.reply.stream))
 
-        return sink
+    def _wake_writer(self) -> None:
+        """Ask the writer to take the responses waiting. A full queue needs no call: the
+        writer takes them with the next thing it gets."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self._results.put_nowait(Completed())
 
     async def _try_suspect(self, suspect: Suspect) -> None:
         """Run a suspect alone once all before it is durable, so that a crash now is
@@ -844,11 +834,13 @@ class Worker:
         while True:
             done = await self._results.get()
             try:
+                buffer = self._response_buffer
+                if buffer is not None and len(buffer):  # before their requests' final ones
+                    await self.writer.write_until_done(buffer.take())
                 written = await self.writer.write_until_done(done.answers, states=done.states)
-                if not done.responses:
-                    self.metrics.answered(done.answers)
-                    self.metrics.count("written", written)
-                    self.metrics.count("duplicate", len(done.answers) - written)
+                self.metrics.answered(done.answers)
+                self.metrics.count("written", written)
+                self.metrics.count("duplicate", len(done.answers) - written)
                 self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:
