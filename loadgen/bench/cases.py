@@ -33,6 +33,7 @@ from plaza.loadgen.bench.context import (
     warm_kafka,
 )
 from plaza.loadgen.bench.pipeline import text_embed
+from plaza.loadgen.bench.streaming import streaming
 from plaza.loadgen.inputs import input_pool, text_pool
 from plaza.loadgen.latency import LinearLatency
 from plaza.loadgen.measure import Load, PointResult
@@ -484,4 +485,5 @@ BENCHMARKS: dict[str, Benchmark] = {
     "queue_delay_from": queue_delay_from,
     "perf_analyzer": perf_analyzer_lanes,
     "text_embed": text_embed,
+    "streaming": streaming,
 }
