@@ -7,6 +7,8 @@ contract of docs/protocol.md and need only Kafka and Redis (no gateway).
         result = await client.infer("mlp", {"x": batch})          # sync-style call
         job = await client.submit("mlp", {"x": batch})            # async job
         result = await client.result(job)                         # poll until done
+        async for response in client.infer_stream("tokens", {"x": batch}):  # decoupled
+            ...
 """
 
 from __future__ import annotations
@@ -15,8 +17,17 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import Future as ConcurrentFuture
+from contextlib import aclosing
 from typing import Any, TypeVar
 
 import numpy as np
@@ -139,6 +150,33 @@ class PlazaClient:
         result = await self.producer.infer(req, self._spec(model), timeout_s)
         return raise_for_error(result) if raise_on_error else result
 
+    async def infer_stream(
+        self,
+        model: str,
+        inputs: Inputs,
+        *,
+        timeout_s: float = 30.0,
+        raise_on_error: bool = True,
+        **options: Any,
+    ) -> AsyncGenerator[InferResult, None]:
+        """Publish one request and yield each of its responses as it comes, until the final
+        one: a decoupled model's many (``index`` 0, 1, ...), an ordinary model's one.
+
+        A decoupled model's ``empty`` final response (it closed the request without data)
+        is not yielded: the stream just ends. ``timeout_s`` bounds the wait for each
+        response; past it DeadlineExceeded with ``details["job_id"]`` (``poll`` it for all
+        its responses). ``raise_on_error``: a response that carries an error is raised,
+        ending the stream. Leaving the stream early (``break``; close it with
+        ``contextlib.aclosing`` so that this happens at once) stores a ``cancelled`` answer
+        for the request, as a cancelled ``infer`` does."""
+        req = make_request(model, inputs, **options)
+        responses = self.producer.infer_stream(req, self._spec(model), timeout_s)
+        async with aclosing(responses):
+            async for result in responses:
+                if result.empty:
+                    continue
+                yield raise_for_error(result) if raise_on_error else result
+
     async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
         req = make_request(model, inputs, **options)
@@ -149,7 +187,8 @@ class PlazaClient:
         return await self.producer.publish_many((req, self._spec(req.model)) for req in requests)
 
     async def poll(self, job_id: str) -> JobStatus:
-        """pending, done (with the result) or unknown."""
+        """pending, done (with the result; a decoupled model's job with every response,
+        ``JobStatus.responses``) or unknown."""
         return await self.producer.poll(job_id)
 
     async def result(
@@ -212,6 +251,21 @@ class SyncPlazaClient:
     def infer(self, model: str, inputs: Inputs, **options: Any) -> InferResult:
         return self._call(self._client.infer(model, inputs, **options))
 
+    def infer_stream(self, model: str, inputs: Inputs, **options: Any) -> Iterator[InferResult]:
+        """``PlazaClient.infer_stream``, blocking: each response as it comes. Leaving the
+        loop early cancels the request once the generator is closed (``close()``, or
+        garbage collection)."""
+        responses = self._client.infer_stream(model, inputs, **options)
+        try:
+            while True:
+                more, result = self._call(_step(responses))
+                if not more:
+                    return
+                assert result is not None
+                yield result
+        finally:
+            self._call(responses.aclose())
+
     def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         return self._call(self._client.submit(model, inputs, **options))
 
@@ -232,3 +286,11 @@ class SyncPlazaClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _step(responses: AsyncGenerator[T, None]) -> tuple[bool, T | None]:
+    """The next item of ``responses``: (True, item), or (False, None) at its end."""
+    try:
+        return True, await anext(responses)
+    except StopAsyncIteration:
+        return False, None

@@ -104,6 +104,13 @@ class Cancelled(PlazaError):
     code = "cancelled"
 
 
+class Unsupported(PlazaError):
+    """A well-formed request that this endpoint does not serve for that model (a decoupled
+    model, which answers many times, called where one answer is expected)."""
+
+    code = "unsupported"
+
+
 class Unauthorized(PlazaError):
     """Missing or wrong API key."""
 

@@ -13,6 +13,10 @@ budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HT
 A sync request to a model that enables the response cache is first looked up there
 (``plaza.response_cache``, owned here): a hit is answered from Redis and never
 published; a successful answer to a miss is stored.
+
+A decoupled model (``ModelSpec.decoupled``) answers a request any number of times:
+``infer_stream`` yields each response as it comes, the final one last; ``infer``, which
+returns one answer, refuses such a model (Unsupported) before publishing.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +34,12 @@ import redis.asyncio as aioredis
 from msgspec.structs import replace
 
 from plaza.contract import InferRequest, InferResult, ReplyTo
-from plaza.errors import DeadlineExceeded, PlazaError, QueueFull, Unavailable
+from plaza.errors import DeadlineExceeded, PlazaError, QueueFull, Unavailable, Unsupported
 from plaza.modelconfig import ModelSpec
 from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard
-from plaza.replies import ReplyMux
+from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux, ResponseStream
 from plaza.response_cache import CacheObserver, DefaultVersions, ResponseCache
 from plaza.results import JobStatus, ResultStore
 from plaza.settings import PlazaSettings
@@ -186,8 +190,14 @@ class Producer:
         in time: the job is marked and stays pollable under that id. A response cache hit
         is answered at once, unpublished. When the caller cancels the wait (a cancelled
         gRPC call), a ``cancelled`` answer is stored for the request, so that a worker that
-        has not run it yet skips it.
+        has not run it yet skips it. Unsupported for a decoupled model (``infer_stream``).
         """
+        if spec is not None and spec.decoupled:
+            raise Unsupported(
+                f"model {spec.name!r} is decoupled (it may answer a request many times): "
+                "stream its responses instead of waiting for one answer",
+                model=spec.name,
+            )
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
         probe = await self.cache.probe(ready.req, spec)
         if probe is None:
@@ -216,6 +226,49 @@ class Producer:
                 return await self._await_reply(fut, ready, spec, left, timeout_s)
             except asyncio.CancelledError:
                 self._cancel_later(ready.req)
+                raise
+            finally:
+                mux.forget(ready.req.id)
+
+    async def infer_stream(
+        self,
+        req: InferRequest,
+        spec: ModelSpec | None,
+        timeout_s: float,
+        *,
+        limit: int = MAX_PENDING_RESPONSES,
+    ) -> AsyncGenerator[InferResult, None]:
+        """Publish ``req`` and yield each of its responses as it comes (errors included),
+        until the final one: a decoupled model's many, or an ordinary model's one (no
+        response cache here). The steps are ``infer``'s.
+
+        ``timeout_s`` bounds each wait: for the first response from the publish, for each
+        next one from the one before. When it passes, the job is marked (it stays pollable:
+        ``poll`` returns all its responses once the final one is stored) and
+        DeadlineExceeded is raised with ``details["job_id"]``. At most ``limit`` responses
+        wait for the caller to take them; past it QueueFull ends the stream. A caller that
+        stops before the final response (closes the generator, use
+        ``contextlib.aclosing``, or is cancelled), or the QueueFull, stores a ``cancelled``
+        answer for the request, as ``infer`` does.
+        """
+        ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
+        mux = await self.replies()
+        await self._check_queue(spec, ready.level)
+        with self.inflight.hold(request_bytes(ready.req)):
+            responses = mux.expect_responses(ready.req.id, limit)  # before publishing
+            final = False
+            try:
+                started = time.monotonic()
+                await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
+                left = timeout_s - (time.monotonic() - started)
+                while not final:
+                    result = await self._next_response(responses, ready, spec, left, timeout_s)
+                    final = result.final
+                    yield result
+                    left = timeout_s
+            except (asyncio.CancelledError, GeneratorExit, QueueFull):
+                if not final:
+                    self._cancel_later(ready.req)
                 raise
             finally:
                 mux.forget(ready.req.id)
@@ -313,6 +366,25 @@ class Producer:
         await self._mark(ready, spec)  # published and acknowledged: the job is real
         raise DeadlineExceeded(
             f"no result within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
+        )
+
+    async def _next_response(
+        self,
+        responses: ResponseStream,
+        ready: _Prepared,
+        spec: ModelSpec | None,
+        left_s: float,
+        timeout_s: float,
+    ) -> InferResult:
+        try:
+            async with asyncio.timeout(max(left_s, 0.0)):
+                return await anext(responses)
+        except TimeoutError:
+            pass
+        await self._mark(ready, spec)  # published and acknowledged: the job is real
+        raise DeadlineExceeded(
+            f"no response within {timeout_s:g} s; poll the job for its responses",
+            job_id=ready.req.id,
         )
 
     def _cancel_later(self, req: InferRequest) -> None:

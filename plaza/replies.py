@@ -5,6 +5,14 @@ under their correlation id before they publish; a single ``XREAD BLOCK`` loop re
 stream and resolves the futures. No connection or task per waiting request: the loop
 reads on a connection of its own (``plaza.resp_channel``; redis-py's client on a Redis
 Cluster).
+
+A decoupled model answers one request many times (``InferResult.index``, ``final``). Its
+caller registers a ``ResponseStream`` instead (``expect_responses``): every result of its
+id goes there, in order, until the final one. The stream holds at most ``limit`` responses
+that its reader has not taken yet; one more ends it with QueueFull (its reader gets the
+ones before, then the error), so the read loop never waits for a slow reader and nothing
+grows without bound. A future waits for a request's final result only: a response that is
+not final (there are none for an ordinary model) leaves it waiting.
 """
 
 from __future__ import annotations
@@ -12,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 
 from plaza.codec import decode_results
 from plaza.contract import InferResult
-from plaza.errors import CodecError
+from plaza.errors import CodecError, PlazaError, QueueFull, Unavailable
 from plaza.naming import STREAM_FIELD_RESULTS
 from plaza.resp_channel import channel_for
 from plaza.tasks import cancel_and_wait
@@ -28,6 +38,10 @@ log = logging.getLogger(__name__)
 READ_GRACE_S = 10.0
 """How long past its ``BLOCK`` a read may take before the connection counts as dead."""
 
+MAX_PENDING_RESPONSES = 1024
+"""Responses of one request a ``ResponseStream`` holds for its reader by default; one more
+ends the stream with QueueFull (the reader is too slow for the model)."""
+
 
 def _field(flat: list[bytes], name: bytes) -> bytes | None:
     """A stream entry's field ``name`` from its flat [field, value, ...] list."""
@@ -35,6 +49,75 @@ def _field(flat: list[bytes], name: bytes) -> bytes | None:
         if flat[i] == name:
             return flat[i + 1]
     return None
+
+
+class ResponseStream:
+    """Every result of one request, in order, until its final one: ``async for`` over it.
+
+    Fed by the reply reader (``deliver``, never blocking); ends after the final result, or
+    with the error that ended it (QueueFull past ``limit`` undelivered responses,
+    Unavailable when the reader stops), raised once the responses before it are taken.
+    A response whose index was delivered already (a duplicate) is dropped.
+    """
+
+    def __init__(
+        self, correlation_id: str, limit: int, on_end: Callable[[ResponseStream], None]
+    ) -> None:
+        self.correlation_id = correlation_id
+        self.limit = limit
+        self._on_end = on_end
+        self._buffer: deque[InferResult] = deque()
+        self._next_index = 0
+        self._finished = False
+        self._error: PlazaError | None = None
+        self._ready = asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        """The final result (or an error) came: nothing more will be delivered."""
+        return self._finished or self._error is not None
+
+    def deliver(self, result: InferResult) -> None:
+        """Take ``result`` for the reader (the reply reader calls this)."""
+        if self.ended or result.index < self._next_index:
+            return
+        if len(self._buffer) >= self.limit:
+            self.fail(
+                QueueFull(
+                    f"request {self.correlation_id}: {self.limit} responses waited undelivered "
+                    "(the caller reads them more slowly than the model answers); the rest are "
+                    "dropped",
+                    limit=self.limit,
+                )
+            )
+            return
+        self._buffer.append(result)
+        self._next_index = result.index + 1
+        if result.final:
+            self._finished = True
+            self._on_end(self)
+        self._ready.set()
+
+    def fail(self, error: PlazaError) -> None:
+        """End the stream with ``error`` (after the responses it holds)."""
+        if self.ended:
+            return
+        self._error = error
+        self._on_end(self)
+        self._ready.set()
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> InferResult:
+        while not self._buffer:
+            if self._error is not None:
+                raise self._error
+            if self._finished:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        return self._buffer.popleft()
 
 
 class ReplyMux:
@@ -47,6 +130,7 @@ class ReplyMux:
         self._ttl_s = ttl_s
         self._maxlen = maxlen
         self._waiters: dict[str, asyncio.Future[InferResult]] = {}
+        self._streams: dict[str, ResponseStream] = {}
         self._task: asyncio.Task[None] | None = None
         self._last_id = b"0-0"
         self._block_ms = 500
@@ -73,22 +157,43 @@ class ReplyMux:
         for fut in self._waiters.values():
             fut.cancel()
         self._waiters.clear()
+        for stream in list(self._streams.values()):
+            stream.fail(Unavailable("the reply stream's reader stopped"))
+        self._streams.clear()
         with contextlib.suppress(Exception):
             await self._redis.delete(self.stream)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._waiters) + len(self._streams)
 
     def expect(self, correlation_id: str) -> asyncio.Future[InferResult]:
-        """Register interest before publishing; await the future for the result."""
+        """Register interest before publishing; await the future for the (final) result."""
         fut: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
         self._waiters[correlation_id] = fut
         return fut
 
+    def expect_responses(
+        self, correlation_id: str, limit: int = MAX_PENDING_RESPONSES
+    ) -> ResponseStream:
+        """Register interest in every response of a request before publishing it (a
+        decoupled model's); ``async for`` over the stream until its final result. It holds
+        at most ``limit`` responses its reader has not taken (``ResponseStream``)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        stream = ResponseStream(correlation_id, limit, self._end_stream)
+        self._streams[correlation_id] = stream
+        return stream
+
     def forget(self, correlation_id: str) -> None:
         """Drop a waiter (timed out or cancelled); a late result is then ignored."""
         self._waiters.pop(correlation_id, None)
+        if self._streams:
+            self._streams.pop(correlation_id, None)
+
+    def _end_stream(self, stream: ResponseStream) -> None:
+        if self._streams.get(stream.correlation_id) is stream:
+            del self._streams[stream.correlation_id]
 
     async def _touch(self) -> None:
         # The stream exists once a worker writes to it; keep an idle expiry on it.
@@ -154,7 +259,15 @@ class ReplyMux:
         except CodecError as exc:
             log.error("undecodable reply entry on %s: %s", self.stream, exc)
             return
+        waiters, streams = self._waiters, self._streams
         for result in results:
-            fut = self._waiters.pop(result.id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(result)
+            fut = waiters.pop(result.id, None)
+            if fut is not None:
+                if not result.final:  # a one-answer wait takes only a final result
+                    waiters[result.id] = fut
+                elif not fut.done():
+                    fut.set_result(result)
+            elif streams:
+                stream = streams.get(result.id)
+                if stream is not None:
+                    stream.deliver(result)

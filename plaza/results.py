@@ -1,6 +1,11 @@
 """Reading results from Redis: job submission markers, polling, and result streams.
 
 Workers write (``workers/writer.py``); the gateway and the SDK read through this module.
+
+A decoupled model's job has many responses: its final one under the result key, the ones
+before it under their response keys (``Names.response_key``). Polling finds the final one
+first; when its ``index`` n is over 0 it reads responses 0..n-1 in one MGET (at most
+``MAX_JOB_RESPONSES`` of them: the first ones).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from plaza.settings import RedisSettings
 
 JobState = Literal["pending", "done", "unknown"]
 
+MAX_JOB_RESPONSES = 4096
+"""The most responses before its final one that polling a decoupled model's job reads (the
+first ones); ``JobStatus.missing`` counts the rest."""
+
 
 @dataclass(frozen=True, slots=True)
 class JobStatus:
@@ -29,6 +38,15 @@ class JobStatus:
 
     state: JobState
     result: InferResult | None = None
+    """The final result (for an ordinary model's job, its only one)."""
+    responses: tuple[InferResult, ...] = ()
+    """Every response of a done job, in order: the final result last, unless it is
+    ``empty`` (a decoupled model that closed its request without data), then left out.
+    An ordinary job's is ``(result,)``."""
+    missing: int = 0
+    """Responses before the final one that were not read: past ``MAX_JOB_RESPONSES``, or
+    expired (each lives ``redis.result_ttl_s`` from its own write, so the first ones of a
+    long stream go first)."""
 
 
 class ResultStore:
@@ -64,9 +82,21 @@ class ResultStore:
         pipe.get(self._names.result_key(correlation_id))
         pipe.exists(self._names.job_key(correlation_id))
         raw, known = await pipe.execute()
-        if raw is not None:
-            return JobStatus("done", decode_result(raw))
-        return JobStatus("pending" if known else "unknown")
+        if raw is None:
+            return JobStatus("pending" if known else "unknown")
+        final = decode_result(raw)
+        if final.index == 0:
+            return JobStatus("done", final, () if final.empty else (final,))
+        return await self._with_responses(final)
+
+    async def _with_responses(self, final: InferResult) -> JobStatus:
+        """A decoupled job's status: its responses before ``final`` read in one MGET."""
+        count = min(final.index, MAX_JOB_RESPONSES)
+        keys = [self._names.response_key(final.id, i) for i in range(count)]
+        stored: list[Any] = await self._redis.mget(keys)
+        found = [decode_result(raw) for raw in stored if raw is not None]
+        responses = (*found, final) if not final.empty else tuple(found)
+        return JobStatus("done", final, responses, missing=final.index - len(found))
 
 
 def raise_for_error(result: InferResult) -> InferResult:
