@@ -12,7 +12,7 @@ import dataclasses
 import hmac
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import orjson
@@ -20,16 +20,26 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plaza import __version__
-from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge, PlazaError, Unauthorized
+from plaza.contract import InferRequest
+from plaza.errors import (
+    ConfigError,
+    InvalidInput,
+    PayloadTooLarge,
+    PlazaError,
+    Unauthorized,
+    Unsupported,
+)
 from plaza.gateway import generate, kserve
 from plaza.gateway.errors import http_error
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
+from plaza.modelconfig import ModelSpec
+from plaza.results import JobStatus
 from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"
@@ -50,6 +60,8 @@ EXTENSIONS = (
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
+DECOUPLED_REFUSED = "HTTP end point doesn't support models with decoupled transaction policy"
+"""Triton's words for a sync infer call to a decoupled model (400)."""
 
 
 class JSONBody(Response):
@@ -202,6 +214,8 @@ class Endpoints:
     ) -> kserve.EncodedBody:
         """A sync inference from its (decoded) body to its encoded answer: what both the
         Starlette route and the gateway's own HTTP server (``plaza.gateway.http_front``) run."""
+        if self.service.model(model, version).spec.decoupled:
+            raise Unsupported(DECOUPLED_REFUSED, model=model)
         length = kserve.parse_header_length(header_length)
         body = kserve.decode_infer_request(raw, length, self.service.shm)
         req = body.to_request(model, version, uuid.uuid4().hex)
@@ -232,10 +246,17 @@ class Endpoints:
         if status.state == "pending" or status.result is None:
             return JSONBody({"status": "pending", "job_id": job_id})
         result = status.result
+        binary = request.query_params.get("binary_data_output", "").lower() == "true"
+        if self.service.decoupled(result):
+            if binary:
+                raise InvalidInput(
+                    "binary_data_output is not served for a decoupled model's job (its "
+                    "responses are a JSON list): poll it without"
+                )
+            return JSONBody(_decoupled_job(job_id, status))
         if result.error is not None:
             error = {"status": "error", "job_id": job_id, "error": result.error.message}
             return JSONBody({**error, "code": result.error.code})
-        binary = request.query_params.get("binary_data_output", "").lower() == "true"
         encoded = kserve.encode_infer_response(
             result,
             response_id=job_id,
@@ -246,19 +267,43 @@ class Endpoints:
 
     # -- Triton's generate extension (plaza.gateway.generate) ---------------------------
     async def generate(self, request: Request) -> Response:
-        return JSONBody(await self._generated(request))
-
-    async def generate_stream(self, request: Request) -> Response:
-        answer = generate.sse_event(await self._generated(request))
-        return Response(answer, media_type=generate.CONTENT_TYPE_SSE)
-
-    async def _generated(self, request: Request) -> dict[str, Any]:
         model, version = _model_path(request)
         spec = self.service.model(model, version).spec  # 404 before reading a body
+        if spec.decoupled:
+            raise Unsupported(
+                f"model {model!r} is decoupled (it may answer many times) and generate "
+                "returns one answer: use generate_stream",
+                model=model,
+            )
+        return JSONBody(await self._generated(request, spec))
+
+    async def generate_stream(self, request: Request) -> Response:
+        model, version = _model_path(request)
+        spec = self.service.model(model, version).spec  # 404 before reading a body
+        if not spec.decoupled:
+            answer = generate.sse_event(await self._generated(request, spec))
+            return Response(answer, media_type=generate.CONTENT_TYPE_SSE)
+        req, client_id, timeout_s = await self._generate_request(request, spec)
+        events = generate.sse_events(self.service.infer_stream(req, timeout_s), client_id)
+        try:
+            first = await anext(events)  # an error before it is answered with its status
+        except StopAsyncIteration:  # the model closed the request without a response
+            return Response(b"", media_type=generate.CONTENT_TYPE_SSE)
+        return StreamingResponse(_events_from(first, events), media_type=generate.CONTENT_TYPE_SSE)
+
+    async def _generate_request(
+        self, request: Request, spec: ModelSpec
+    ) -> tuple[InferRequest, str | None, float]:
+        """The request a generate body makes, the client's ``id``, and the wait."""
+        model, version = _model_path(request)
         doc = await self._json_object(request)
         front, client_id = generate.decode_generate_request(doc, spec)
         req = front.to_request(model, version, uuid.uuid4().hex)
-        result = await self.service.infer(req, self.service.sync_timeout(front.timeout_us))
+        return req, client_id, self.service.sync_timeout(front.timeout_us)
+
+    async def _generated(self, request: Request, spec: ModelSpec) -> dict[str, Any]:
+        req, client_id, timeout_s = await self._generate_request(request, spec)
+        result = await self.service.infer(req, timeout_s)
         return generate.generate_response(result, client_id)
 
     # -- model repository (Triton's model control) -------------------------------------
@@ -387,6 +432,44 @@ class Endpoints:
             Route(model_trace, self.update_trace_settings, methods=["POST"]),
         ]
         return routes
+
+
+async def _events_from(
+    first: bytes, events: AsyncGenerator[bytes, None]
+) -> AsyncGenerator[bytes, None]:
+    """``first``, then the rest of ``events`` (closed when the client goes away)."""
+    async with contextlib.aclosing(events):
+        yield first
+        async for event in events:
+            yield event
+
+
+def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
+    """A done decoupled model's job: ``responses`` holds each response as the poll endpoint
+    renders one result (JSON outputs) or, for an error response, its ``error`` and ``code``;
+    a final response that is an error makes the job's ``status`` ``error``."""
+    final = status.result
+    assert final is not None
+    doc: dict[str, Any] = {
+        "status": "done",
+        "job_id": job_id,
+        "model_name": final.model,
+        "model_version": final.version,
+    }
+    responses: list[dict[str, Any]] = []
+    for result in status.responses:
+        if result.error is not None:
+            responses.append({"error": result.error.message, "code": result.error.code})
+        else:
+            responses.append(kserve.result_doc(result, job_id))
+    if final.error is not None:
+        doc.update(status="error", error=final.error.message, code=final.error.code)
+        if status.responses and status.responses[-1] is final:
+            responses.pop()  # the final error is the job's own, at the top
+    doc["responses"] = responses
+    if status.missing:
+        doc["missing_responses"] = status.missing
+    return doc
 
 
 # -- the application ------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from plaza.errors import (
     SharedMemoryError,
     Unauthorized,
     Unavailable,
+    Unsupported,
     UnsupportedVersion,
 )
 
@@ -35,6 +36,7 @@ _STATUS_BY_CODE: dict[str, _Status] = {
     CodecError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedVersion.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     SharedMemoryError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    Unsupported.code: (400, grpc.StatusCode.UNIMPLEMENTED),  # Triton's, for decoupled models
     Unauthorized.code: (401, grpc.StatusCode.UNAUTHENTICATED),
     ModelNotFound.code: (404, grpc.StatusCode.NOT_FOUND),
     JobNotFound.code: (404, grpc.StatusCode.NOT_FOUND),

@@ -10,19 +10,26 @@ values that fill its fixed dims and at most one variable one; a batching model g
 of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, and
 each output by its name: its one value, or a flat list of its values (BYTES as text).
 
-``generate_stream`` answers as server-sent events (``text/event-stream``). Plaza's models
-answer a request once (Triton's decoupled models, which stream many answers, are refused),
-so the stream holds that one answer as one ``data:`` event; an error is answered as a JSON
-error with its status, as Triton answers an error met before inference began.
+``generate_stream`` answers as server-sent events (``text/event-stream``). An ordinary
+model answers a request once: the stream holds that one answer as one ``data:`` event. A
+decoupled model (``model_transaction_policy { decoupled: true }``) answers any number of
+times: one ``data:`` event per response, sent as it comes (its empty final response sends
+none). An error met before the first event (a bad body, a first response that is an
+error, no response in time) is answered as a JSON error with its status, as Triton answers
+an error met before inference began; one met after it ends the stream with an error event,
+``data: {"error": <message>, "code": <code>}``. ``generate`` needs exactly one answer, so it
+refuses a decoupled model (``unsupported``, 400) and points to ``generate_stream``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from plaza.contract import InferResult, Scalar
-from plaza.errors import InvalidInput
+from plaza.errors import InvalidInput, PlazaError, error_from_wire
 from plaza.gateway.kserve import MAX_NESTING, encode_json, json_tensor, request_parameters
 from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
@@ -120,3 +127,26 @@ def _value(tensor: Tensor) -> Scalar | list[Any]:
 def sse_event(doc: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``doc``."""
     return b"data: " + encode_json(doc) + b"\n\n"
+
+
+async def sse_events(
+    results: AsyncGenerator[InferResult, None], client_id: str | None
+) -> AsyncGenerator[bytes, None]:
+    """A decoupled model's responses as server-sent events, one per response with data.
+
+    Before the first event an error (a response that carries one, or one raised) is raised,
+    for the endpoint to answer with its status; after it, it becomes the last event."""
+    sent = False
+    async with aclosing(results):
+        try:
+            async for result in results:
+                if result.error is not None:
+                    raise error_from_wire(result.error.code, result.error.message)
+                if not result.empty:
+                    yield sse_event(generate_response(result, client_id))
+                    sent = True
+        except PlazaError as exc:
+            if not sent:
+                raise
+            code = str(exc.details.get("code", exc.code))
+            yield sse_event({"error": exc.message, "code": code})

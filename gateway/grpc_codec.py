@@ -13,6 +13,11 @@ parameters name a registered region is read from it (``raw_input_contents`` then
 other inputs', in order, as tritonclient sends them), and an output requested into a region
 is written there and answered with an empty ``raw_output_contents`` entry, which keeps the
 other outputs' entries at their index.
+
+Triton's ``triton_enable_empty_final_response`` request parameter (a bool, for streams to
+decoupled models) is the front's own: taken out of the parameters the worker receives and
+read with ``wants_empty_final``; each response then says whether it is the request's last
+in its ``triton_final_response`` parameter (``mark_final``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ from plaza.gateway.shared_memory import (
     shm_ref,
 )
 from plaza.tensors import Tensor, serialize_bytes
+
+PARAM_EMPTY_FINAL = "triton_enable_empty_final_response"
+"""Request parameter (bool): send a decoupled model's empty final response, and mark every
+response with ``PARAM_FINAL_RESPONSE``."""
+PARAM_FINAL_RESPONSE = "triton_final_response"
+"""Response parameter (bool): the request's last response."""
 
 _CONTENTS_FIELD: dict[str, str] = {
     "BOOL": "bool_contents",
@@ -90,8 +101,30 @@ def decode_infer_request(
     params = decode_parameters(msg.parameters, "request")
     refuse_unsupported(params, "request")
     return FrontRequest.from_parameters(
-        tuple(tensors), outputs, params, classification=classes, shm_outputs=shm_outputs
+        tuple(tensors),
+        outputs,
+        params,
+        consumed=frozenset({PARAM_EMPTY_FINAL}),
+        classification=classes,
+        shm_outputs=shm_outputs,
     )
+
+
+def wants_empty_final(msg: pb.ModelInferRequest) -> bool:
+    """The request's ``triton_enable_empty_final_response`` (False when absent);
+    InvalidInput when it is not a bool."""
+    param = msg.parameters.get(PARAM_EMPTY_FINAL)
+    if param is None:
+        return False
+    if param.WhichOneof("parameter_choice") != "bool_param":
+        raise InvalidInput(f"parameter {PARAM_EMPTY_FINAL!r} must be a bool")
+    return bool(param.bool_param)
+
+
+def mark_final(msg: pb.ModelInferResponse, final: bool) -> pb.ModelInferResponse:
+    """``msg`` with its ``triton_final_response`` parameter set to ``final``."""
+    msg.parameters[PARAM_FINAL_RESPONSE].bool_param = final
+    return msg
 
 
 def _input_shm(item: pb.ModelInferRequest.InferInputTensor) -> ShmRef | None:

@@ -8,7 +8,14 @@ and errors (``gateway.errors.grpc_status``); nothing here publishes or waits on 
 ``ModelStreamInfer`` keeps many requests in flight on one stream (at most
 ``STREAM_MAX_INFLIGHT``, answers not yet sent included; past it the stream stops reading
 until one is sent) and sends
-each response as it completes, tagged with the request's ``id``, as Triton does. A call the
+each response as it completes, tagged with the request's ``id``, as Triton does. A
+decoupled model's request gets each of its responses as it comes, interleaved with the
+stream's other requests (at most ``STREAM_MAX_INFLIGHT`` responses wait to be sent; past
+it the requests wait, and a request whose responses then pile up in the reply reader past
+its bound gets an error); with ``triton_enable_empty_final_response`` each response
+(an ordinary model's one too) carries ``triton_final_response`` and a decoupled model's
+empty final response is sent too.
+``ModelInfer`` refuses a decoupled model (UNIMPLEMENTED, as Triton). A call the
 client cancels, or a stream it closes, stops waiting at once; the producer core then stores
 a ``cancelled`` answer, so a worker that has not run the request yet skips it. With
 ``gateway.tls_cert_file`` set the port serves TLS (``gateway.tls``).
@@ -26,7 +33,8 @@ import functools
 import hmac
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -36,7 +44,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
-from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized
+from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Unsupported
 from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
@@ -53,7 +61,10 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 """Triton's service, as tritonclient's definitions describe it."""
 
 STREAM_MAX_INFLIGHT = 1024
-"""Requests one ModelStreamInfer stream may have in flight before it stops reading."""
+"""Requests one ModelStreamInfer stream may have in flight before it stops reading; also
+the responses that may wait to be sent on it."""
+DECOUPLED_REFUSED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+"""Triton's words for a unary call to a decoupled model (status UNIMPLEMENTED)."""
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -286,7 +297,42 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         self._authorize(context)
+        if self.service.model(request.model_name, request.model_version).spec.decoupled:
+            raise Unsupported(DECOUPLED_REFUSED, model=request.model_name)
         return await self._infer(request)
+
+    async def _stream_answers(
+        self, request: pb.ModelInferRequest
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """A stream request's answers: an ordinary model's one, a decoupled model's each."""
+        model = self.service.model(request.model_name, request.model_version)
+        empty_final = grpc_codec.wants_empty_final(request)
+        if not model.spec.decoupled:  # its one response is its final one
+            response = await self._infer(request)
+            if empty_final:
+                grpc_codec.mark_final(response, True)
+            yield pb.ModelStreamInferResponse(infer_response=response)
+            return
+        decoded = grpc_codec.decode_infer_request(request, self.service.shm)
+        if decoded.shm_outputs:
+            raise InvalidInput(
+                "a decoupled model's outputs cannot go to shared memory: each of its "
+                "responses would overwrite the one before"
+            )
+        req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
+        wait_s = self.service.sync_timeout(decoded.timeout_us)
+        async with aclosing(self.service.infer_stream(req, wait_s)) as results:
+            async for result in results:
+                if result.empty and not empty_final:
+                    continue
+                if result.error is not None:
+                    answer = _stream_error(request, result.error.message)
+                else:
+                    encoded = grpc_codec.encode_infer_response(result, request.id)
+                    answer = pb.ModelStreamInferResponse(infer_response=encoded)
+                if empty_final:
+                    grpc_codec.mark_final(answer.infer_response, result.final)
+                yield answer
 
     async def ModelStreamInfer(
         self,
@@ -298,7 +344,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
             self._authorize(context)
         except PlazaError as exc:
             await context.abort(grpc_status(exc), exc.message)
-        stream = _Stream(self._infer, STREAM_MAX_INFLIGHT)
+        stream = _Stream(self._stream_answers, STREAM_MAX_INFLIGHT)
         async for response in stream.run(request_iterator):
             yield response
 
@@ -309,16 +355,22 @@ class _Stream:
     The requests of one sequence (a stateful model's, by their ``sequence_id``) run one
     after the other, in the stream's order: Triton's streaming clients send a whole sequence
     without waiting, and run concurrently, its requests could reach Kafka out of order (the
-    first publish of a topic, or a full producer buffer, suspends one and not the next)."""
+    first publish of a topic, or a full producer buffer, suspends one and not the next).
+
+    Two bounds hold: at most ``max_inflight`` requests run (a request's slot is freed once
+    its last answer is sent), and at most ``max_inflight`` answers wait to be sent (a
+    request with more, a decoupled model's, waits for room)."""
 
     def __init__(
         self,
-        infer: Callable[[pb.ModelInferRequest], Awaitable[pb.ModelInferResponse]],
+        answer: Callable[[pb.ModelInferRequest], AsyncGenerator[pb.ModelStreamInferResponse, None]],
         max_inflight: int,
     ) -> None:
-        self._infer = infer
+        self._answer = answer
         self._slots = asyncio.Semaphore(max_inflight)
-        self._answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(max_inflight)
+        self._answers: asyncio.Queue[_Queued | None] = asyncio.Queue()
+        """Answers to send, and a request's end (no answer: frees its slot); None: the end."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._tails: dict[int | str, asyncio.Task[None]] = {}
         """Each sequence's latest request in flight: the next one waits for it."""
@@ -328,9 +380,13 @@ class _Stream:
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         reader = asyncio.create_task(self._read(requests))
         try:
-            while (answer := await self._answers.get()) is not None:
-                yield answer
-                self._slots.release()  # answered and sent: the queue stays bounded
+            while (queued := await self._answers.get()) is not None:
+                answer, last = queued
+                if answer is not None:
+                    yield answer
+                    self._room.release()  # sent: the answers waiting stay bounded
+                if last:
+                    self._slots.release()  # the request's last answer is sent
             await reader  # re-raises a failure of the reader
         finally:  # the client went away, or the stream ended: stop every wait
             await cancel_and_wait([reader, *self._tasks])
@@ -362,13 +418,23 @@ class _Stream:
         if before is not None:
             await asyncio.wait([before])  # its sequence's request before it, answered first
         try:
-            response = pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            async with aclosing(self._answer(request)) as answers:
+                async for answer in answers:
+                    await self._send(answer)
         except PlazaError as exc:
-            response = _stream_error(request, exc.message)
+            await self._send(_stream_error(request, exc.message))
         except Exception as exc:
             log.exception("gRPC stream request failed")
-            response = _stream_error(request, f"internal error: {type(exc).__name__}")
-        self._answers.put_nowait(response)
+            await self._send(_stream_error(request, f"internal error: {type(exc).__name__}"))
+        self._answers.put_nowait((None, True))
+
+    async def _send(self, answer: pb.ModelStreamInferResponse) -> None:
+        await self._room.acquire()
+        self._answers.put_nowait((answer, False))
+
+
+_Queued = tuple[pb.ModelStreamInferResponse | None, bool]
+"""An answer to send (or None) and whether its request ends there."""
 
 
 def _sequence_key(request: pb.ModelInferRequest) -> int | str | None:

@@ -5,7 +5,10 @@ carries the load, is answered here directly: the same checks and the same code a
 Starlette route (``Endpoints.infer_encoded``), without the ASGI layers around it. Every
 other request (metadata, health, statistics, async jobs, the model repository) goes to the
 Starlette app through a small ASGI bridge, so each route is written once, in
-``plaza.gateway.app``, and the unit tests that drive that app cover it.
+``plaza.gateway.app``, and the unit tests that drive that app cover it. A response the app
+streams (a decoupled model's ``generate_stream``: its body in parts, ``more_body``) is
+passed on as it comes, a chunk at a time (``HttpResponse.stream``), at most
+``STREAM_BUFFER`` parts ahead of the client; a client that goes away ends the app's call.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import MutableMapping
+from collections.abc import AsyncGenerator, MutableMapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -28,6 +31,8 @@ from plaza.gateway.http_server import HttpRequest, HttpResponse
 log = logging.getLogger(__name__)
 
 _JSON = kserve.CONTENT_TYPE_JSON
+STREAM_BUFFER = 16
+"""Parts of a streamed response the app may send ahead of the client before it waits."""
 _LENGTH_HEADER = kserve.HEADER_INFERENCE_LENGTH.lower()
 
 
@@ -95,6 +100,8 @@ class HttpFront:
         content_type: str | None = None
         headers: list[tuple[str, str]] = []
         body: list[bytes] = []
+        parts: asyncio.Queue[bytes] = asyncio.Queue(STREAM_BUFFER)
+        streaming: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def receive() -> dict[str, Any]:
             nonlocal delivered
@@ -115,15 +122,53 @@ class HttpFront:
                     elif key != "content-length":
                         headers.append((key, value.decode("latin-1")))
             elif message["type"] == "http.response.body":
-                body.append(message.get("body", b""))
-                if not message.get("more_body", False):
+                more = message.get("more_body", False)
+                if not more and not streaming.done():
+                    body.append(message.get("body", b""))
+                    done.set()
+                    return
+                if not streaming.done():  # the body comes in parts: pass them on as they come
+                    streaming.set_result(None)
+                await parts.put(message.get("body", b""))
+                if not more:
                     done.set()
 
+        call = asyncio.create_task(self.app(scope, receive, send))
         try:
-            await self.app(scope, receive, send)
-        finally:
-            done.set()
-        return HttpResponse(status, b"".join(body), content_type, headers)
+            await asyncio.wait([call, streaming], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if not streaming.done():
+            try:
+                await call  # re-raises what the app raised
+            finally:
+                done.set()
+            return HttpResponse(status, b"".join(body), content_type, headers)
+        relay = _relay(call, parts, done)
+        return HttpResponse(status, b"", content_type, headers, stream=relay)
+
+
+async def _relay(
+    call: asyncio.Task[None], parts: asyncio.Queue[bytes], done: asyncio.Event
+) -> AsyncGenerator[bytes, None]:
+    """A streamed response's parts as the app sends them, until its call ends; closed early
+    (the client went away), it tells the app so (``done``: receive() says disconnect) and
+    stops the call."""
+    try:
+        while not (call.done() and parts.empty()):
+            part = asyncio.ensure_future(parts.get())
+            await asyncio.wait([part, call], return_when=asyncio.FIRST_COMPLETED)
+            if part.done():
+                yield part.result()
+            else:
+                part.cancel()
+        await call  # re-raises a failure midway (the server then closes the connection)
+    finally:
+        done.set()
+        if not call.done():
+            call.cancel()
+            await asyncio.wait([call])
 
 
 def _infer_route(request: HttpRequest) -> tuple[str, str] | None:

@@ -17,7 +17,11 @@ keeps what an inference front needs and nothing else:
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
-Responses always carry Content-Length (no chunked responses: every Plaza answer is made whole).
+Responses carry Content-Length, but for a response whose body comes as it is made
+(``HttpResponse.stream``: server-sent events of a decoupled model): that one is sent in
+chunks (``Transfer-Encoding: chunked``; to an HTTP/1.0 client as it comes, then a close),
+each chunk written once the transport has room for it. A client that goes away stops it:
+the stream is closed, which cancels what it waits for.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import Awaitable, Callable, Set
+from collections.abc import AsyncGenerator, Awaitable, Callable, Set
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol, cast
@@ -80,17 +84,24 @@ class HttpResponse:
     body: bytes = b""
     content_type: str | None = None
     headers: list[tuple[str, str]] = field(default_factory=list)
+    stream: AsyncGenerator[bytes, None] | None = None
+    """A body sent as it comes, in chunks (``body`` is then not sent); closed when done."""
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
-def render(response: HttpResponse, keep_alive: bool, head: bool = False) -> bytes:
-    """The response's bytes on the wire (a HEAD request's without its body)."""
+def render(
+    response: HttpResponse, keep_alive: bool, head: bool = False, chunked: bool = False
+) -> bytes:
+    """The response's bytes on the wire (a HEAD request's without its body); for a streamed
+    one only its head, which says ``chunked`` or nothing of its length."""
     reason = _REASONS.get(response.status, b"")
-    lines = [
-        b"HTTP/1.1 %d %s\r\ncontent-length: %d\r\n" % (response.status, reason, len(response.body))
-    ]
+    lines = [b"HTTP/1.1 %d %s\r\n" % (response.status, reason)]
+    if response.stream is None:
+        lines.append(b"content-length: %d\r\n" % len(response.body))
+    elif chunked:
+        lines.append(b"transfer-encoding: chunked\r\n")
     if response.content_type is not None:
         lines.append(b"content-type: %s\r\n" % response.content_type.encode("latin-1"))
     for name, value in response.headers:
@@ -98,7 +109,7 @@ def render(response: HttpResponse, keep_alive: bool, head: bool = False) -> byte
     if not keep_alive:
         lines.append(b"connection: close\r\n")
     lines.append(b"\r\n")
-    if not head:
+    if not head and response.stream is None:
         lines.append(response.body)
     return b"".join(lines)
 
@@ -132,6 +143,7 @@ class HttpProtocol(asyncio.Protocol):
         self._head_bytes = 0
         self._last_data = 0.0
         self._broken = False
+        self._pump: asyncio.Task[None] | None = None
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- the transport's callbacks -------------------------------------------------------
@@ -146,6 +158,8 @@ class HttpProtocol(asyncio.Protocol):
         self._cancel_idle()
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
+        if self._pump is not None:
+            self._pump.cancel()  # a streamed body's client went away: stop what it waits for
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -251,20 +265,24 @@ class HttpProtocol(asyncio.Protocol):
                 if self._paused and len(self._pending) <= MAX_PIPELINED // 2:
                     self._transport.resume_reading()
                     self._paused = False
-                head = False
+                head, chunked = False, True
                 if isinstance(item, HttpRequest):
                     head = item.method == "HEAD"
+                    chunked = item.http_version != "1.0"
                     response = await self._call(item)
                 else:
                     response = item
-                keep_alive = keep_alive and not self._closing
-                if self._transport is None:
+                keep_alive = (
+                    keep_alive and not self._closing and (chunked or response.stream is None)
+                )
+                if self._transport is None or not await self._writable():
+                    await _close_stream(response)
                     return
-                if self._write_ready is not None:
-                    await self._write_ready
-                    if self._transport is None:
-                        return
-                self._transport.write(render(response, keep_alive, head))
+                self._transport.write(render(response, keep_alive, head, chunked))
+                if response.stream is not None and not await self._send_stream(
+                    response.stream, chunked and not head, head
+                ):
+                    return
                 if not keep_alive:
                     self._transport.close()
                     return
@@ -274,6 +292,46 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
         else:
             self._arm_idle()
+
+    async def _writable(self) -> bool:
+        """Wait until the transport takes writes again; False when it closed meanwhile."""
+        if self._write_ready is not None:
+            await self._write_ready
+        return self._transport is not None
+
+    async def _send_stream(
+        self, stream: AsyncGenerator[bytes, None], chunked: bool, head: bool
+    ) -> bool:
+        """Send a streamed body (nothing of it for HEAD); False when the connection went
+        away, or was closed because the stream failed midway (its status is sent)."""
+        if head:
+            await _close_stream(stream)
+            return True
+        pump = self._pump = self._loop.create_task(self._pump_chunks(stream, chunked))
+        try:
+            await asyncio.wait([pump])
+        finally:
+            self._pump = None
+        if pump.cancelled() or self._transport is None:
+            return False
+        if pump.exception() is not None:
+            log.error("a streamed response failed midway: %r", pump.exception())
+            self._transport.close()
+            return False
+        return True
+
+    async def _pump_chunks(self, stream: AsyncGenerator[bytes, None], chunked: bool) -> None:
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                if not chunk:
+                    continue
+                if not await self._writable():
+                    return
+                assert self._transport is not None
+                self._transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+        if chunked and await self._writable():
+            assert self._transport is not None
+            self._transport.write(b"0\r\n\r\n")
 
     async def _call(self, request: HttpRequest) -> HttpResponse:
         try:
@@ -327,6 +385,13 @@ class HttpProtocol(asyncio.Protocol):
         """Close at once, whatever is in flight."""
         if self._transport is not None:
             self._transport.abort()
+
+
+async def _close_stream(response: HttpResponse | AsyncGenerator[bytes, None]) -> None:
+    """Close a streamed body that is not sent (a HEAD request, a client gone)."""
+    stream = response.stream if isinstance(response, HttpResponse) else response
+    if stream is not None:
+        await stream.aclose()
 
 
 def _payload_too_large(limit: int) -> HttpResponse:

@@ -497,6 +497,17 @@ def _binary_output(tensor: Tensor) -> dict[str, Any]:
     }
 
 
+def result_doc(result: InferResult, response_id: str) -> dict[str, Any]:
+    """A successful result as a JSON response object, its outputs as JSON data (what
+    ``encode_infer_response`` makes without binary outputs, as a dict)."""
+    return {
+        "model_name": result.model,
+        "model_version": result.version,
+        "id": response_id,
+        "outputs": [_json_output(tensor) for tensor in result.outputs],
+    }
+
+
 def _json_output(tensor: Tensor) -> dict[str, Any]:
     arr = tensor.to_numpy().reshape(-1)
     data: Any = (

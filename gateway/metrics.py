@@ -17,7 +17,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter
@@ -42,6 +42,7 @@ from plaza.settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Awaitable[InferResult]])
+S = TypeVar("S", bound=Callable[..., AsyncGenerator[InferResult, None]])
 
 
 class GatewayMetrics:
@@ -138,10 +139,7 @@ def metered(infer: F) -> F:
         try:
             result = await infer(self, req, *args, **kwargs)
         except Exception as exc:
-            version = _version_label(self, req)
-            if version is not None:
-                code = exc.code if isinstance(exc, PlazaError) else PlazaError.code
-                self.metrics.failed(req.model, version, code)
+            _count_failure(self, req, exc)
             raise
         self.metrics.succeeded(
             result.model or req.model, result.version, time.monotonic() - started
@@ -149,6 +147,46 @@ def metered(infer: F) -> F:
         return result
 
     return cast(F, wrapper)
+
+
+def metered_stream(infer_stream: S) -> S:
+    """Counts each call of the service's ``infer_stream(req, timeout_s)`` once, when its final
+    response comes: a success (with its duration, publish to final response) unless that
+    response is an error, then a failure with its code. A stream the caller leaves before
+    its final response is not counted; one that fails (a timeout) counts as that failure."""
+
+    @functools.wraps(infer_stream)
+    async def wrapper(
+        self: _Metered, req: InferRequest, *args: Any, **kwargs: Any
+    ) -> AsyncGenerator[InferResult, None]:
+        started = time.monotonic()
+        try:
+            async with contextlib.aclosing(infer_stream(self, req, *args, **kwargs)) as responses:
+                async for result in responses:
+                    if result.final:
+                        _count_final(self, req, result, time.monotonic() - started)
+                    yield result
+        except Exception as exc:
+            _count_failure(self, req, exc)
+            raise
+
+    return cast(S, wrapper)
+
+
+def _count_final(service: _Metered, req: InferRequest, result: InferResult, seconds: float) -> None:
+    if result.error is None:
+        service.metrics.succeeded(result.model or req.model, result.version, seconds)
+        return
+    version = _version_label(service, req)
+    if version is not None:
+        service.metrics.failed(req.model, version, result.error.code)
+
+
+def _count_failure(service: _Metered, req: InferRequest, exc: Exception) -> None:
+    version = _version_label(service, req)
+    if version is not None:
+        code = exc.code if isinstance(exc, PlazaError) else PlazaError.code
+        service.metrics.failed(req.model, version, code)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import JobNotFound, ModelNotFound, Unavailable
-from plaza.gateway.metrics import GatewayMetrics, metered
+from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
@@ -279,13 +279,41 @@ class GatewayService:
             )
         return raise_for_error(result)
 
+    @metered_stream
+    async def infer_stream(
+        self, req: InferRequest, timeout_s: float | None = None
+    ) -> AsyncGenerator[InferResult, None]:
+        """Publish ``req`` and yield each of its responses as it comes, until the final one
+        (``plaza.producer.Producer.infer_stream``): a decoupled model's many, an ordinary
+        model's one. Responses that carry an error are yielded, not raised: a front decides
+        whether one ends its stream. ``timeout_s`` (default ``gateway.sync_timeout_s``)
+        bounds the wait for each response; past it DeadlineExceeded with
+        ``details["job_id"]``. Not traced (Triton's trace extension covers ``infer``)."""
+        spec = self.model(req.model, req.version).spec
+        wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
+        responses = self._require(self._producer).infer_stream(req, spec, wait_s)
+        async with contextlib.aclosing(responses):
+            async for result in responses:
+                yield result
+
+    def decoupled(self, result: InferResult) -> bool:
+        """Whether ``result`` is a decoupled model's answer: the model's config says so
+        while it is loaded; past that, a result that is not a request's first, or an empty
+        one, tells."""
+        model = self.models.get(result.model)
+        if model is not None:
+            return model.spec.decoupled
+        return result.index > 0 or result.empty
+
     async def submit(self, req: InferRequest) -> str:
-        """Publish ``req`` as an async job; the result goes only to its result key."""
+        """Publish ``req`` as an async job; the result goes only to its result key (a
+        decoupled model's responses before its final one to their response keys)."""
         spec = self.model(req.model, req.version).spec
         return await self._require(self._producer).submit(req, spec)
 
     async def poll(self, job_id: str) -> JobStatus:
-        """pending or done (with the result); JobNotFound for an id never submitted."""
+        """pending or done (with the final result and every response,
+        ``plaza.results.JobStatus``); JobNotFound for an id never submitted."""
         status = await self._require(self._producer).poll(job_id)
         if status.state == "unknown":
             raise JobNotFound(f"no job {job_id!r} (never submitted, or expired)", job_id=job_id)
