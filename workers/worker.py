@@ -765,6 +765,7 @@ class Worker:
         if not self.spec.decoupled:
             return None
         loop = asyncio.get_running_loop()
+
         def wake() -> None:
             loop.call_soon_threadsafe(self._wake_writer)
 

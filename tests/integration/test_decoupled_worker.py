@@ -7,15 +7,23 @@ its result stream sees every response of every request in order, numbered, the l
 final; the responses before it stay on their response keys and the final one on the
 result key. A request replayed after its first run wrote some responses (a worker that
 died mid-stream) adds only the ones that run did not write: a reader never sees one twice.
+Through the gateway, tritonclient's gRPC stream and HTTP's generate_stream pass the real
+worker's responses on, and the one-answer infer refuses the model.
 """
 
 from __future__ import annotations
 
+import asyncio
+import queue
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
+import orjson
 import pytest
 import redis.asyncio as aioredis
+import tritonclient.grpc as grpcclient
 
 from plaza.client import PlazaClient, make_request
 from plaza.codec import decode_result
@@ -24,7 +32,7 @@ from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 from plaza.workers.writer import ResultWriter
 from tests.python_models import write_repository
-from tests.support import make_settings, running_worker
+from tests.support import gateway_fronts, make_settings, running_worker
 
 
 @pytest.fixture
@@ -130,3 +138,45 @@ async def test_a_replayed_request_adds_only_the_responses_not_yet_written(
     assert [r.worker for r in seen[:2]] == ["the-first-run"] * 2  # first write wins
     assert [_values(r) for r in seen[:4]] == [(100, 0), (101, 1), (9, 2), (10, 3)]
     assert seen[4].final and seen[4].empty
+
+
+def _grpc_stream(address: str) -> list[tuple[int | None, bool]]:
+    """tritonclient's streaming client against ``repeat``: (OUT or None, final) per response
+    of one request asking for the empty final response."""
+    got: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = grpcclient.InferenceServerClient(address)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        item = grpcclient.InferInput("IN", [1, 3], "INT32")
+        item.set_data_from_numpy(np.array([[4, 5, 6]], np.int32))
+        client.async_stream_infer("repeat", [item], enable_empty_final_response=True)
+        rows: list[tuple[int | None, bool]] = []
+        while not rows or not rows[-1][1]:
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            final = result.get_response().parameters["triton_final_response"].bool_param
+            out = result.as_numpy("OUT")
+            rows.append((None if out is None else int(out[0, 0]), final))
+        return rows
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+async def test_the_gateway_streams_a_real_workers_responses(settings: PlazaSettings) -> None:
+    """gRPC's ModelStreamInfer (tritonclient) and HTTP's generate_stream, end to end."""
+    async with running_worker(settings, "repeat"), gateway_fronts(settings) as gw:
+        rows = await asyncio.to_thread(_grpc_stream, gw.grpc_address)
+        async with httpx.AsyncClient(base_url=gw.http_url, trust_env=False, timeout=60) as http:
+            answer = await http.post("/v2/models/repeat/generate_stream", json={"IN": [7, 8]})
+            refused = await http.post(
+                "/v2/models/repeat/infer",
+                json={
+                    "inputs": [{"name": "IN", "datatype": "INT32", "shape": [1, 1], "data": [1]}]
+                },
+            )
+    assert rows == [(4, False), (5, False), (6, False), (None, True)]
+    assert answer.status_code == 200, answer.text
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in answer.content.split(b"\n\n")[:-1]]
+    assert [(e["OUT"], e["IDX"]) for e in events] == [(7, 0), (8, 1)]  # the empty final: no event
+    assert refused.status_code == 400 and "decoupled" in refused.json()["error"]
