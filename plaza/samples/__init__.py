@@ -15,6 +15,8 @@ Triton's layout, ``<repository>/<model>/1/<file>``, from the model's committed
 * ``text_embed_tokenizer``, ``text_embed_pool`` (plaza.samples.python_models) Triton model.py
   files (Python backend) copied from ``plaza/samples/python/``; ``text_embed_encoder``
   (plaza.samples.minilm) minilm's encoder with token embeddings out.
+* ``words`` (plaza.samples.python_models) a decoupled Triton model.py: one response per
+  word of a text.
 * ``preprocess``, ``combine`` (plaza.samples.dag) the ONNX steps of ``numeric_dag``.
 * ``text_embed``, ``numeric_dag`` (plaza.samples.ensembles) ensembles of the above: no file,
   a config and an empty version folder.

@@ -82,6 +82,7 @@ RECIPES: tuple[Recipe, ...] = (
         1,
         python_fingerprint("text_embed_pool"),
     ),
+    Recipe("words", BACKEND_PYTHON, python_writer("words"), 1, python_fingerprint("words")),
     Recipe("preprocess", PLATFORM_ONNX, onnx_writer(preprocess_model), 1),
     Recipe("combine", PLATFORM_ONNX, onnx_writer(combine_model), 1),
     Recipe("accumulate", PLATFORM_ONNX, onnx_writer(accumulate_model), 1),

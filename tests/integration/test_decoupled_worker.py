@@ -32,7 +32,7 @@ from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 from plaza.workers.writer import ResultWriter
 from tests.python_models import write_repository
-from tests.support import gateway_fronts, make_settings, running_worker
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
 
 
 @pytest.fixture
@@ -180,3 +180,26 @@ async def test_the_gateway_streams_a_real_workers_responses(settings: PlazaSetti
     events = [orjson.loads(e.removeprefix(b"data: ")) for e in answer.content.split(b"\n\n")[:-1]]
     assert [(e["OUT"], e["IDX"]) for e in events] == [(7, 0), (8, 1)]  # the empty final: no event
     assert refused.status_code == 400 and "decoupled" in refused.json()["error"]
+
+
+async def test_the_sample_words_streams_a_text_word_by_word(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, redis_client: object
+) -> None:
+    """``model_repository/words`` (built by ``make models``) through generate_stream and the
+    SDK's infer_stream."""
+    settings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=REPOSITORY)
+    text = "the plaza merges   cars"
+    async with running_worker(settings, "words"), gateway_fronts(settings) as gw:
+        async with httpx.AsyncClient(base_url=gw.http_url, trust_env=False, timeout=60) as http:
+            answer = await http.post("/v2/models/words/generate_stream", json={"TEXT": text})
+        async with PlazaClient(settings) as client:
+            texts = np.array([[b"no words? no: two"], [b"  "]], dtype=np.object_)
+            first = [r async for r in client.infer_stream("words", {"TEXT": texts[:1]})]
+            none = [r async for r in client.infer_stream("words", {"TEXT": texts[1:]})]
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in answer.content.split(b"\n\n")[:-1]]
+    assert [(e["WORD"], e["INDEX"]) for e in events] == [
+        ("the", 0), ("plaza", 1), ("merges", 2), ("cars", 3),
+    ]  # fmt: skip
+    assert [r.as_numpy()["WORD"][0, 0] for r in first] == [b"no", b"words?", b"no:", b"two"]
+    assert first[-1].final and [r.index for r in first] == [0, 1, 2, 3]
+    assert none == []  # closed without a response: the SDK leaves the empty final out

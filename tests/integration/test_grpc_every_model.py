@@ -1,7 +1,9 @@
 """Every sample model answers the same over gRPC as over HTTP (tritonclient's aio clients,
 one gateway serving both fronts, one in-process worker per model, and an ensemble runner
 per ensemble: text_embed and numeric_dag, whose steps are sample models too). A BYTES
-input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers."""
+input (text_embed's TEXT) gets sentences, not loadgen's synthetic numbers. A decoupled
+model (words) is refused by both one-answer calls (tests/integration/test_decoupled_worker.py
+streams it)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from plaza.loadgen.inputs import make_inputs, sentences
 from plaza.modelconfig import ModelSpec
@@ -92,6 +94,12 @@ async def test_every_sample_model_answers_the_same_on_both_fronts(
         stack.push_async_callback(http.close)
         stack.push_async_callback(rpc.close)
         for i, name in enumerate(names):
+            if repo.spec(name).decoupled:  # many answers: both one-answer calls refuse it
+                for client, module in ((http, http_aio), (rpc, grpc_aio)):
+                    async with phase(f"{name}'s refusal", CALL_LIMIT_S):
+                        with pytest.raises(InferenceServerException, match="decoupled"):
+                            await client.infer(name, inputs(module, feeds[name]))
+                continue
             # a stateful model's call is a sequence of one request (START and END)
             one: dict[str, Any] = {}
             if repo.spec(name).sequence.enabled:
