@@ -428,6 +428,73 @@ class TritonPythonModel:
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
+BLS_STREAM_CONFIG = """
+name: "bls_stream"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "RESPONSES" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "EMPTY" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+"""
+
+BLS_STREAM_MODEL = '''
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Calls the decoupled model repeat with its IN through exec(decoupled=True): SUM of
+    the OUTs it streamed back, how many RESPONSES carried data, how many were EMPTY."""
+
+    def execute(self, requests):
+        return [self.answer(request) for request in requests]
+
+    def answer(self, request):
+        call = pb_utils.InferenceRequest(
+            model_name="repeat",
+            inputs=[pb_utils.get_input_tensor_by_name(request, "IN")],
+            requested_output_names=["OUT"],
+        )
+        return summed(call.exec(decoupled=True))
+
+
+def summed(responses):
+    total = count = empty = 0
+    for response in responses:
+        if response.has_error():
+            raise pb_utils.TritonModelException(response.error().message())
+        if not response.output_tensors():
+            empty += 1
+            continue
+        total += int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0, 0])
+        count += 1
+    outs = [("SUM", total), ("RESPONSES", count), ("EMPTY", empty)]
+    tensors = [pb_utils.Tensor(n, np.array([[v]], np.int32)) for n, v in outs]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+'''
+
+ASYNC_BLS_STREAM_CONFIG = BLS_STREAM_CONFIG.replace(
+    'name: "bls_stream"', 'name: "async_bls_stream"'
+)
+
+ASYNC_BLS_STREAM_MODEL = BLS_STREAM_MODEL.replace(
+    """    def execute(self, requests):
+        return [self.answer(request) for request in requests]
+
+    def answer(self, request):""",
+    """    async def execute(self, requests):
+        return [await self.answer(request) for request in requests]
+
+    async def answer(self, request):""",
+).replace(
+    "return summed(call.exec(decoupled=True))",
+    "return summed(await call.async_exec(decoupled=True))",
+)
+
 
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
@@ -439,6 +506,8 @@ MODELS = {
     "running_sum": (RUNNING_SUM_CONFIG, RUNNING_SUM_MODEL),
     "repeat": (REPEAT_CONFIG, REPEAT_MODEL),
     "async_repeat": (ASYNC_REPEAT_CONFIG, ASYNC_REPEAT_MODEL),
+    "bls_stream": (BLS_STREAM_CONFIG, BLS_STREAM_MODEL),
+    "async_bls_stream": (ASYNC_BLS_STREAM_CONFIG, ASYNC_BLS_STREAM_MODEL),
 }
 
 

@@ -211,3 +211,23 @@ async def test_a_python_models_own_metrics_are_on_the_workers_metrics(
     assert value(got, "metered_input_sum_count") == 3
     assert value(got, "metered_input_sum_sum") == 30
     assert value(got, "nv_inference_count", model="metered", version="1") == 3
+
+
+async def test_bls_streams_a_decoupled_models_responses(bls_environment: PlazaSettings) -> None:
+    """``exec(decoupled=True)`` and ``await async_exec(decoupled=True)``: the responses of
+    repeat (decoupled, its own worker), iterated; the empty final one last."""
+    settings = bls_environment
+    async with (
+        running_worker(settings, "repeat"),
+        running_worker(settings, "bls_stream"),
+        running_worker(settings, "async_bls_stream"),
+        PlazaClient(settings) as client,
+    ):
+        for model in ("bls_stream", "async_bls_stream"):
+            x = {"IN": np.array([[3, 4, 5]], np.int32)}
+            out = (await client.infer(model, x, timeout_s=60)).as_numpy()
+            assert (out["SUM"][0, 0], out["RESPONSES"][0, 0], out["EMPTY"][0, 0]) == (12, 3, 1)
+            # the called model's error response reaches the caller, which raises it
+            bad = {"IN": np.array([[1, -1]], np.int32)}
+            failed = await client.infer(model, bad, timeout_s=60, raise_on_error=False)
+            assert failed.error is not None and "element 1 is -1" in failed.error.message

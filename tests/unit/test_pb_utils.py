@@ -3,6 +3,7 @@ the config Triton hands to ``initialize``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -96,14 +97,8 @@ def test_request_parameters_are_json_text() -> None:
 
 
 def test_what_plaza_does_not_build_says_not_supported() -> None:
-    request = pb_utils.InferenceRequest(model_name="m")
-    for call in (
-        lambda: request.exec(decoupled=True),
-        lambda: request.async_exec(decoupled=True),
-        lambda: pb_utils.InferenceRequest(model_name="m", shared_memory=True),
-    ):
-        with pytest.raises(pb_utils.TritonModelException, match="not supported"):
-            call()
+    with pytest.raises(pb_utils.TritonModelException, match="not supported"):
+        pb_utils.InferenceRequest(model_name="m", shared_memory=True)
 
 
 def test_only_a_decoupled_models_request_has_a_response_sender() -> None:
@@ -140,6 +135,8 @@ def test_async_exec_outside_an_async_execute_is_a_clear_error() -> None:
 def test_exec_outside_the_backend_is_a_clear_error() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="only inside"):
         pb_utils.InferenceRequest(model_name="m").exec()
+    with pytest.raises(pb_utils.TritonModelException, match="only inside"):
+        pb_utils.InferenceRequest(model_name="m").exec(decoupled=True)
     with pytest.raises(pb_utils.TritonModelException, match="model_name"):
         pb_utils.InferenceRequest().exec()
 
@@ -165,6 +162,32 @@ def test_exec_hands_the_request_to_the_transport(
     response = request.exec()
     assert pb_utils.get_output_tensor_by_name(response, "X") is x
     assert bls_transport == [(request, 2.5)]  # Triton's timeout is in microseconds
+
+
+def test_a_decoupled_exec_iterates_what_the_stream_transport_gives() -> None:
+    def stream(
+        request: pb_utils.InferenceRequest, timeout_s: float
+    ) -> Iterator[pb_utils.InferenceResponse]:
+        for x in request.inputs():
+            yield pb_utils.InferenceResponse(output_tensors=[x])
+        yield pb_utils.InferenceResponse()  # closed without a response: an empty one
+
+    def call(request: pb_utils.InferenceRequest, timeout_s: float) -> pb_utils.InferenceResponse:
+        raise AssertionError("a decoupled exec takes the stream")
+
+    pb_utils.set_bls_call(call, stream)
+    try:
+        a, b = pb_utils.Tensor("A", np.ones(1)), pb_utils.Tensor("B", np.zeros(1))
+        request = pb_utils.InferenceRequest(model_name="other", inputs=[a, b])
+        got = [r.output_tensors() for r in request.exec(decoupled=True)]
+
+        async def gathered() -> list[pb_utils.InferenceResponse]:
+            return list(await request.async_exec(decoupled=True))
+
+        awaited = [r.output_tensors() for r in asyncio.run(gathered())]
+    finally:
+        pb_utils.set_bls_call(None)
+    assert got == awaited == [[a], [b], []]
 
 
 def test_bytes_tensor_serialisation_round_trips() -> None:

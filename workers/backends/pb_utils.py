@@ -6,7 +6,7 @@ It holds the parts real model.py files use: tensors, requests, responses, errors
 helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
 Kafka topic, and ``async_exec()``, its awaitable form) and custom metrics (``MetricFamily``,
 ``pb_metrics``). What Triton has and Plaza does not build raises ``TritonModelException``
-whose message says "not supported" (decoupled BLS calls, for one). A decoupled model
+whose message says "not supported" (shared memory arguments, for one). A decoupled model
 (``model_transaction_policy { decoupled: true }``) answers through each request's
 ``get_response_sender()``. Only numpy is imported here; torch only for DLPack, Kafka and
 Redis only for BLS.
@@ -19,8 +19,8 @@ import json
 import logging
 import struct
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, Literal, overload
 
 import numpy as np
 
@@ -227,14 +227,18 @@ class InferenceResponseSender:
 
 
 BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
+BlsStream = Callable[["InferenceRequest", float], Iterator[InferenceResponse]]
 _bls_call: BlsCall | None = None
 """How ``InferenceRequest.exec`` reaches another model; the Python backend's process sets it."""
+_bls_stream: BlsStream | None = None
+"""How ``InferenceRequest.exec(decoupled=True)`` does: each response as it comes."""
 
 
-def set_bls_call(call: BlsCall | None) -> None:
+def set_bls_call(call: BlsCall | None, stream: BlsStream | None = None) -> None:
     """Install the BLS transport (Plaza's child process does; unset outside it)."""
-    global _bls_call
+    global _bls_call, _bls_stream
     _bls_call = call
+    _bls_stream = stream
 
 
 class InferenceRequest:
@@ -304,31 +308,41 @@ class InferenceRequest:
             )
         return self._sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
+    @overload
+    def exec(self, decoupled: Literal[False] = False) -> InferenceResponse: ...
+
+    @overload
+    def exec(self, decoupled: Literal[True]) -> Iterator[InferenceResponse]: ...
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
         """Run this request on the Plaza model ``model_name`` and wait for its answer (BLS).
 
-        An error of the called model comes back as the response's error, as in Triton."""
-        if decoupled:
-            raise not_supported("InferenceRequest.exec(decoupled=True)")
+        An error of the called model comes back as the response's error, as in Triton. With
+        ``decoupled=True`` an iterator of the called model's responses, each as it comes
+        (a decoupled model's many, an ordinary model's one); the last one is empty (no
+        output tensors) when the model closed the request without a response."""
         if not self.model_name:
             raise TritonModelException("InferenceRequest.exec: model_name is required")
-        if _bls_call is None:
+        transport = _bls_stream if decoupled else _bls_call
+        if transport is None:
             raise TritonModelException(
                 "InferenceRequest.exec runs only inside Plaza's Python backend process"
             )
-        return _bls_call(self, self._timeout_us / 1e6)
+        return transport(self, self._timeout_us / 1e6)
 
-    def async_exec(self, decoupled: bool = False) -> asyncio.Future[InferenceResponse]:
+    def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` as an awaitable, for an ``async def execute``: the call waits on a thread
-        of the running loop's executor, so several BLS calls gathered run side by side."""
-        if decoupled:
-            raise not_supported("InferenceRequest.async_exec(decoupled=True)")
+        of the running loop's executor, so several BLS calls gathered run side by side.
+        With ``decoupled=True`` it resolves, once the called model closed the request, to
+        its responses (a list, iterated as ``exec(decoupled=True)``'s iterator is)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             raise TritonModelException(
                 "InferenceRequest.async_exec must be awaited inside an async def execute"
             ) from None
+        if decoupled:
+            return loop.run_in_executor(None, lambda: list(self.exec(decoupled=True)))
         return loop.run_in_executor(None, self.exec)
 
 

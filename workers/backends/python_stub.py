@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -94,7 +94,7 @@ class ModelHost:
         self.outputs = list(message["outputs"])
         self.decoupled = bool(message.get("decoupled", False))
         self.bls = BlsClient(message.get("settings", ""), message["repository"])
-        pb_utils.set_bls_call(self.bls)
+        pb_utils.set_bls_call(self.bls, self.bls.stream)
         path = Path(message["model_file"])
         try:
             module = _load_module(path)
@@ -270,24 +270,53 @@ class BlsClient:
             error = pb_utils.TritonError(exc.message, triton_code(exc.code))
             return pb_utils.InferenceResponse(error=error)
 
+    def stream(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Iterator[Any]:
+        """``InferenceRequest.exec(decoupled=True)``: the called model's responses as they
+        come, then an empty one when it closed the request without a response (as Triton's
+        iterator ends); a failure of the call itself is one last error response."""
+        final = False
+        try:
+            responses = self._sdk().infer_stream(
+                request.model_name,
+                self._inputs(request),
+                timeout_s=timeout_s or BLS_DEFAULT_TIMEOUT_S,
+                raise_on_error=False,
+                **self._options(request),
+            )
+            for result in responses:
+                final = result.final
+                yield _response(result)
+        except PlazaError as exc:
+            error = pb_utils.TritonError(exc.message, triton_code(exc.code))
+            yield pb_utils.InferenceResponse(error=error)
+            return
+        if not final:  # the SDK leaves the empty final response out
+            yield pb_utils.InferenceResponse()
+
     def _call(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
-        params = json.loads(request.parameters() or "{}")
-        scalars = {k: v for k, v in params.items() if isinstance(v, str | int | float | bool)}
-        inputs = [WireTensor.from_numpy(t.name(), t.as_numpy()) for t in request.inputs()]
         result = self._sdk().infer(
             request.model_name,
-            inputs,
-            version="" if request.model_version < 0 else str(request.model_version),
-            outputs=request.requested_output_names(),
+            self._inputs(request),
             timeout_s=timeout_s,
-            parameters=scalars,
             raise_on_error=False,
+            **self._options(request),
         )
-        if result.error is not None:
-            error = pb_utils.TritonError(result.error.message, triton_code(result.error.code))
-            return pb_utils.InferenceResponse(error=error)
-        tensors = [pb_utils.Tensor(t.name, t.to_numpy()) for t in result.outputs]
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+        return _response(result)
+
+    @staticmethod
+    def _inputs(request: pb_utils.InferenceRequest) -> list[WireTensor]:
+        return [WireTensor.from_numpy(t.name(), t.as_numpy()) for t in request.inputs()]
+
+    @staticmethod
+    def _options(request: pb_utils.InferenceRequest) -> dict[str, Any]:
+        params = json.loads(request.parameters() or "{}")
+        return {
+            "version": "" if request.model_version < 0 else str(request.model_version),
+            "outputs": request.requested_output_names(),
+            "parameters": {
+                k: v for k, v in params.items() if isinstance(v, str | int | float | bool)
+            },
+        }
 
     def _sdk(self) -> Any:
         if self._client is None:
@@ -306,6 +335,15 @@ class BlsClient:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+
+def _response(result: InferResult) -> Any:
+    """A Plaza result as the ``pb_utils.InferenceResponse`` a BLS caller gets."""
+    if result.error is not None:
+        error = pb_utils.TritonError(result.error.message, triton_code(result.error.code))
+        return pb_utils.InferenceResponse(error=error)
+    tensors = [pb_utils.Tensor(t.name, t.to_numpy()) for t in result.outputs]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def _failure(message: str) -> dict[str, Any]:
