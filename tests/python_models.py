@@ -495,6 +495,51 @@ ASYNC_BLS_STREAM_MODEL = BLS_STREAM_MODEL.replace(
     "return summed(await call.async_exec(decoupled=True))",
 )
 
+ENDLESS_CONFIG = """
+name: "endless"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+ENDLESS_MODEL = '''
+import os
+import time
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+LIMIT = 500
+
+
+class TritonPythonModel:
+    """Sends a response every 10 ms (OUT = how many so far) until its request is cancelled
+    (at most LIMIT), then closes it; a cancelled request's count goes to the file
+    cancelled-<request id> in the model's folder."""
+
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            sent = 0
+            while sent < LIMIT and not request.is_cancelled():
+                out = pb_utils.Tensor("OUT", np.array([[sent]], np.int32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+                sent += 1
+                time.sleep(0.01)
+            if sender.is_cancelled():
+                path = os.path.join(self.folder, "cancelled-" + request.request_id())
+                with open(path, "w") as f:
+                    f.write(str(sent))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
 
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
@@ -508,6 +553,7 @@ MODELS = {
     "async_repeat": (ASYNC_REPEAT_CONFIG, ASYNC_REPEAT_MODEL),
     "bls_stream": (BLS_STREAM_CONFIG, BLS_STREAM_MODEL),
     "async_bls_stream": (ASYNC_BLS_STREAM_CONFIG, ASYNC_BLS_STREAM_MODEL),
+    "endless": (ENDLESS_CONFIG, ENDLESS_MODEL),
 }
 
 

@@ -65,6 +65,7 @@ from plaza.workers import classification, warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
+from plaza.workers.backends.base import DecoupledBackend, streams_responses
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
@@ -81,6 +82,9 @@ from plaza.workers.writer import ResultWriter, StateWrite
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
+CANCEL_CHECK_S = 0.1
+"""How often a decoupled model's worker looks whether its running requests' callers went
+away (one pipelined Redis call, only while such requests run)."""
 RecordKey = tuple[TopicPartition, int]
 Record: TypeAlias = ConsumerRecord[Any, Any]
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
@@ -192,6 +196,8 @@ class Worker:
         self._responses: ResponseSink | None = None
         """A decoupled model's responses' way to the writer (made in ``start``)."""
         self._response_buffer: ResponseBuffer | None = None
+        self._cancels: asyncio.Task[None] | None = None
+        """A decoupled model's cancel look (``_cancel_loop``)."""
         self._writes_closed = False
         """The writer is going away: a response still waiting for room gives up."""
         self._commit_due = asyncio.Event()
@@ -288,6 +294,8 @@ class Worker:
             spawn(self._heartbeat_loop(), name="heartbeat"),
             spawn(self._commit_loop(), name="committer"),
         ]
+        if self.spec.decoupled:
+            self._cancels = spawn(self._cancel_loop(), name="cancels")
         log.info(
             "worker %s serving %s versions %s from %s (max_pending %d, %d bytes)",
             self.id,
@@ -378,7 +386,11 @@ class Worker:
         log.debug("%s: stop: committed", self.id)
         # An execution still running after the drain timeout goes too.
         self._writes_closed = True
-        await cancel_and_wait([writer, heartbeat, committer, scheduler, intake, *self._executions])
+        watch = [self._cancels] if self._cancels is not None else []
+        await cancel_and_wait(
+            [writer, heartbeat, committer, scheduler, intake, *watch, *self._executions]
+        )
+        self._cancels = None
         self._tasks = []
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
@@ -773,6 +785,38 @@ class Worker:
         buffer = ResponseBuffer(wake, lambda: self._writes_closed, limit)
         self._response_buffer = buffer
         return lambda item, result: buffer.add((result, item.request.reply.stream))
+
+    async def _cancel_loop(self) -> None:
+        """A decoupled model's running requests whose callers went away: every
+        ``CANCEL_CHECK_S``, one pipelined look at their result keys (a caller that goes
+        away stores a ``cancelled`` answer there, first write wins), and the model is told
+        of those found (``is_cancelled``). Its responses after that reach no one; its final
+        one is not written over the cancelled answer."""
+        while True:
+            await asyncio.sleep(CANCEL_CHECK_S)
+            running = [
+                (backend, rid)
+                for runner in self.instances
+                for backend in runner.backends.values()
+                if streams_responses(backend)
+                for rid in backend.streaming()
+            ]
+            if not running:
+                continue
+            pipe = self.redis.pipeline(transaction=False)
+            for _, rid in running:
+                pipe.exists(self.names.result_key(rid))
+            try:
+                found = await pipe.execute()
+            except Exception as exc:  # Redis away: look again next time
+                log.debug("%s: cancel look failed: %s", self.id, exc)
+                continue
+            cancelled: dict[DecoupledBackend, list[str]] = {}
+            for (backend, rid), exists in zip(running, found, strict=True):
+                if exists:
+                    cancelled.setdefault(backend, []).append(rid)
+            for backend, ids in cancelled.items():
+                backend.cancel(ids)
 
     def _wake_writer(self) -> None:
         """Ask the writer to take the responses waiting. A full queue needs no call: the

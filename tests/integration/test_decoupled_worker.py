@@ -14,6 +14,7 @@ worker's responses on, and the one-answer infer refuses the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor
 from plaza.workers.writer import ResultWriter
 from tests.python_models import write_repository
-from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, wait_for
 
 
 @pytest.fixture
@@ -203,3 +204,27 @@ async def test_the_sample_words_streams_a_text_word_by_word(
     assert [r.as_numpy()["WORD"][0, 0] for r in first] == [b"no", b"words?", b"no:", b"two"]
     assert first[-1].final and [r.index for r in first] == [0, 1, 2, 3]
     assert none == []  # closed without a response: the SDK leaves the empty final out
+
+
+async def test_a_caller_that_goes_away_stops_a_running_decoupled_request(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path, redis_client: object
+) -> None:
+    """The SDK stream left after three responses stores a ``cancelled`` answer; the worker
+    finds it and tells the model, whose ``is_cancelled`` turns True while it sends."""
+    root = write_repository(tmp_path / "repository", "endless")
+    settings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
+    async with running_worker(settings, "endless"), PlazaClient(settings) as client:
+        got: list[InferResult] = []
+        responses = client.infer_stream("endless", {"IN": np.array([[0]], np.int32)})
+        async with contextlib.aclosing(responses):
+            async for result in responses:
+                got.append(result)
+                if len(got) == 3:
+                    break
+        rid = got[0].id
+        marker = root / "endless" / f"cancelled-{rid}"
+        await wait_for(marker.exists, 30, "the model to see its request cancelled")
+        status = await client.poll(rid)
+    assert 3 <= int(marker.read_text()) < 500  # it stopped long before its 500th response
+    assert status.result is not None and status.result.error is not None
+    assert status.result.error.code == "cancelled"  # the caller's answer, not the model's

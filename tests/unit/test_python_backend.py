@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -403,3 +404,41 @@ def test_a_busy_model_process_exits_when_its_worker_dies(tmp_path: Path) -> None
     pid = int(worker.stdout.readline())
     assert worker.wait(60) == 0 and mark.exists()
     asyncio.run(wait_for(lambda: _gone(pid), 30, f"model process {pid} to exit"))
+
+
+def test_a_cancel_reaches_a_decoupled_model_busy_in_execute(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    """``cancel`` while the model sends from inside ``execute``: its ``is_cancelled`` turns
+    True, it stops and closes the request; ids not running are left alone."""
+    root = write_repository(tmp_path, "endless")
+    mv = _version(root, "endless")
+    backend = _load(mv, backends)
+    item = _item("endless", {"IN": np.array([[0]], np.int32)})
+    rid = item.request.id
+    three = threading.Event()
+    sent: list[InferResult] = []
+
+    def sink(_item: WorkItem, result: InferResult) -> None:
+        sent.append(result)
+        if len(sent) == 3:
+            three.set()
+
+    runner = BatchRunner(mv.spec, {mv.version: backend})
+    batch = threading.Thread(target=lambda: sent.extend(runner.run_group([item], sink)))
+    batch.start()
+    assert three.wait(30)
+    assert backend.streaming() == [rid]
+    backend.cancel(["someone-else", rid])
+    assert backend.streaming() == []  # told once
+    batch.join(30)
+    assert not batch.is_alive()
+    count = int((root / "endless" / f"cancelled-{rid}").read_text())
+    assert 3 <= count < 500 and sent[-1].final and sent[-1].index == count
+    backend.cancel([rid])  # after its batch: nothing to tell, and nothing goes wrong
+    again = BatchRunner(mv.spec, {mv.version: backend})
+    follow = _item("endless", {"IN": np.array([[0]], np.int32)})
+    stop_soon = threading.Timer(0.2, lambda: backend.cancel([follow.request.id]))
+    stop_soon.start()
+    finals = again.run_group([follow], lambda _i, _r: None)
+    assert finals[0].final and (root / "endless" / f"cancelled-{follow.request.id}").exists()

@@ -61,6 +61,14 @@ class DecoupledBackend(Protocol):
         failed (its open requests then get the error)."""
         ...
 
+    def streaming(self) -> list[str]:
+        """The ids of the requests running now that were not cancelled (any thread)."""
+        ...
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        """Tell the model these running requests' callers went away (any thread)."""
+        ...
+
 
 def streams_responses(backend: object) -> TypeGuard[DecoupledBackend]:
     """``isinstance(backend, DecoupledBackend)``, asked of its class (see ``takes_requests``)."""

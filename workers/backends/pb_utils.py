@@ -189,6 +189,7 @@ class InferenceResponseSender:
         self._deliver = deliver
         self._lock = threading.Lock()
         self._closed = False
+        self._cancelled = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -220,10 +221,16 @@ class InferenceResponseSender:
     def closed(self) -> bool:
         return self._closed
 
+    def cancel(self) -> None:
+        """The request's caller went away (Plaza's process calls this): ``is_cancelled``
+        says so from now on; the model decides when to stop, and still closes the request."""
+        self._cancelled = True
+
     def is_cancelled(self) -> bool:
-        """Plaza cancels a request before it runs (its caller's cancel finds it unrun),
-        never while it runs: a running request is never cancelled."""
-        return False
+        """Whether the request's caller went away while the model answers it (a closed
+        gRPC stream or generate_stream, a cancelled SDK stream): the model may stop early
+        and close the request (its responses after that reach no one)."""
+        return self._cancelled
 
 
 BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
@@ -298,7 +305,9 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """A decoupled model's request: its sender's ``is_cancelled``; any other request is
+        never cancelled while it runs (a cancel reaches it before it runs, or not at all)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

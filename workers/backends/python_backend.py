@@ -15,6 +15,7 @@ the batch until its last request is closed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -73,6 +74,9 @@ class PythonBackend:
         self._channel: Channel | None = None
         self._lock = threading.Lock()
         """One exchange at a time: the executor thread's batch, or the stop's finalize."""
+        self._cancels = threading.Lock()
+        self._streaming: dict[str, bool] = {}
+        """A decoupled batch running now: its request ids, True once cancelled."""
         self.custom_metrics: Snapshot = []
         """The model's own metrics (``pb_utils.MetricFamily``), as its process last sent
         them; a new process (after a crash) starts them again from zero."""
@@ -125,20 +129,52 @@ class PythonBackend:
             message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
             deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
             self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
-            while True:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                frame = self._exchange(partial(Channel.recv, timeout_s=left), "execute_timeout_s")
-                if "response" not in frame:
-                    break
-                i, raw = int(frame["response"]), frame.get("result")
-                if not 0 <= i < len(requests):
-                    raise ModelExecutionError(f"the model process sent a response for {i}")
-                answer = None if raw is None else self._answer(requests[i], raw)
-                send(i, answer, bool(frame.get("final")))
+            with self._cancels:
+                self._streaming = {r.id: False for r in requests}
+            try:
+                frame = self._responses(requests, send, deadline)
+            finally:
+                with self._cancels:
+                    self._streaming = {}
         self._took_metrics(frame)
         if "error" in frame:
             log.info("%s: execute failed:\n%s", self.spec.name, frame.get("traceback", ""))
             raise ModelExecutionError(str(frame["error"]))
+
+    def streaming(self) -> list[str]:
+        """The ids of the decoupled batch running now that are not cancelled (any thread)."""
+        with self._cancels:
+            return [rid for rid, cancelled in self._streaming.items() if not cancelled]
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        """Tell the model that these requests' callers went away (``is_cancelled``), if they
+        are still running; each once. Any thread; a process gone meanwhile is no error."""
+        with self._cancels:
+            chosen = [rid for rid in ids if self._streaming.get(rid) is False]
+            channel = self._channel
+            if not chosen or channel is None:
+                return
+            for rid in chosen:
+                self._streaming[rid] = True
+            # A batch that ends meanwhile: its process ignores a cancel frame that comes
+            # between batches. A process gone: nothing to tell.
+            with contextlib.suppress(ChannelClosed):
+                channel.send({"op": "cancel", "ids": chosen})
+
+    def _responses(
+        self, requests: Sequence[InferRequest], send: Send, deadline: float | None
+    ) -> dict[str, Any]:
+        """The batch's response frames handed to ``send``; returns its closing frame."""
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            frame = self._exchange(partial(Channel.recv, timeout_s=left), "execute_timeout_s")
+            if "response" not in frame:
+                return frame
+            i, raw = int(frame["response"]), frame.get("result")
+            if not 0 <= i < len(requests):
+                raise ModelExecutionError(f"the model process sent a response for {i}")
+            answer = None if raw is None else self._answer(requests[i], raw)
+            send(i, answer, bool(frame.get("final")))
 
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         """A whole stacked batch as one request (the profiler's and raw ceiling's path)."""

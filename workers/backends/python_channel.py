@@ -2,9 +2,12 @@
 
 A frame is an 8-byte little-endian length, then a msgpack map. Requests and results inside
 travel as Plaza's own envelopes (``plaza.codec``), so tensors are raw bytes, never pickles.
-Exchanges are strictly one question, one answer, so neither side can block the other on a
-full pipe. A closed pipe (the other process exited) is ``ChannelClosed``; a wait past its
-limit is ``ChannelTimeout``.
+Exchanges are one question, one answer, so neither side can block the other on a full
+pipe; a decoupled model's batch is answered in many frames (its responses, then the answer),
+and meanwhile the worker may send cancel frames, which the model's process reads while it
+waits for the batch to end. A frame is written whole under a lock: any thread may send.
+A closed pipe (the other process exited) is ``ChannelClosed``; a wait past its limit is
+``ChannelTimeout``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import os
 import select
 import struct
+import threading
 import time
 from typing import Any
 
@@ -38,6 +42,8 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self._writing = threading.Lock()
+        """One frame at a time on the write end, whichever thread sends it."""
 
     def send(self, message: dict[str, Any]) -> None:
         data = msgpack.packb(message, use_bin_type=True)
@@ -45,9 +51,10 @@ class Channel:
             raise ValueError(f"frame of {len(data)} bytes is over {MAX_FRAME_BYTES}")
         view = memoryview(HEADER.pack(len(data)) + data)
         try:
-            while view:
-                written = os.write(self.write_fd, view[:_CHUNK])
-                view = view[written:]
+            with self._writing:
+                while view:
+                    written = os.write(self.write_fd, view[:_CHUNK])
+                    view = view[written:]
         except (BrokenPipeError, OSError) as exc:
             raise ChannelClosed(f"pipe closed while writing: {exc}") from exc
 

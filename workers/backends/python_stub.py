@@ -24,6 +24,7 @@ import importlib.util
 import inspect
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -135,8 +136,9 @@ class ModelHost:
         requests = [decode_request(raw) for raw in encoded]
         responses = _Responses(self.channel, requests, self._result)
         pb_requests = [self._pb_request(r) for r in requests]
-        for pb_request, sender in zip(pb_requests, responses.senders, strict=True):
+        for pb_request, sender in zip(pb_requests, responses.senders.values(), strict=True):
             pb_request._sender = sender
+        responses.listen()
         try:
             returned = self.model.execute(pb_requests)
             if inspect.isawaitable(returned):
@@ -219,7 +221,10 @@ class ModelHost:
 
 class _Responses:
     """One decoupled batch's response senders: each response goes to the worker as a frame
-    the moment it is sent (one frame at a time, whichever thread sends it)."""
+    the moment it is sent (one frame at a time, whichever thread sends it). ``done`` once
+    every request is closed. While the batch runs (``listen`` to ``close``) a thread of its
+    own reads the worker's cancel frames (``{"op": "cancel", "ids": [...]}``: those
+    requests' callers went away), so a model busy sending in ``execute`` sees them."""
 
     def __init__(
         self,
@@ -232,12 +237,16 @@ class _Responses:
         self._lock = threading.Lock()
         self._open = len(requests)
         self.done = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        """Written when the batch ends: it ends the listener's wait at once."""
+        self._ending = False
+        self._listener: threading.Thread | None = None
+        self.senders = {
+            r.id: pb_utils.InferenceResponseSender(r.id, partial(self._deliver, i, r))
+            for i, r in enumerate(requests)
+        }
         if not requests:
             self.done.set()
-        self.senders = [
-            pb_utils.InferenceResponseSender(r.id, partial(self._deliver, i, r))
-            for i, r in enumerate(requests)
-        ]
 
     def _deliver(self, i: int, req: InferRequest, response: Any, final: bool) -> None:
         frame: dict[str, Any] = {"response": i, "final": final}
@@ -250,9 +259,40 @@ class _Responses:
                 if self._open == 0:
                     self.done.set()
 
+    def listen(self) -> None:
+        """Start reading the worker's cancel frames (until ``close``)."""
+        self._listener = threading.Thread(target=self._serve_cancels, name="cancels", daemon=True)
+        self._listener.start()
+
+    def _serve_cancels(self) -> None:
+        poller = select.poll()
+        poller.register(self._channel.read_fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while not self._ending:
+            for fd, _ in poller.poll():
+                if fd != self._channel.read_fd or self._ending:
+                    continue
+                try:
+                    frame = self._channel.recv()
+                except ChannelClosed:
+                    return  # the worker went away: this process ends with its next read
+                for rid in frame.get("ids", ()) if frame.get("op") == "cancel" else ():
+                    sender = self.senders.get(rid)
+                    if sender is not None:
+                        sender.cancel()
+
     def close(self) -> None:
-        for sender in self.senders:
+        """The batch ended: no more sends, and the listener stops before the process reads
+        its next frame itself."""
+        for sender in self.senders.values():
             sender.close()
+        self._ending = True
+        os.write(self._wake_w, b"x")
+        if self._listener is not None:
+            self._listener.join()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class BlsClient:
@@ -388,6 +428,8 @@ def main(argv: Sequence[str]) -> int:
             message = channel.recv()
         except ChannelClosed:
             return 0  # the worker closed its end: nothing is left to answer
+        if message.get("op") == "cancel":
+            continue  # for a batch that ended before it came: nothing to answer
         channel.send(host.handle(message))
         if message.get("op") == "finalize":
             return 0
