@@ -134,12 +134,12 @@ class ModelHost:
         worker then closes the requests still open with the error)."""
         assert self.channel is not None
         requests = [decode_request(raw) for raw in encoded]
-        responses = _Responses(self.channel, requests, self._result)
         pb_requests = [self._pb_request(r) for r in requests]
+        responses = _Responses(self.channel, requests, self._result)
         for pb_request, sender in zip(pb_requests, responses.senders.values(), strict=True):
             pb_request._sender = sender
-        responses.listen()
         try:
+            responses.listen()
             returned = self.model.execute(pb_requests)
             if inspect.isawaitable(returned):
                 returned = self._event_loop().run_until_complete(returned)
