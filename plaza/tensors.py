@@ -63,9 +63,8 @@ class Tensor(msgspec.Struct, frozen=True):
             return cls(name, datatype, tuple(array.shape), serialize_bytes(array))
         dtype = to_numpy_dtype(datatype)
         arr = np.ascontiguousarray(array, dtype=dtype)
-        if arr.size == 0:  # a memoryview with a zero in its shape cannot be cast
-            return cls(name, datatype, tuple(arr.shape), b"")
-        return cls(name, datatype, tuple(arr.shape), arr.data.cast("B"))
+        # flat first: a memoryview with a zero in its shape (an empty tensor) cannot be cast
+        return cls(name, datatype, tuple(arr.shape), arr.reshape(-1).data.cast("B"))
 
 
 def serialize_bytes(array: np.ndarray[Any, Any]) -> bytes:

@@ -328,7 +328,8 @@ def _rows_of(array: np.ndarray[Any, Any]) -> _Rows:
         return None
     arr = np.ascontiguousarray(array, dtype=to_numpy_dtype(datatype))
     rest = tuple(arr.shape[1:])
-    return datatype, rest, arr.data.cast("B"), arr.itemsize * math.prod(rest)
+    # flat first: a memoryview with a zero in its shape (no rows, or 0 per row) cannot be cast
+    return datatype, rest, arr.reshape(-1).data.cast("B"), arr.itemsize * math.prod(rest)
 
 
 def _slice(name: str, rows: _Rows, array: np.ndarray[Any, Any], start: int, end: int) -> Tensor:

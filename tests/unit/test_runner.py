@@ -121,3 +121,17 @@ def test_a_backend_takes_requests_as_the_protocol_says() -> None:
         assert takes_requests(backend) == isinstance(backend, RequestBackend)
     assert takes_requests(object.__new__(PythonBackend))
     assert not takes_requests(object.__new__(SimulatedBackend))
+
+
+class NoDetections:
+    """A backend whose output has no elements per row (a detector that found nothing)."""
+
+    def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+        return {"y": np.zeros((inputs["x"].shape[0], 0), np.float32)}
+
+
+def test_an_output_with_no_elements_is_split_into_empty_answers() -> None:
+    runner = BatchRunner(SPEC, {1: NoDetections()})  # type: ignore[dict-item]
+    results = run(runner, [item(1), item(2, rows=2)])
+    assert [r.error for r in results] == [None, None]
+    assert [r.output("y").to_numpy().shape for r in results] == [(1, 0), (2, 0)]
