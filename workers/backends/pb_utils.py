@@ -343,7 +343,7 @@ class InferenceRequest:
         """``exec`` as an awaitable, for an ``async def execute``: the call waits on a thread
         of the running loop's executor, so several BLS calls gathered run side by side.
         With ``decoupled=True`` it resolves, once the called model closed the request, to
-        its responses (a list, iterated as ``exec(decoupled=True)``'s iterator is)."""
+        its responses (a list, iterated as the decoupled ``exec``'s iterator is)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
