@@ -26,7 +26,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard
-from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux, ResponseStream
+from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux
 from plaza.response_cache import CacheObserver, DefaultVersions, ResponseCache
 from plaza.results import JobStatus, ResultStore
 from plaza.settings import PlazaSettings
@@ -262,7 +262,8 @@ class Producer:
                 await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
                 left = timeout_s - (time.monotonic() - started)
                 while not final:
-                    result = await self._next_response(responses, ready, spec, left, timeout_s)
+                    nxt = anext(responses)
+                    result = await self._await_reply(nxt, ready, spec, left, timeout_s, "response")
                     final = result.final
                     yield result
                     left = timeout_s
@@ -352,39 +353,23 @@ class Producer:
 
     async def _await_reply(
         self,
-        fut: asyncio.Future[InferResult],
+        reply: Awaitable[InferResult],
         ready: _Prepared,
         spec: ModelSpec | None,
         left_s: float,
         timeout_s: float,
+        what: str = "result",
     ) -> InferResult:
+        """``reply`` (a request's answer, or its stream's next response) within ``left_s``;
+        past it the job is marked and DeadlineExceeded names it, to be polled."""
         try:
             async with asyncio.timeout(max(left_s, 0.0)):
-                return await fut
+                return await reply
         except TimeoutError:
             pass
         await self._mark(ready, spec)  # published and acknowledged: the job is real
         raise DeadlineExceeded(
-            f"no result within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
-        )
-
-    async def _next_response(
-        self,
-        responses: ResponseStream,
-        ready: _Prepared,
-        spec: ModelSpec | None,
-        left_s: float,
-        timeout_s: float,
-    ) -> InferResult:
-        try:
-            async with asyncio.timeout(max(left_s, 0.0)):
-                return await anext(responses)
-        except TimeoutError:
-            pass
-        await self._mark(ready, spec)  # published and acknowledged: the job is real
-        raise DeadlineExceeded(
-            f"no response within {timeout_s:g} s; poll the job for its responses",
-            job_id=ready.req.id,
+            f"no {what} within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
         )
 
     def _cancel_later(self, req: InferRequest) -> None:
