@@ -150,6 +150,25 @@ def runnable(
     ]
 
 
+def downstream_of(steps: tuple[EnsembleStep, ...], index: int) -> frozenset[int]:
+    """The steps that read what step ``index`` produces, directly or through other steps
+    (not ``index`` itself): a decoupled step's responses each run these once
+    (``workers/ensemble.py``)."""
+    made = set(steps[index].output_map.values())
+    found: set[int] = set()
+    grew = True
+    while grew:
+        grew = False
+        for step in steps:
+            if step.index in found or step.index == index:
+                continue
+            if made.intersection(step.input_map.values()):
+                found.add(step.index)
+                made.update(step.output_map.values())
+                grew = True
+    return frozenset(found)
+
+
 def _where(step: EnsembleStep) -> str:
     return f"ensemble_scheduling.step[{step.index}]"
 

@@ -258,8 +258,11 @@ def _refuse_unbuilt(config: mc.ModelConfig, platform: str, source: str) -> None:
         raise _fail(source, "sequence_batching", f"is not supported for {platform}: {why}")
     if config.model_transaction_policy.decoupled:
         field_name = "model_transaction_policy.decoupled"
-        if platform != BACKEND_PYTHON:
-            why = "Plaza's decoupled models are Python backend models (a response sender)"
+        if platform not in (BACKEND_PYTHON, PLATFORM_ENSEMBLE):
+            why = (
+                "Plaza's decoupled models are Python backend models (a response sender) "
+                "and ensembles over one"
+            )
             raise _fail(source, field_name, f"is not supported for {platform}: {why}")
         if config.HasField("sequence_batching"):
             raise _fail(source, field_name, "is not supported with sequence_batching")

@@ -81,11 +81,15 @@ def check_model_name(name: str) -> str:
     return name
 
 
-def step_request_id(ensemble_request_id: str, step_index: int) -> str:
-    """The correlation id of an ensemble request's step: ``<request id>.<step index>``.
+def step_request_id(ensemble_request_id: str, step_index: int, branch: int | None = None) -> str:
+    """The correlation id of an ensemble request's step: ``<request id>.<step index>``, or
+    ``<request id>.<step index>.<branch>`` for a step run once per response of a decoupled
+    step (``branch``: that response's index).
 
     Deterministic, so a replayed ensemble request finds its steps' stored answers."""
-    return f"{ensemble_request_id}.{step_index}"
+    if branch is None:
+        return f"{ensemble_request_id}.{step_index}"
+    return f"{ensemble_request_id}.{step_index}.{branch}"
 
 
 @dataclass(frozen=True, slots=True)

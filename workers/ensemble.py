@@ -17,6 +17,12 @@ For each request it runs the step graph (``plaza.ensembles``):
 - a step's error answers the ensemble request, code kept, message prefixed with the step
   (``step 1 (model 'mlp'): ...``); the steps still running are no longer waited for.
 
+A decoupled ensemble (``model_transaction_policy { decoupled: true }``) may have one
+decoupled step: each of that step's responses runs the steps downstream of it once, and
+each such branch gives the ensemble one response, in the step's order
+(``workers/ensemble_responses.py``). Those responses are written as they come; the final
+one goes through the writer loop like any answer.
+
 Replay after a crash. The ensemble record's offset is committed only after its final
 answer is written (``ResultWriter``: first write wins), as a worker's. A runner that dies
 leaves its uncommitted requests to the next member of the group, which runs them again
@@ -53,7 +59,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -63,7 +69,7 @@ from pydantic import ValidationError
 
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
-from plaza.ensembles import EnsembleStep, runnable
+from plaza.ensembles import EnsembleStep, downstream_of, runnable
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
@@ -73,6 +79,7 @@ from plaza.naming import (
 )
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
+from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
@@ -80,6 +87,13 @@ from plaza.workers import classification
 from plaza.workers.admission import DeadLetter, Rejected, admit
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
+from plaza.workers.ensemble_responses import (
+    AnsweredMeanwhile,
+    StepFailed,
+    StepResponses,
+    Waits,
+    ordered,
+)
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
 from plaza.workers.result_lookup import ResultLookup
@@ -107,14 +121,6 @@ WRITE_BATCH = 256
 """Answers written by one call of the result writer (one Redis round trip)."""
 
 
-class StepFailed(Exception):
-    """A step answered with an error (or not at all): the ensemble request's answer."""
-
-    def __init__(self, error: ErrorInfo) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 def step_request(
     req: InferRequest,
     step: EnsembleStep,
@@ -122,12 +128,14 @@ def step_request(
     *,
     reply_stream: str,
     priority: int,
+    branch: int | None = None,
 ) -> InferRequest:
     """The request of ``step`` for ensemble request ``req``: its inputs taken from the
     ensemble ``tensors`` (renamed to the step model's input names), its deadline and
-    parameters inherited, its correlation id ``<req.id>.<step.index>``."""
+    parameters inherited, its correlation id ``<req.id>.<step.index>`` (and ``.<branch>``
+    in a decoupled step's branch)."""
     return InferRequest(
-        id=step_request_id(req.id, step.index),
+        id=step_request_id(req.id, step.index, branch),
         model=step.model_name,
         version=step.version,
         inputs=tuple(replace(tensors[t], name=key) for key, t in step.input_map.items()),
@@ -176,6 +184,18 @@ class EnsembleRunner:
             )
         self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
         self.step_specs = _step_specs(repo, self.spec)
+        self.streamed = _decoupled_step(self.spec, self.step_specs)
+        """The decoupled step, whose every response runs the steps downstream of it."""
+        self.branch_steps: tuple[EnsembleStep, ...] = ()
+        self.before_steps = self.spec.ensemble_steps
+        if self.streamed is not None:
+            later = downstream_of(self.spec.ensemble_steps, self.streamed.index)
+            self.branch_steps = tuple(s for s in self.spec.ensemble_steps if s.index in later)
+            self.before_steps = tuple(
+                s
+                for s in self.spec.ensemble_steps
+                if s.index not in later and s.index != self.streamed.index
+            )
         self.labels = classification.labels(self.spec, repo.root / self.model)
         self.topics = self.names.request_topics(self.model, self.spec.batching.priority_levels)
         self.redis = redis_client(settings.redis)
@@ -189,6 +209,10 @@ class EnsembleRunner:
             self.redis,
             reply_stream=self.reply_stream,
             validate=False,  # each step's worker validates; its error names the step
+        )
+        self.store = ResultStore(self.redis, settings.redis, self.names)
+        self.step_responses = StepResponses(
+            self.producer, self.lookup, self.redis, self.store, self.names
         )
         self.metrics = WorkerMetrics(
             self.model,
@@ -380,11 +404,11 @@ class EnsembleRunner:
         if req.deadline_ms is not None and req.deadline_ms <= time.time() * 1000:
             late = DeadlineExceeded("the request's deadline passed before its first step ran")
             return error_result(req, late, version=version, worker=self.id), req.reply.stream
+        if self.spec.decoupled:
+            return await self._answer_responses(item, priority)
         started = time.monotonic()
         try:
-            tensors = await self._run_graph(req, priority)
-            wanted = req.outputs or tuple(o.name for o in self.spec.outputs)
-            outputs = tuple(self._answered(req, _output(tensors, n, self.spec)) for n in wanted)
+            outputs = self._outputs(req, await self._run_graph(req, priority))
         except StepFailed as exc:
             result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
             return result, req.reply.stream
@@ -399,6 +423,88 @@ class EnsembleRunner:
         result = InferResult(req.id, self.model, version, outputs, timing_us=timing, worker=self.id)
         return result, req.reply.stream
 
+    async def _answer_responses(self, item: WorkItem, priority: int) -> Answer | None:
+        """A decoupled ensemble's request: each response but the final one written here as
+        it comes (first write wins per response), the final one returned to the writer
+        loop, after which the record's offset may be committed."""
+        req = item.request
+        version = str(item.version)
+        started = time.monotonic()
+        sent = 0
+        try:
+            async with contextlib.aclosing(self._responses(req, priority)) as responses:
+                async for outputs, last in responses:
+                    result = InferResult(
+                        req.id, self.model, version, outputs, worker=self.id, index=sent
+                    )
+                    if last:
+                        break
+                    done = replace(result, final=False)
+                    await self.writer.write_until_done([(done, req.reply.stream)])
+                    sent += 1
+                else:  # the decoupled step closed the request without a response
+                    result = InferResult(
+                        req.id, self.model, version, worker=self.id, index=sent, empty=True
+                    )
+        except AnsweredMeanwhile:
+            return None  # cancelled by its caller: the answer is stored
+        except StepFailed as exc:
+            failed = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
+            return replace(failed, index=sent), req.reply.stream
+        except Exception as exc:  # a bug: answer it, or its offset would hold every later one
+            log.exception("%s: ensemble request %s failed", self.id, req.id)
+            err = PlazaError(f"ensemble {self.model!r} failed: {type(exc).__name__}: {exc}")
+            failed = error_result(req, err, version=version, worker=self.id)
+            return replace(failed, index=sent), req.reply.stream
+        timing = {
+            "queue": int((started - item.received) * 1e6),
+            "compute_infer": int((time.monotonic() - started) * 1e6),
+        }
+        return replace(result, timing_us=timing), req.reply.stream
+
+    async def _responses(
+        self, req: InferRequest, priority: int
+    ) -> AsyncGenerator[tuple[tuple[Tensor, ...], bool], None]:
+        """A decoupled ensemble's responses, in order: (outputs, whether it is the final
+        one). The steps that do not read the decoupled step's outputs run first, then that
+        step; each of its responses runs the steps downstream of it (a branch) and, once
+        done, gives one response. Nothing more after the step's empty final response."""
+        step = self.streamed
+        have = await self._run_graph(req, priority, self.before_steps)
+        if step is None or not all(t in have for t in step.input_map.values()):
+            yield self._outputs(req, have), True  # no step streams (or it cannot run)
+            return
+        sreq = step_request(req, step, have, reply_stream=self.reply_stream, priority=priority)
+        spec = self.step_specs.get(step.model_name)
+        reading = self.step_responses.read(req.id, sreq, step, spec, self._waits(sreq))
+
+        async def branch(response: InferResult) -> dict[str, Tensor] | None:
+            if response.empty:
+                return None
+            tensors = {**have, **step_outputs(step, response)}
+            return await self._run_graph(
+                req, priority, self.branch_steps, tensors, branch=response.index
+            )
+
+        async with contextlib.aclosing(ordered(reading, branch)) as branches:
+            async for response, tensors in branches:
+                if tensors is None:
+                    return
+                yield self._outputs(req, tensors), response.final
+                if response.final:
+                    return
+
+    def _waits(self, sreq: InferRequest) -> Waits:
+        if sreq.deadline_ms is None:
+            return Waits(RESULT_POLL_S, STEP_WAIT_S)
+        left_s = max(0.0, sreq.deadline_ms / 1000 - time.time()) + DEADLINE_GRACE_S
+        return Waits(RESULT_POLL_S, left_s, until=time.monotonic() + left_s)
+
+    def _outputs(self, req: InferRequest, tensors: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
+        """The outputs the request asked for (all, when it named none) from ``tensors``."""
+        wanted = req.outputs or tuple(o.name for o in self.spec.outputs)
+        return tuple(self._answered(req, _output(tensors, n, self.spec)) for n in wanted)
+
     def _answered(self, req: InferRequest, tensor: Tensor) -> Tensor:
         """An output as the request asked it: its top classes where it asked them."""
         count = req.classification.get(tensor.name)
@@ -407,16 +513,28 @@ class EnsembleRunner:
         batched = self.spec.max_batch_size > 0
         return classification.classify(tensor, count, batched, self.labels.get(tensor.name, ()))
 
-    async def _run_graph(self, req: InferRequest, priority: int) -> dict[str, Tensor]:
-        """Every ensemble tensor the steps produce: each step starts once its inputs exist."""
-        have: dict[str, Tensor] = {t.name: t for t in req.inputs}
+    async def _run_graph(
+        self,
+        req: InferRequest,
+        priority: int,
+        steps: tuple[EnsembleStep, ...] | None = None,
+        tensors: Mapping[str, Tensor] | None = None,
+        branch: int | None = None,
+    ) -> dict[str, Tensor]:
+        """Every ensemble tensor ``steps`` (default: all) produce from ``tensors`` (default:
+        the request's inputs): each step starts once its inputs exist. ``branch``: the
+        decoupled step's response these steps run for (part of their step ids)."""
+        if steps is None:
+            steps = self.spec.ensemble_steps
+        have = {t.name: t for t in req.inputs} if tensors is None else dict(tensors)
         started: set[int] = set()
         running: dict[asyncio.Task[dict[str, Tensor]], EnsembleStep] = {}
         try:
             while True:
-                for step in runnable(self.spec.ensemble_steps, have, started):
+                for step in runnable(steps, have, started):
                     started.add(step.index)
-                    running[asyncio.create_task(self._step(req, step, have, priority))] = step
+                    call = self._step(req, step, have, priority, branch)
+                    running[asyncio.create_task(call)] = step
                 if not running:
                     return have
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -427,9 +545,16 @@ class EnsembleRunner:
             await cancel_and_wait(running)
 
     async def _step(
-        self, req: InferRequest, step: EnsembleStep, have: Mapping[str, Tensor], priority: int
+        self,
+        req: InferRequest,
+        step: EnsembleStep,
+        have: Mapping[str, Tensor],
+        priority: int,
+        branch: int | None,
     ) -> dict[str, Tensor]:
-        sreq = step_request(req, step, have, reply_stream=self.reply_stream, priority=priority)
+        sreq = step_request(
+            req, step, have, reply_stream=self.reply_stream, priority=priority, branch=branch
+        )
         return step_outputs(step, await self._call(sreq, step))
 
     async def _call(self, sreq: InferRequest, step: EnsembleStep) -> InferResult:
@@ -546,12 +671,6 @@ def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
             step_spec = specs.get(step.model_name) or repo.spec(step.model_name)
         except PlazaError as exc:
             raise ConfigError(f"ensemble {spec.name!r}: {step.label}: {exc.message}") from exc
-        if step_spec.decoupled:
-            raise ConfigError(
-                f"ensemble {spec.name!r}: {step.label}: the model is decoupled (many responses "
-                "per request), which Plaza's ensembles do not pass on",
-                field=f"ensemble_scheduling.step[{step.index}].model_name",
-            )
         for kind, names, known in (
             ("input", step.input_map, {t.name for t in step_spec.inputs}),
             ("output", step.output_map, {t.name for t in step_spec.outputs}),
@@ -564,6 +683,31 @@ def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
                 )
         specs[step.model_name] = step_spec
     return specs
+
+
+def _decoupled_step(spec: ModelSpec, step_specs: Mapping[str, ModelSpec]) -> EnsembleStep | None:
+    """The ensemble's decoupled step (None: none); ConfigError for a decoupled step in an
+    ensemble that is not decoupled itself (its callers would wait for one answer), or for
+    more than one."""
+    found = [s for s in spec.ensemble_steps if step_specs[s.model_name].decoupled]
+    if not found:
+        return None
+    step = found[0]
+    where = f"ensemble_scheduling.step[{step.index}].model_name"
+    if not spec.decoupled:
+        raise ConfigError(
+            f"ensemble {spec.name!r}: {step.label}: the model is decoupled (many responses "
+            "per request): the ensemble must be decoupled too "
+            "(model_transaction_policy { decoupled: true })",
+            field=where,
+        )
+    if len(found) > 1:
+        raise ConfigError(
+            f"ensemble {spec.name!r}: {found[1].label}: a second decoupled step; Plaza's "
+            f"ensembles pass on the responses of one ({step.label})",
+            field=f"ensemble_scheduling.step[{found[1].index}].model_name",
+        )
+    return step
 
 
 async def serve(settings: PlazaSettings) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from plaza.client import make_request
 from plaza.contract import ErrorInfo, InferResult
-from plaza.ensembles import EnsembleStep, runnable
+from plaza.ensembles import EnsembleStep, downstream_of, runnable
 from plaza.errors import ConfigError
 from plaza.modelconfig import PLATFORM_ENSEMBLE, parse_model_config
 from plaza.repository import ModelRepository
@@ -181,6 +181,14 @@ def test_a_step_request_inherits_deadline_priority_and_parameters() -> None:
     assert sorted(sreq.outputs) == ["OUTPUT0", "OUTPUT1"]
 
 
+def test_the_steps_downstream_of_a_step_read_its_outputs_directly_or_not() -> None:
+    steps = spec().ensemble_steps  # 0 -> (1, 2) -> 3
+    assert downstream_of(steps, 0) == {1, 2, 3}
+    assert downstream_of(steps, 1) == {3}
+    assert downstream_of(steps, 2) == {3}
+    assert downstream_of(steps, 3) == set()
+
+
 def test_a_step_answer_becomes_ensemble_tensors_or_an_error_naming_the_step() -> None:
     step = EnsembleStep(1, "mlp", -1, {"x": "A"}, {"y": "B"})
     out = Tensor.from_numpy("y", np.ones((1, 2), dtype=np.float32))
@@ -194,11 +202,13 @@ def test_a_step_answer_becomes_ensemble_tensors_or_an_error_naming_the_step() ->
         step_outputs(step, InferResult("r.1", "mlp", "1"))
 
 
-def test_a_decoupled_step_is_refused_naming_the_step(tmp_path: Path) -> None:
-    from plaza.workers.ensemble import _step_specs
+def test_a_decoupled_step_needs_a_decoupled_ensemble_and_is_its_only_one(
+    tmp_path: Path,
+) -> None:
+    from plaza.workers.ensemble import _decoupled_step, _step_specs
 
     def model(name: str, text: str) -> None:
-        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1").mkdir(parents=True, exist_ok=True)
         (tmp_path / name / "config.pbtxt").write_text(text)
 
     body = (
@@ -208,13 +218,37 @@ def test_a_decoupled_step_is_refused_naming_the_step(tmp_path: Path) -> None:
         'output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },\n'
         '         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]\n'
     )
-    model("add_sub", body + "model_transaction_policy { decoupled: true }\n")
+    policy = "model_transaction_policy { decoupled: true }\n"
+    model("add_sub", body + policy)
     model("copy", body)
     model("fan", FAN)
     repo = ModelRepository(tmp_path)
-    with pytest.raises(ConfigError, match=r"step 0 \(model 'add_sub'\).*decoupled") as err:
-        _step_specs(repo, repo.spec("fan"))
+    fan = repo.spec("fan")
+    with pytest.raises(ConfigError, match=r"step 0 \(model 'add_sub'\).*decoupled too") as err:
+        _decoupled_step(fan, _step_specs(repo, fan))
     assert err.value.details["field"] == "ensemble_scheduling.step[0].model_name"
-    model_text = (tmp_path / "add_sub" / "config.pbtxt").read_text()
-    (tmp_path / "add_sub" / "config.pbtxt").write_text(model_text.split("model_transaction")[0])
-    assert set(_step_specs(ModelRepository(tmp_path), repo.spec("fan"))) == {"add_sub", "copy"}
+    model("fan", FAN.replace("max_batch_size: 8", "max_batch_size: 8\n" + policy))
+    repo = ModelRepository(tmp_path)
+    fan = repo.spec("fan")
+    assert fan.decoupled
+    with pytest.raises(ConfigError, match=r"step 3 .*a second decoupled step") as err:
+        _decoupled_step(fan, _step_specs(repo, fan))  # add_sub runs at steps 0 and 3
+    assert err.value.details["field"] == "ensemble_scheduling.step[3].model_name"
+    model("add_sub", body)
+    model("copy", body + policy)
+    model("other", body)
+    chain = FAN.replace('name: "fan"', 'name: "chain"').replace(
+        "model_version: 2", "model_version: -1"
+    )
+    chain = chain.replace(
+        'model_name: "copy"\n      model_version: -1\n      input_map { key: "INPUT0" value: "DIFF" }',
+        'model_name: "other"\n      model_version: -1\n      input_map { key: "INPUT0" value: "DIFF" }',
+    )
+    model("chain", chain.replace("max_batch_size: 8", "max_batch_size: 8\n" + policy))
+    repo = ModelRepository(tmp_path)
+    chain_spec = repo.spec("chain")
+    step = _decoupled_step(chain_spec, _step_specs(repo, chain_spec))
+    assert step is not None and (step.index, step.model_name) == (1, "copy")
+    model("copy", body)
+    repo = ModelRepository(tmp_path)
+    assert _decoupled_step(repo.spec("chain"), _step_specs(repo, repo.spec("chain"))) is None
