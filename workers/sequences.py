@@ -15,7 +15,9 @@ was made, and nothing after its END. A request of a sequence this worker does no
 that does not start one, is one whose partition moved here (a rebalance, a worker that
 stopped or crashed): the worker reads that state (``needs_state``, ``resume``) and the
 sequence goes on where its answers left it, unless the request was sent more than the
-model's idle time after the state was made (the sequence went idle). A replay of an answered
+model's idle time after the request that made the state was sent (the sequence went idle).
+Both times are the senders' clocks (``sent_us``, stamped by the gateway or SDK that
+published), so a worker's clock, whichever host it runs on, plays no part. A replay of an answered
 request writes no answer, so no state either, and a request whose answer was never written
 runs again on the state before it.
 """
@@ -59,29 +61,33 @@ class _Kept(msgspec.Struct, array_like=True):
     """When it was made (Unix time, the worker's clock): when its request ran."""
     tensors: dict[str, tuple[str, list[int], bytes]]
     """Each state input's datatype, shape and bytes."""
+    sent: float = 0.0
+    """When the request that made it was sent (Unix time, its sender's clock: ``sent_us``);
+    0 when not known (a request published without it, or a state kept before this field)."""
 
 
 _KEPT = msgspec.msgpack.Decoder(_Kept)
 
 
-def encode_state(state: State | None, at: float) -> bytes:
-    """A sequence's state as Redis keeps it, made at ``at`` (None, the zeros of a START:
-    no tensors)."""
+def encode_state(state: State | None, at: float, sent: float = 0.0) -> bytes:
+    """A sequence's state as Redis keeps it, made at ``at`` by a request sent at ``sent``
+    (0: not known). None, the zeros of a START: no tensors."""
     tensors = {
         name: (from_numpy_dtype(a.dtype), list(a.shape), np.ascontiguousarray(a).tobytes())
         for name, a in (state or {}).items()
     }
-    return msgspec.msgpack.encode(_Kept(at, tensors))
+    return msgspec.msgpack.encode(_Kept(at, tensors, sent))
 
 
-def decode_state(data: bytes) -> tuple[State, float]:
-    """``encode_state``'s bytes back: the state (empty: zeros next) and when it was made."""
+def decode_state(data: bytes) -> tuple[State, float, float]:
+    """``encode_state``'s bytes back: the state (empty: zeros next), when it was made and
+    when its request was sent (0: not known)."""
     kept = _KEPT.decode(data)
     state = {
         name: np.frombuffer(raw, dtype=to_numpy_dtype(datatype)).reshape(shape).copy()
         for name, (datatype, shape, raw) in kept.tensors.items()
     }
-    return state, kept.at
+    return state, kept.at, kept.sent
 
 
 INITIAL_STATE_DIR = "initial_state"
@@ -140,8 +146,8 @@ class SequenceRuns:
         self.idle_s = spec.sequence.max_idle_us / 1e6
         self.state_ttl_ms = math.ceil(spec.sequence.max_idle_us / 1000) + keep_s * 1000
         """A kept state outlives the idle time: a crashed worker's next owner may start
-        late, and whether the sequence went idle is judged by when its next request was
-        sent (``resume``), not by how long it waited in Kafka."""
+        late, and whether the sequence went idle is judged by when its requests were sent
+        (``resume``), not by how long the next one waited in Kafka."""
         self.batcher: SequenceBatcher[WorkItem] = SequenceBatcher(
             spec.sequence, spec.max_batch_size, self._flags
         )
@@ -213,7 +219,7 @@ class SequenceRuns:
                 self.batcher.finish(item, None)
                 answers.append(result)
                 if step.start or step.end:  # a failed START: zeros next; an END ends anyway
-                    writes.append(self._write(len(answers) - 1, step, None, now))
+                    writes.append(self._write(len(answers) - 1, step, None, now, item))
                 continue
             state: State = {}
             kept: list[Tensor] = []
@@ -226,11 +232,13 @@ class SequenceRuns:
                 state[name] = array[0] if self._batched else array
             self.batcher.finish(item, state)
             answers.append(msgspec.structs.replace(result, outputs=tuple(kept)))
-            writes.append(self._write(len(answers) - 1, step, state, now))
+            writes.append(self._write(len(answers) - 1, step, state, now, item))
         return answers, writes
 
-    def _write(self, index: int, step: Step, state: State | None, now: float) -> StateWrite:
-        kept = None if step.end else encode_state(state, now)
+    def _write(
+        self, index: int, step: Step, state: State | None, now: float, item: WorkItem
+    ) -> StateWrite:
+        kept = None if step.end else encode_state(state, now, item.request.sent_us / 1e6)
         key = self.state_key(step.key)
         return StateWrite(index, key, kept, self.state_ttl_ms)
 
@@ -257,12 +265,13 @@ class SequenceRuns:
 
     def resume(self, key: SequenceKey, stored: bytes, item: WorkItem, sent: float) -> bool:
         """Take sequence ``key`` up with the state Redis kept for it; ``item`` is its request
-        that asked, sent at ``sent`` (Unix time). False, and not taken up, when that request
-        was sent more than the idle time after the state was made: the sequence went idle
-        (this compares the producer's clock with the workers'). QueueFull past
-        ``max_candidate_sequences``."""
-        state, made = decode_state(stored)
-        if sent - made > self.idle_s:
+        that asked, sent at ``sent`` (Unix time, its sender's clock). False, and not taken
+        up, when that request was sent more than the idle time after the request that made
+        the state: the sequence went idle. Both are senders' clocks; only a state whose
+        request's send time is not known is judged by when it was made (a worker's clock).
+        QueueFull past ``max_candidate_sequences``."""
+        state, made, made_sent = decode_state(stored)
+        if sent - (made_sent or made) > self.idle_s:
             return False
         self.batcher.resume(key, state, item)
         return True

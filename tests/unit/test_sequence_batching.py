@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -348,10 +349,12 @@ def _accumulate_runs() -> tuple[SequenceRuns, ModelSpec]:
     return SequenceRuns(spec, Names("t.", "t:"), keep_s=60), spec
 
 
-def _item(key: int | str, value: int, *, start: bool = False, end: bool = False) -> WorkItem:
+def _item(
+    key: int | str, value: int, *, start: bool = False, end: bool = False, sent_us: int = 0
+) -> WorkItem:
     params = {"sequence_id": key, "sequence_start": start, "sequence_end": end}
     x = Tensor.from_numpy("INPUT", np.array([[value]], np.int32))
-    req = InferRequest(f"{key}-{value}", "accumulate", "", (x,), parameters=params)
+    req = InferRequest(f"{key}-{value}", "accumulate", "", (x,), parameters=params, sent_us=sent_us)
     return WorkItem(req, rows=1, version=1)
 
 
@@ -366,7 +369,8 @@ def _answer(item: WorkItem, total: int | None) -> InferResult:
 
 def test_each_answer_carries_its_sequences_state_to_keep() -> None:
     runs, spec = _accumulate_runs()
-    first, failed, ends = _item(3, 5, start=True), _item("s", 1, start=True), _item(4, 2, end=True)
+    first = _item(3, 5, start=True, sent_us=int(time.time() * 1e6))
+    failed, ends = _item("s", 1, start=True), _item(4, 2, end=True)
     kept = encode_state({"SUM_IN": np.array([7], np.int32)}, time.time())
     assert runs.resume(4, kept, ends, sent=time.time())  # the state Redis kept
     for it in (first, failed, ends):
@@ -381,8 +385,9 @@ def test_each_answer_carries_its_sequences_state_to_keep() -> None:
     assert [t.name for t in answers[0].outputs] == ["OUTPUT"]  # the state is not sent back
     by_index = {w.index: w for w in writes}
     assert by_index[0].key == "t:sequence:accumulate:i:3"
-    state, made = decode_state(by_index[0].state or b"")
+    state, made, sent = decode_state(by_index[0].state or b"")
     assert state["SUM_IN"].tolist() == [5] and abs(made - time.time()) < 60
+    assert sent == first.request.sent_us / 1e6 and sent > 0  # its request's, as stamped
     assert by_index[1].key == "t:sequence:accumulate:s:s"  # a failed START: zeros next
     assert decode_state(by_index[1].state or b"")[0] == {}
     assert by_index[2].state is None  # its END: the kept state goes
@@ -403,12 +408,15 @@ def test_a_failed_step_keeps_the_state_before_it() -> None:
 
 def test_a_state_is_kept_as_bytes_and_read_back() -> None:
     state = {"A": np.arange(6, dtype=np.float32).reshape(2, 3), "B": np.array([True, False])}
-    back, made = decode_state(encode_state(state, 1234.5))
+    back, made, sent = decode_state(encode_state(state, 1234.5, 1230.25))
     assert {n: (a.dtype, a.tolist()) for n, a in back.items()} == {
         n: (a.dtype, a.tolist()) for n, a in state.items()
     }
-    assert made == 1234.5
-    assert decode_state(encode_state(None, 0.0)) == ({}, 0.0)
+    assert (made, sent) == (1234.5, 1230.25)
+    assert decode_state(encode_state(None, 0.0)) == ({}, 0.0, 0.0)
+    # a state kept before the send time was: two fields, read with the send time unknown
+    older = msgspec.msgpack.encode([99.0, {}])
+    assert decode_state(older) == ({}, 99.0, 0.0)
 
 
 def test_a_sequence_whose_next_request_came_after_its_idle_time_is_not_taken_up() -> None:
@@ -420,6 +428,20 @@ def test_a_sequence_whose_next_request_came_after_its_idle_time_is_not_taken_up(
     # sent in time, taken up however long it then waited in Kafka for a new owner
     assert runs.resume(5, kept, _item(5, 1), sent=1000.0 + idle_s - 0.5)
     assert runs.batcher.holds(5)
+
+
+def test_idle_is_judged_by_the_senders_clocks_not_the_workers() -> None:
+    """The state was made by a worker whose clock runs 30 s behind the gateway's: its next
+    request, sent 0.4 s after the one that made it, goes on; one sent past the idle time
+    after it does not, whatever the worker's clock said."""
+    runs, spec = _accumulate_runs()
+    idle_s = spec.sequence.max_idle_us / 1e6
+    assert idle_s < 30
+    kept = encode_state({"SUM_IN": np.array([3], np.int32)}, at=970.0, sent=1000.0)
+    assert runs.resume(7, kept, _item(7, 1), sent=1000.4)
+    assert runs.batcher.holds(7)
+    later = encode_state({"SUM_IN": np.array([3], np.int32)}, at=1030.0, sent=1000.0)
+    assert not runs.resume(8, later, _item(8, 1), sent=1000.0 + idle_s + 0.1)
 
 
 def test_which_requests_need_their_sequences_state() -> None:
