@@ -154,6 +154,12 @@ class ModelSpec:
         return bool(self.config.model_transaction_policy.decoupled)
 
     @property
+    def max_inflight_requests(self) -> int:
+        """``ensemble_scheduling.max_inflight_requests``: an ensemble's step requests in
+        flight at each of its steps, over all its requests (0: no limit; Triton's)."""
+        return int(self.config.ensemble_scheduling.max_inflight_requests)
+
+    @property
     def is_ensemble(self) -> bool:
         """An ensemble: served by an ensemble runner, not by a backend."""
         return self.platform == PLATFORM_ENSEMBLE

@@ -210,6 +210,11 @@ class EnsembleRunner:
             reply_stream=self.reply_stream,
             validate=False,  # each step's worker validates; its error names the step
         )
+        limit = self.spec.max_inflight_requests
+        self._step_room = {
+            s.index: asyncio.Semaphore(limit) for s in self.spec.ensemble_steps if limit > 0
+        }
+        """``max_inflight_requests``: each step's requests in flight, over all requests."""
         self.store = ResultStore(self.redis, settings.redis, self.names)
         self.step_responses = StepResponses(
             self.producer, self.lookup, self.redis, self.store, self.names
@@ -476,7 +481,8 @@ class EnsembleRunner:
             return
         sreq = step_request(req, step, have, reply_stream=self.reply_stream, priority=priority)
         spec = self.step_specs.get(step.model_name)
-        reading = self.step_responses.read(req.id, sreq, step, spec, self._waits(sreq))
+        responses = self.step_responses.read(req.id, sreq, step, spec, self._waits(sreq))
+        reading = _holding(self._room(step), responses)
 
         async def branch(response: InferResult) -> dict[str, Tensor] | None:
             if response.empty:
@@ -562,16 +568,24 @@ class EnsembleRunner:
         stored = await self.lookup.get(sreq.id)
         if stored is not None:
             return stored
-        mux = await self.producer.replies()
-        fut = mux.expect(sreq.id)  # before publishing: the reply may beat the ack
-        try:
+        async with self._room(step):
+            mux = await self.producer.replies()
+            fut = mux.expect(sreq.id)  # before publishing: the reply may beat the ack
             try:
-                await self.producer.publish_many([(sreq, self.step_specs.get(step.model_name))])
-            except PlazaError as exc:
-                raise StepFailed(ErrorInfo(exc.code, f"{step.label}: {exc.message}")) from exc
-            return await self._await_step(fut, sreq, step)
-        finally:
-            mux.forget(sreq.id)
+                try:
+                    spec = self.step_specs.get(step.model_name)
+                    await self.producer.publish_many([(sreq, spec)])
+                except PlazaError as exc:
+                    message = f"{step.label}: {exc.message}"
+                    raise StepFailed(ErrorInfo(exc.code, message)) from exc
+                return await self._await_step(fut, sreq, step)
+            finally:
+                mux.forget(sreq.id)
+
+    def _room(self, step: EnsembleStep) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A place among the step's requests in flight (``max_inflight_requests``; none
+        needed without it)."""
+        return self._step_room.get(step.index) or contextlib.nullcontext()
 
     async def _await_step(
         self, fut: asyncio.Future[InferResult], sreq: InferRequest, step: EnsembleStep
@@ -683,6 +697,16 @@ def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
                 )
         specs[step.model_name] = step_spec
     return specs
+
+
+async def _holding(
+    room: contextlib.AbstractAsyncContextManager[Any], responses: AsyncGenerator[InferResult, None]
+) -> AsyncGenerator[InferResult, None]:
+    """``responses`` read while holding ``room`` (a decoupled step's request is in flight
+    from its publish to its last response)."""
+    async with room, contextlib.aclosing(responses):
+        async for response in responses:
+            yield response
 
 
 def _decoupled_step(spec: ModelSpec, step_specs: Mapping[str, ModelSpec]) -> EnsembleStep | None:
