@@ -240,10 +240,8 @@ def test_a_decoupled_step_needs_a_decoupled_ensemble_and_is_its_only_one(
     chain = FAN.replace('name: "fan"', 'name: "chain"').replace(
         "model_version: 2", "model_version: -1"
     )
-    chain = chain.replace(
-        'model_name: "copy"\n      model_version: -1\n      input_map { key: "INPUT0" value: "DIFF" }',
-        'model_name: "other"\n      model_version: -1\n      input_map { key: "INPUT0" value: "DIFF" }',
-    )
+    diff_step = '      model_version: -1\n      input_map { key: "INPUT0" value: "DIFF" }'
+    chain = chain.replace(f'model_name: "copy"\n{diff_step}', f'model_name: "other"\n{diff_step}')
     model("chain", chain.replace("max_batch_size: 8", "max_batch_size: 8\n" + policy))
     repo = ModelRepository(tmp_path)
     chain_spec = repo.spec("chain")
