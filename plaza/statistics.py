@@ -18,6 +18,12 @@ Hash fields: ``inference_count``, ``execution_count``, ``last_inference`` (epoch
 compute_infer, compute_output, cache_hit, cache_miss, ``failure.<REASON>`` (failed
 requests by Triton's reason), and ``batch.<size>.<phase>.count`` / ``.ns`` for the
 compute phases of each batch size.
+
+A decoupled model's requests get Triton's ``response_stats`` too: per response index (0 for
+a request's first response, 1 for its second, ...), how many responses at that index
+succeeded, failed, were cancelled or were empty finals, with their times
+(``ResponseStatistics``); hash fields ``response.<index>.<phase>.count`` / ``.ns``. Every
+other model has none, and its JSON an empty ``response_stats``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,15 @@ REQUEST_PHASES = (
 """The ``inference_stats`` entries, in Triton's order."""
 COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
 """The entries of each ``batch_stats`` element."""
+RESPONSE_PHASES = (
+    "compute_infer",
+    "compute_output",
+    "success",
+    "fail",
+    "empty_response",
+    "cancel",
+)
+"""The entries of each ``response_stats`` element (Triton's InferResponseStatistics)."""
 
 # KEYS: one statistics hash per model version, all of one model (a worker's versions, or one
 # hash): they share the model's hash tag, so on a Redis Cluster the call stays in one slot.
@@ -88,6 +103,27 @@ class BatchStatistics:
 
 
 @dataclass(slots=True)
+class ResponseStatistics:
+    """The responses of one index within their requests (a decoupled model's), as
+    Triton's InferResponseStatistics: each is a success, a failure (an error response), a
+    cancellation (an error response with the code ``cancelled``) or an empty final (the
+    final flag without a response). Every one counts in ``compute_infer``, the model's time
+    from the response's start (the request's previous response, or its execution's start)
+    to its send; a response with data or an error also counts in ``compute_output``, the
+    worker's time making it ready. The outcome's ``ns`` is the two together."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {p: getattr(self, p).to_json() for p in RESPONSE_PHASES}
+
+
+@dataclass(slots=True)
 class ModelStatistics:
     """Cumulative statistics of one model version (one worker's, or the sum of all)."""
 
@@ -111,6 +147,8 @@ class ModelStatistics:
     """Failed requests by Triton's reason (REJECTED, BACKEND, OTHER)."""
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
     """Executions by batch size (rows)."""
+    responses: dict[int, ResponseStatistics] = field(default_factory=dict)
+    """A decoupled model's responses by their index within their requests."""
 
     def phase(self, name: str) -> Duration:
         """The ``inference_stats`` entry called ``name``."""
@@ -123,6 +161,13 @@ class ModelStatistics:
         entry = self.batches.get(size)
         if entry is None:
             entry = self.batches[size] = BatchStatistics()
+        return entry
+
+    def response(self, index: int) -> ResponseStatistics:
+        """The entry of response index ``index``, created empty if new."""
+        entry = self.responses.get(index)
+        if entry is None:
+            entry = self.responses[index] = ResponseStatistics()
         return entry
 
     # -- the Redis hash -------------------------------------------------------------------
@@ -142,6 +187,11 @@ class ModelStatistics:
             for name in COMPUTE_PHASES:
                 d = getattr(entry, name)
                 out[f"batch.{size}.{name}.count"], out[f"batch.{size}.{name}.ns"] = d.count, d.ns
+        for index, response in dict(self.responses).items():
+            for name in RESPONSE_PHASES:
+                d = getattr(response, name)
+                key = f"response.{index}.{name}"
+                out[f"{key}.count"], out[f"{key}.ns"] = d.count, d.ns
         return out
 
     @classmethod
@@ -161,11 +211,15 @@ class ModelStatistics:
             setattr(self.phase(head), rest, value)
         elif head == "failure" and rest:
             self.failures[rest] = value
-        elif head == "batch":
-            size, _, tail = rest.partition(".")
+        elif head in ("batch", "response"):
+            number, _, tail = rest.partition(".")
             phase, _, unit = tail.partition(".")
-            if size.isdigit() and phase in COMPUTE_PHASES and unit in ("count", "ns"):
-                setattr(getattr(self.batch(int(size)), phase), unit, value)
+            if not number.isdigit() or unit not in ("count", "ns"):
+                return
+            if head == "batch" and phase in COMPUTE_PHASES:
+                setattr(getattr(self.batch(int(number)), phase), unit, value)
+            elif head == "response" and phase in RESPONSE_PHASES:
+                setattr(getattr(self.response(int(number)), phase), unit, value)
 
     # -- Triton's JSON --------------------------------------------------------------------
     def to_triton(self, name: str, version: str) -> dict[str, Any]:
@@ -186,6 +240,9 @@ class ModelStatistics:
                 for size, entry in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            "response_stats": {
+                str(index): entry.to_json() for index, entry in sorted(self.responses.items())
+            },
         }
 
 

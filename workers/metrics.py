@@ -5,6 +5,9 @@ The worker feeds one ``WorkerMetrics`` at three points and nothing else:
   (inference and execution counts, batch sizes, per batch size compute times);
 - ``answered(answers)``: after the writer made a batch of answers durable (request success
   and failure, queue and compute times per request);
+- ``responded(item, result, timing)``: a decoupled model's runner, once per response as the
+  model sends it (Triton's ``response_stats`` and first-response histogram,
+  ``workers/response_statistics.py``); no other model calls it;
 - ``lags``: set by the scheduler whenever it computes consumer lag;
 - ``count(outcome)``: what happened to the records it fetched (``RECORD_OUTCOMES``).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -64,6 +68,12 @@ from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, inc
 from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.custom_metrics import CustomMetrics, Source
 from plaza.workers.gpu_metrics import GpuCollector
+from plaza.workers.response_statistics import (
+    FirstResponses,
+    ResponseTiming,
+    count_response,
+    is_first_response,
+)
 from plaza.workers.runner import WorkItem
 
 log = logging.getLogger(__name__)
@@ -115,6 +125,9 @@ class WorkerMetrics:
         """Consumer lag by TopicPartition, replaced by the scheduler on every decision."""
         self.records: dict[str, int] = dict.fromkeys(RECORD_OUTCOMES, 0)
         """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
+        self.first_responses: dict[str, FirstResponses] | None = None
+        """A decoupled model's first-response histogram by version (None: not decoupled)."""
+        self._responses_lock = threading.Lock()  # responses come from every instance's thread
         self._pending: Callable[[], int] = lambda: 0
         self._sequences: Callable[[], int] | None = None
         self._custom: list[Source] = []
@@ -138,13 +151,18 @@ class WorkerMetrics:
         versions: Sequence[int],
         pending: Callable[[], int],
         sequences: Callable[[], int] | None = None,
+        *,
+        decoupled: bool = False,
     ) -> None:
-        """Know the served versions, the pending count and (a stateful model's) the active
-        sequences; serve /metrics unless it is off."""
+        """Know the served versions, the pending count, (a stateful model's) the active
+        sequences and whether the model is decoupled (its responses are counted one by
+        one); serve /metrics unless it is off."""
         self.stats = {str(v): self.stats.get(str(v), ModelStatistics()) for v in versions}
         self._default = str(max(versions)) if versions else ""
         if not self.stats:
             self.stats[""] = ModelStatistics()
+        if decoupled:
+            self.first_responses = {v: FirstResponses() for v in self.stats if v}
         self._pending = pending
         self._sequences = sequences
         self.hub.serve(self.model)
@@ -222,6 +240,17 @@ class WorkerMetrics:
             ):
                 phase.count += n
                 phase.ns += us * _NS_PER_US
+
+    def responded(self, item: WorkItem, result: InferResult, timing: ResponseTiming) -> None:
+        """One response of a decoupled model, as the model sent it (any thread)."""
+        with self._responses_lock:
+            count_response(self.version(result.version), result, timing)
+            first = self.first_responses
+            if first is not None and is_first_response(result):
+                histogram = first.get(result.version) or first.setdefault(
+                    self._default, FirstResponses()
+                )
+                histogram.observe(timing.since_request_ns)
 
     def _failed(self, version: str, code: str, now_ms: int) -> None:
         stats = self.version(version)
@@ -348,6 +377,7 @@ class _Collector:
         yield from self._counters(served)
         yield self._failures(served)
         yield self._batch_sizes(served)
+        yield self._first_responses(members)
         pending = GaugeMetricFamily(
             METRIC_PENDING_REQUESTS,
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -468,7 +498,24 @@ class _Collector:
             family.add_metric(_labels(m.model, version), buckets, total)
         return family
 
+    @staticmethod
+    def _first_responses(members: list[WorkerMetrics]) -> Metric:
+        """Triton's first-response histogram: decoupled models only, as in Triton."""
+        family = HistogramMetricFamily(
+            METRIC_FIRST_RESPONSE_HISTOGRAM,
+            "Duration from request to first response in milliseconds",
+            labels=[LABEL_MODEL, LABEL_VERSION],
+        )
+        for m in members:
+            for version, histogram in sorted(dict(m.first_responses or {}).items()):
+                family.add_metric(
+                    _labels(m.model, version), histogram.cumulative(), histogram.sum_ms
+                )
+        return family
 
+
+METRIC_FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
+"""Triton's name (here until ``plaza/naming.py``, which holds the others, takes it)."""
 METRIC_HOST_LOADS = "plaza_host_model_loads"
 METRIC_HOST_UNLOADS = "plaza_host_model_unloads"
 METRIC_HOST_EVICTIONS = "plaza_host_model_evictions"

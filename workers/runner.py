@@ -37,6 +37,7 @@ from plaza.workers.backends.base import (
     takes_requests,
 )
 from plaza.workers.classification import classify
+from plaza.workers.response_statistics import ResponseTiming
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
@@ -44,6 +45,9 @@ ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
 ResponseSink = Callable[["WorkItem", InferResult], None]
 """Takes a decoupled model's responses before the final ones, as they come, on the
 executor thread that runs the batch (it may block it: that is the back-pressure)."""
+ResponseObserver = Callable[["WorkItem", InferResult, ResponseTiming], None]
+"""Told of each response of a decoupled model, final ones included, with its timing, on the
+executor thread that runs the batch (worker metrics: Triton's ``response_stats``)."""
 
 
 NO_PARTITION = TopicPartition("", -1)
@@ -95,14 +99,18 @@ class BatchRunner:
         worker_id: str = "",
         observer: ExecutionObserver | None = None,
         labels: Mapping[str, Sequence[str]] | None = None,
+        response_observer: ResponseObserver | None = None,
     ) -> None:
-        """``labels``: each output's class labels (``workers/classification.py``)."""
+        """``labels``: each output's class labels (``workers/classification.py``).
+        ``observer`` and ``response_observer`` hear of what ``run`` runs, never of what
+        ``run_group`` runs alone (warmup stays out of the statistics)."""
         self.spec = spec
         self.labels = labels or {}
         self.backends = backends
         self.executor = executor
         self.worker_id = worker_id
         self.observer = observer
+        self.response_observer = response_observer
         self._all_outputs = [o.name for o in spec.outputs]
         self._batched = spec.max_batch_size > 0
         # Triton's reshape (plaza.reshape): inputs to the model's shape, outputs back to dims
@@ -123,7 +131,7 @@ class BatchRunner:
         results: list[InferResult | None] = [None] * len(items)
         for indices in groups.values():
             group = [items[i] for i in indices]
-            done = await loop.run_in_executor(self.executor, self.run_group, group, responses)
+            done = await loop.run_in_executor(self.executor, self.run_group, group, responses, True)
             if self.observer is not None:
                 self.observer(group, done)
             for i, res in zip(indices, done, strict=True):
@@ -140,9 +148,13 @@ class BatchRunner:
         return _group_key(item)
 
     def run_group(
-        self, items: Sequence[WorkItem], responses: ResponseSink | None = None
+        self,
+        items: Sequence[WorkItem],
+        responses: ResponseSink | None = None,
+        observed: bool = False,
     ) -> list[InferResult]:
-        """Run requests that share shapes and a version as one backend call (blocking).
+        """Run requests that share shapes and a version as one backend call (blocking);
+        ``observed``: a decoupled model's responses go to ``response_observer``.
 
         When the call fails, the group is split in halves and each half runs again, down
         to single requests: one culprit costs about 2*log2(n) extra calls, and only the
@@ -150,7 +162,8 @@ class BatchRunner:
         wins), never their innocent batch-mates.
         """
         if self.spec.decoupled:  # never split: its responses may be out already
-            return self._execute_decoupled(items, responses)
+            observe = self.response_observer if observed else None
+            return self._execute_decoupled(items, responses, observe)
         try:
             return self._execute(items)
         except Exception as exc:
@@ -168,35 +181,45 @@ class BatchRunner:
         return self.run_group(items[:half]) + self.run_group(items[half:])
 
     def _execute_decoupled(
-        self, items: Sequence[WorkItem], responses: ResponseSink | None
+        self,
+        items: Sequence[WorkItem],
+        responses: ResponseSink | None,
+        observe: ResponseObserver | None = None,
     ) -> list[InferResult]:
         """A decoupled model's batch: each response numbered within its request; the final
         ones returned. A batch that fails (``execute`` raised, the process died) closes
         each request still open with that error, as its next response; a request whose
-        earlier responses went out keeps them (first write wins per response)."""
+        earlier responses went out keeps them (first write wins per response). Each
+        response, from the request's previous one (or the batch's start) on, is timed for
+        ``observe``."""
         backend = self.backends[items[0].version]
         if not streams_responses(backend):
             err = ModelExecutionError(f"model {self.spec.name!r}: its backend cannot stream")
             return [self._error(it, err) for it in items]
         t0 = time.monotonic()
         sent = [0] * len(items)
+        starts = [t0] * len(items)
         finals: list[InferResult | None] = [None] * len(items)
 
         def send(i: int, answer: Answer | None, final: bool) -> None:
             it = items[i]
+            t_sent = time.monotonic()
             answer = None if answer is None else self._answer_to_client(answer)
             if answer is None:
                 result = InferResult(it.request.id, self.spec.name, str(it.version), empty=True)
             elif isinstance(answer, PlazaError):
                 result = self._error(it, answer)
             else:
-                result = self._ok(it, answer, t0, t0, time.monotonic())
+                result = self._ok(it, answer, t0, t0, t_sent)
             result = msgspec.structs.replace(result, index=sent[i], final=final)
             sent[i] += 1
+            if observe is not None:
+                observe(it, result, _timing(it, starts[i], t_sent))
             if final:
                 finals[i] = result
             elif responses is not None:
                 responses(it, result)
+            starts[i] = time.monotonic()  # the next response starts once this one is handed on
 
         try:
             requests = [self._request_to_model(it.request) for it in items]
@@ -209,11 +232,24 @@ class BatchRunner:
             log.warning("%s: decoupled batch of %d failed: %s", self.spec.name, len(items), exc)
             failure = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
         return [
-            final
-            if final is not None
-            else msgspec.structs.replace(self._error(it, failure), index=sent[i])
+            final if final is not None else self._close(it, failure, sent[i], starts[i], observe)
             for i, (it, final) in enumerate(zip(items, finals, strict=True))
         ]
+
+    def _close(
+        self,
+        it: WorkItem,
+        failure: PlazaError,
+        index: int,
+        start: float,
+        observe: ResponseObserver | None,
+    ) -> InferResult:
+        """The error response that closes a request its failed batch left open."""
+        failed_at = time.monotonic()
+        closed = msgspec.structs.replace(self._error(it, failure), index=index)
+        if observe is not None:
+            observe(it, closed, _timing(it, start, failed_at))
+        return closed
 
     def _execute(self, items: Sequence[WorkItem]) -> list[InferResult]:
         t0 = time.monotonic()
@@ -337,6 +373,15 @@ def _slice(name: str, rows: _Rows, array: np.ndarray[Any, Any], start: int, end:
         return Tensor.from_numpy(name, array[start:end])
     datatype, rest, data, row_bytes = rows
     return Tensor(name, datatype, (end - start, *rest), data[start * row_bytes : end * row_bytes])
+
+
+def _timing(it: WorkItem, start: float, sent: float) -> ResponseTiming:
+    """A response's timing (``ResponseTiming``) from monotonic seconds: its start, the
+    model's send, and now (ready)."""
+    ready = time.monotonic()
+    return ResponseTiming(
+        int((sent - start) * 1e9), int((ready - sent) * 1e9), int((ready - it.received) * 1e9)
+    )
 
 
 def _trace(received: float, t0: float, t1: float, t2: float, t3: float) -> dict[str, int]:

@@ -216,8 +216,17 @@ class Worker:
             for i in range(self.spec.instance_count)
         ]
         labels = classification.labels(self.spec, self._repo.root / self.model)
+        responded = self.metrics.responded if self.spec.decoupled else None
         self.instances = [
-            BatchRunner(self.spec, {}, ex, self.id, observer=self.metrics.executed, labels=labels)
+            BatchRunner(
+                self.spec,
+                {},
+                ex,
+                self.id,
+                observer=self.metrics.executed,
+                labels=labels,
+                response_observer=responded,
+            )
             for ex in self._executors
         ]
         self.runner = self.instances[0]
@@ -284,7 +293,9 @@ class Worker:
         await self.consumer.start()
         seq = self.sequences
         active = None if seq is None else (lambda: seq.batcher.active)
-        self.metrics.start(self.versions, pending=self._pending, sequences=active)
+        self.metrics.start(
+            self.versions, pending=self._pending, sequences=active, decoupled=self.spec.decoupled
+        )
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [

@@ -11,6 +11,7 @@ from plaza.workers.backends.pb_utils import TritonError
 _TO_PLAZA = {
     TritonError.INVALID_ARG: "invalid_input",
     TritonError.UNAVAILABLE: "unavailable",
+    TritonError.CANCELLED: "cancelled",
 }
 _TO_TRITON = {
     "invalid_input": TritonError.INVALID_ARG,
@@ -19,12 +20,15 @@ _TO_TRITON = {
     "unavailable": TritonError.UNAVAILABLE,
     "queue_full": TritonError.UNAVAILABLE,
     "timeout": TritonError.UNAVAILABLE,
+    "cancelled": TritonError.CANCELLED,
 }
 
 
 def plaza_code(triton: int) -> str:
-    """The Plaza code of a model's TritonError: INVALID_ARG and UNAVAILABLE keep their
-    meaning (invalid_input, unavailable); every other code is a model_error."""
+    """The Plaza code of a model's TritonError: INVALID_ARG, UNAVAILABLE and CANCELLED keep
+    their meaning (invalid_input, unavailable, cancelled: a decoupled model's answer to a
+    request whose caller went away, counted as a cancel in ``response_stats``); every other
+    code is a model_error."""
     return _TO_PLAZA.get(triton, "model_error")
 
 
