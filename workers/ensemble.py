@@ -492,13 +492,18 @@ class EnsembleRunner:
                 req, priority, self.branch_steps, tensors, branch=response.index
             )
 
-        async with contextlib.aclosing(ordered(reading, branch)) as branches:
-            async for response, tensors in branches:
-                if tensors is None:
-                    return
-                yield self._outputs(req, tensors), response.final
-                if response.final:
-                    return
+        try:
+            async with contextlib.aclosing(ordered(reading, branch)) as branches:
+                async for response, tensors in branches:
+                    if tensors is None:
+                        return
+                    yield self._outputs(req, tensors), response.final
+                    if response.final:
+                        return
+        except Exception:  # an error, a deadline, a cancelled caller: the step may stop
+            # (not a runner that stops, cancelled: the step runs on for the next runner)
+            await self.step_responses.cancel(sreq)
+            raise
 
     def _waits(self, sreq: InferRequest) -> Waits:
         if sreq.deadline_ms is None:

@@ -111,8 +111,9 @@ class StepResponses:
         """``sreq``'s responses in index order, ending with its final one (an error is
         a final response too). ``owner`` is the ensemble request's id: an answer stored
         for it meanwhile (its caller cancelled) raises AnsweredMeanwhile. StepFailed when
-        publishing fails, a response is lost, or nothing comes for ``waits.limit_s``. A
-        reader that stops before the final response cancels the step's request."""
+        publishing fails, a response is lost, or nothing comes for ``waits.limit_s``.
+        Stopping early does not cancel the step's request (a runner that stops leaves it
+        to the next one): ``cancel`` does."""
         stored = await self._lookup.get(sreq.id)
         if stored is not None:  # answered before this runner asked: a replay
             for result in await self._stored(sreq.id, 0, stored, step):
@@ -120,20 +121,21 @@ class StepResponses:
             return
         mux = await self._producer.replies()
         stream = mux.expect_responses(sreq.id, MAX_PENDING_RESPONSES)  # before publishing
-        final = False
         try:
             try:
                 await self._producer.publish_many([(sreq, spec)])
             except PlazaError as exc:
                 raise StepFailed(ErrorInfo(exc.code, f"{step.label}: {exc.message}")) from exc
             async for result in self._follow(owner, sreq, step, stream, waits):
-                final = result.final
                 yield result
         finally:
             mux.forget(sreq.id)
-            if not final:  # a step error, a deadline, a cancel: the model may stop early
-                with contextlib.suppress(Exception):
-                    await self._store.cancel(sreq)
+
+    async def cancel(self, sreq: InferRequest) -> None:
+        """Store ``cancelled`` for the step's request unless it is answered (its worker
+        tells a decoupled model, which may stop early); a failure only costs that."""
+        with contextlib.suppress(Exception):
+            await self._store.cancel(sreq)
 
     async def _follow(
         self,

@@ -282,3 +282,37 @@ async def test_a_caller_that_leaves_cancels_the_decoupled_step(settings: PlazaSe
         await wait_for(lambda: runner.in_flight == 0, 30, "the runner let it go")
     assert counts == [0, 1, 2]
     assert int(marker.read_text()) < 500
+
+
+async def test_a_runner_that_stops_mid_stream_leaves_the_rest_to_the_next(
+    settings: PlazaSettings, redis_client: aioredis.Redis
+) -> None:
+    """Runner a stops (as in a rebalance: its requests in flight cancelled, uncommitted)
+    while ``endless`` streams; runner b replays the request with the same step id, finds
+    the step's responses on their keys as the step's first run goes on writing them, and
+    the caller gets every response once, in order. The step is not cancelled by a's stop."""
+    async with AsyncExitStack() as stack:
+        for model in ("endless", "post"):
+            await stack.enter_async_context(running_worker(settings, model))
+        first = EnsembleRunner(with_model(settings, "forever", worker_id="runner-a"))
+        await first.start()
+        client = await stack.enter_async_context(PlazaClient(settings))
+        inputs = {"IN": np.array([[1]], np.int32)}
+        stream = client.infer_stream("forever", inputs, correlation_id="handover", timeout_s=60)
+        counts: list[int] = []
+        workers: set[str] = set()
+        async with aclosing(stream) as responses:
+            async for result in responses:
+                counts.append(int(result.as_numpy()["COUNT"].reshape(-1)[0]))
+                workers.add(result.worker)
+                if len(counts) == 5:
+                    await first.stop(drain_timeout_s=0)
+                    second = EnsembleRunner(with_model(settings, "forever", worker_id="runner-b"))
+                    await second.start()
+                    stack.push_async_callback(second.stop)
+        step_final = await redis_client.get(settings.names.result_key("handover.0"))
+    assert counts == list(range(500))  # each response once, in the step's order
+    assert workers == {"runner-a", "runner-b"}
+    # the step's first run went to its end (a's stop did not cancel it); b's copy of the
+    # step request, queued behind it, found it answered and was cancelled in its turn
+    assert decode_result(step_final).index == 500
