@@ -22,15 +22,19 @@ async def _items(values: list[int], fail_after: int | None = None) -> AsyncItera
 
 async def test_results_come_in_the_items_order_however_the_runs_finish() -> None:
     finished: list[int] = []
+    gates = {v: asyncio.Event() for v in range(5)}
 
     async def run(value: int) -> int:
-        await asyncio.sleep(0.001 * (5 - value))  # the later items finish first
+        if value < 4:
+            await gates[value].wait()  # opened by the run after it: the later finish first
         finished.append(value)
+        if value > 0:
+            gates[value - 1].set()
         return value * 10
 
     got = [pair async for pair in ordered(_items([0, 1, 2, 3, 4]), run)]
     assert got == [(0, 0), (1, 10), (2, 20), (3, 30), (4, 40)]
-    assert finished != sorted(finished)  # they did run side by side
+    assert finished == [4, 3, 2, 1, 0]  # they ran side by side
 
 
 async def test_at_most_a_window_of_runs_at_once() -> None:
@@ -41,7 +45,8 @@ async def test_at_most_a_window_of_runs_at_once() -> None:
         nonlocal running, most
         running += 1
         most = max(most, running)
-        await asyncio.sleep(0.001)
+        for _ in range(5):  # a few turns of the loop, in which others may start
+            await asyncio.sleep(0)
         running -= 1
         return value
 
@@ -89,7 +94,7 @@ async def test_stopping_early_cancels_the_runs_and_closes_the_source() -> None:
         if value == 0:
             return value
         try:
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # never set: only a cancellation ends it
         except asyncio.CancelledError:
             cancelled.append(value)
             raise
