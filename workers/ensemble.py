@@ -414,19 +414,10 @@ class EnsembleRunner:
         started = time.monotonic()
         try:
             outputs = self._outputs(req, await self._run_graph(req, priority))
-        except StepFailed as exc:
-            result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
-            return result, req.reply.stream
-        except Exception as exc:  # a bug: answer it, or its offset would hold every later one
-            log.exception("%s: ensemble request %s failed", self.id, req.id)
-            err = PlazaError(f"ensemble {self.model!r} failed: {type(exc).__name__}: {exc}")
-            return error_result(req, err, version=version, worker=self.id), req.reply.stream
-        timing = {
-            "queue": int((started - item.received) * 1e6),
-            "compute_infer": int((time.monotonic() - started) * 1e6),
-        }
-        result = InferResult(req.id, self.model, version, outputs, timing_us=timing, worker=self.id)
-        return result, req.reply.stream
+        except Exception as exc:
+            return self._failed(req, version, exc)
+        result = InferResult(req.id, self.model, version, outputs, worker=self.id)
+        return _timed(result, item, started), req.reply.stream
 
     async def _answer_responses(self, item: WorkItem, priority: int) -> Answer | None:
         """A decoupled ensemble's request: each response but the final one written here as
@@ -453,19 +444,21 @@ class EnsembleRunner:
                     )
         except AnsweredMeanwhile:
             return None  # cancelled by its caller: the answer is stored
-        except StepFailed as exc:
-            failed = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
-            return replace(failed, index=sent), req.reply.stream
-        except Exception as exc:  # a bug: answer it, or its offset would hold every later one
+        except Exception as exc:
+            return self._failed(req, version, exc, index=sent)
+        return _timed(result, item, started), req.reply.stream
+
+    def _failed(self, req: InferRequest, version: str, exc: Exception, index: int = 0) -> Answer:
+        """The final answer (response ``index``) of a request that failed: a step's error
+        (StepFailed), or any other exception, a bug, logged and answered all the same, or
+        its offset would hold every later one."""
+        if isinstance(exc, StepFailed):
+            result = InferResult(req.id, self.model, version, error=exc.error, worker=self.id)
+        else:
             log.exception("%s: ensemble request %s failed", self.id, req.id)
             err = PlazaError(f"ensemble {self.model!r} failed: {type(exc).__name__}: {exc}")
-            failed = error_result(req, err, version=version, worker=self.id)
-            return replace(failed, index=sent), req.reply.stream
-        timing = {
-            "queue": int((started - item.received) * 1e6),
-            "compute_infer": int((time.monotonic() - started) * 1e6),
-        }
-        return replace(result, timing_us=timing), req.reply.stream
+            result = error_result(req, err, version=version, worker=self.id)
+        return replace(result, index=index), req.reply.stream
 
     async def _responses(
         self, req: InferRequest, priority: int
@@ -667,6 +660,15 @@ class EnsembleRunner:
         except Exception as exc:  # Redis restarting: the next beat tries again
             log.warning("%s: heartbeat failed: %s", self.id, exc)
         await self.log_settings.follow_stored(self.redis, self.names.log_settings_key())
+
+
+def _timed(result: InferResult, item: WorkItem, started: float) -> InferResult:
+    """``result`` with its queue time (intake to start) and its run (start to now)."""
+    timing = {
+        "queue": int((started - item.received) * 1e6),
+        "compute_infer": int((time.monotonic() - started) * 1e6),
+    }
+    return replace(result, timing_us=timing)
 
 
 async def _ready(answer: Answer | None) -> Answer | None:
