@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -54,6 +54,31 @@ class Readiness:
 
     ready: bool
     reasons: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _StreamTrace:
+    """A traced stream's stamps, taken from its responses as they pass the gateway."""
+
+    start_ns: int
+    version: str = ""
+    worker_ns: dict[str, int] = field(default_factory=dict)
+    """The worker's stages, from the first response that carries them."""
+    first_ns: int = 0
+    """When its first response with data (or an error) passed: INFER_RESPONSE_COMPLETE."""
+
+    def saw(self, result: InferResult) -> None:
+        self.version = result.version or self.version
+        if not self.worker_ns and result.trace_ns:
+            self.worker_ns = dict(result.trace_ns)
+        if not self.first_ns and not result.empty:
+            self.first_ns = time.time_ns()
+
+    def stages(self) -> dict[str, int]:
+        """The worker's stages and the first response's."""
+        if not self.first_ns:
+            return dict(self.worker_ns)
+        return {**self.worker_ns, "INFER_RESPONSE_COMPLETE": self.first_ns}
 
 
 class _CachedCheck:
@@ -288,12 +313,26 @@ class GatewayService:
         model's one. Responses that carry an error are yielded, not raised: a front decides
         whether one ends its stream. ``timeout_s`` (default ``gateway.sync_timeout_s``)
         bounds the wait for each response; past it DeadlineExceeded with
-        ``details["job_id"]``. Not traced (Triton's trace extension covers ``infer``)."""
+        ``details["job_id"]``. A sampled request is traced as ``infer``'s are, with
+        INFER_RESPONSE_COMPLETE at its first response (as Triton's stream does) and
+        REQUEST_END at its final one; a stream left before its final response is not."""
         spec = self.model(req.model, req.version).spec
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
+        traced = self.tracer.sample(req.model)
+        if traced:
+            req = msgspec.structs.replace(req, trace=True)
+        trace = _StreamTrace(time.time_ns()) if traced else None
         responses = self._require(self._producer).infer_stream(req, spec, wait_s)
         async with contextlib.aclosing(responses):
             async for result in responses:
+                if trace is not None:
+                    trace.saw(result)
+                    if result.final:
+                        end_ns = time.time_ns()
+                        stages = trace.stages()
+                        self.tracer.record(
+                            req.model, trace.version, req.id, trace.start_ns, end_ns, stages
+                        )
                 yield result
 
     def decoupled(self, result: InferResult) -> bool:
