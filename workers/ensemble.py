@@ -262,7 +262,9 @@ class EnsembleRunner:
         self._consumer = kafka_consumer(self.settings.kafka, self.names.consumer_group(self.model))
         self._consumer.subscribe(self.topics, listener=Rebalance(self))
         await self._consumer.start()
-        self.metrics.start(self.versions, pending=lambda: self.in_flight)
+        self.metrics.start(
+            self.versions, pending=lambda: self.in_flight, decoupled=self.spec.decoupled
+        )
         self.lookup.start()
         await self._beat()
         spawn = asyncio.create_task
@@ -433,6 +435,9 @@ class EnsembleRunner:
                     result = InferResult(
                         req.id, self.model, version, outputs, worker=self.id, index=sent
                     )
+                    if sent == 0:  # the first-response histogram (decoupled models only)
+                        since_ns = int((time.monotonic() - item.received) * 1e9)
+                        self.metrics.first_response(version, since_ns)
                     if last:
                         break
                     done = replace(result, final=False)

@@ -245,12 +245,21 @@ class WorkerMetrics:
         """One response of a decoupled model, as the model sent it (any thread)."""
         with self._responses_lock:
             count_response(self.version(result.version), result, timing)
-            first = self.first_responses
-            if first is not None and is_first_response(result):
-                histogram = first.get(result.version) or first.setdefault(
-                    self._default, FirstResponses()
-                )
-                histogram.observe(timing.since_request_ns)
+            if is_first_response(result):
+                self._first_response(result.version, timing.since_request_ns)
+
+    def first_response(self, version: str, since_request_ns: int) -> None:
+        """A decoupled request's first response, ``since_request_ns`` after its intake,
+        without a count in ``response_stats`` (a decoupled ensemble's: Triton counts
+        those only for backends)."""
+        with self._responses_lock:
+            self._first_response(version, since_request_ns)
+
+    def _first_response(self, version: str, since_request_ns: int) -> None:
+        first = self.first_responses
+        if first is not None:
+            histogram = first.get(version) or first.setdefault(self._default, FirstResponses())
+            histogram.observe(since_request_ns)
 
     def _failed(self, version: str, code: str, now_ms: int) -> None:
         stats = self.version(version)

@@ -31,7 +31,6 @@ from plaza.contract import InferResult
 from plaza.naming import step_request_id
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
-from plaza.workers.worker import Worker
 from tests.python_models import write_repository
 from tests.support import gateway_fronts, make_settings, running_worker, wait_for, with_model
 
@@ -116,8 +115,8 @@ def settings(
 
 
 @asynccontextmanager
-async def serving(settings: PlazaSettings) -> AsyncIterator[dict[str, Worker]]:
-    """Workers of the three step models and a runner of ``spell``."""
+async def serving(settings: PlazaSettings) -> AsyncIterator[dict[str, Any]]:
+    """Workers of the three step models, and a runner of ``spell`` (under its name)."""
     async with AsyncExitStack() as stack:
         workers = await asyncio.gather(
             *(
@@ -128,7 +127,7 @@ async def serving(settings: PlazaSettings) -> AsyncIterator[dict[str, Worker]]:
         runner = EnsembleRunner(with_model(settings, "spell"))
         await runner.start()
         stack.push_async_callback(runner.stop)
-        yield dict(zip(("pre", "repeat", "post"), workers, strict=True))
+        yield {**dict(zip(("pre", "repeat", "post"), workers, strict=True)), "spell": runner}
 
 
 def _spelled(results: list[InferResult]) -> list[tuple[int, int]]:
@@ -159,6 +158,8 @@ async def test_each_response_of_the_decoupled_step_becomes_one_of_the_ensemble(
             _stream(client, []),
         )
         assert workers["post"].metrics.executions() >= 1
+        histogram = workers["spell"].metrics.first_responses["1"]
+        assert sum(histogram.buckets) == 2  # the two requests that had a first response
     assert _spelled(three) == [(5, 0), (6, 1), (7, 2)]
     assert [(r.index, r.final, r.model) for r in three] == [
         (0, False, "spell"),
