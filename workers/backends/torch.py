@@ -1,10 +1,12 @@
 """PyTorch backend (platform pytorch_libtorch): a TorchScript ``model.pt``.
 
 TorchScript archives load with ``torch.jit.load``, which runs no arbitrary pickled Python.
-Inputs are passed positionally in config order and outputs taken in config order, as
-Triton's libtorch backend does. A stateful model (``sequence_batching``) takes its control
-inputs next, in the order the config lists them, then its state inputs, and returns its
-state outputs after its outputs. This module is imported only for torch models.
+Inputs are passed positionally and outputs taken by position, matched to the config's
+names by Triton's libtorch conventions (``torch_names``: forward's argument names,
+``<name>__<index>``, or config order). A stateful model (``sequence_batching``) takes its
+control inputs after the config's inputs, in the order the config lists them, then its
+state inputs, and returns its state outputs after its outputs. This module is imported only
+for torch models.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from plaza.errors import ConfigError
+from plaza.errors import ConfigError, ModelExecutionError
 from plaza.repository import ModelVersion
 from plaza.workers.backends.base import Arrays
+from plaza.workers.backends.torch_names import argument_order, result_order
 from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
@@ -33,9 +36,13 @@ class TorchBackend:
         self.threads = threads
         self._module: Any = None
         self._torch_device = torch.device("cpu")
+        self._inputs: list[str] = []
+        """The input names in forward's argument order (known once loaded)."""
         sequence = mv.spec.sequence
-        self._inputs = [s.name for s in mv.spec.inputs] + list(sequence.model_inputs)
-        self._outputs = [s.name for s in mv.spec.outputs] + list(sequence.state_outputs)
+        self._results = result_order(
+            mv.spec.name, [s.name for s in mv.spec.outputs], list(sequence.state_outputs)
+        )
+        """Each output's position among forward's results."""
 
     def load(self) -> None:
         if self.device.kind == "cuda" and torch.cuda.is_available():
@@ -57,6 +64,13 @@ class TorchBackend:
                 f"{self.mv.path}: torch.jit.load failed: {exc}", file=str(self.mv.path)
             ) from exc
         module.eval()
+        spec = self.mv.spec
+        self._inputs = argument_order(
+            spec.name,
+            [s.name for s in spec.inputs],
+            list(spec.sequence.model_inputs),
+            _forward_args(module),
+        )
         self._module = module
         log.info(
             "%s v%d loaded on %s (torch %s)",
@@ -73,8 +87,16 @@ class TorchBackend:
         with torch.inference_mode():
             raw = self._module(*args)
         values = raw if isinstance(raw, tuple | list) else (raw,)
-        by_name = dict(zip(self._outputs, values, strict=False))
-        return {name: by_name[name].detach().cpu().numpy() for name in outputs}
+        arrays: Arrays = {}
+        for name in outputs:
+            place = self._results[name]
+            if place >= len(values):
+                raise ModelExecutionError(
+                    f"{self.mv.spec.name}: output {name!r} is forward's result {place}, and "
+                    f"forward returned {len(values)}"
+                )
+            arrays[name] = values[place].detach().cpu().numpy()
+        return arrays
 
     def _tensor(self, array: np.ndarray[Any, Any]) -> torch.Tensor:
         # Zero-copy views over a request are read-only; torch wants writable memory.
@@ -86,3 +108,13 @@ class TorchBackend:
         self._module = None
         if self._torch_device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _forward_args(module: Any) -> list[str] | None:
+    """The names of ``forward``'s arguments, ``self`` left out; None where the module does
+    not say (then no input can match one by name)."""
+    try:
+        arguments = module.forward.schema.arguments
+    except (AttributeError, RuntimeError):
+        return None
+    return [a.name for a in arguments if a.name != "self"]
