@@ -199,9 +199,11 @@ class StepResponses:
     async def _stored(
         self, rid: str, start: int, final: InferResult, step: EnsembleStep
     ) -> list[InferResult]:
-        """Responses ``start``.. of a request whose final answer is ``final``."""
+        """Responses ``start``.. of a request whose final answer is ``final``. A final
+        answer numbered before ``start`` (a ``cancelled`` stored by someone else while the
+        step streamed) comes alone: it ends the reading with its error."""
         if final.index < start:
-            return []
+            return [final]
         return [*await self._stored_range(rid, start, final.index, step), final]
 
     async def _stored_range(

@@ -29,6 +29,7 @@ from plaza.client import PlazaClient, make_request
 from plaza.codec import decode_result
 from plaza.contract import InferResult
 from plaza.naming import step_request_id
+from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
 from tests.python_models import write_repository
@@ -317,3 +318,34 @@ async def test_a_runner_that_stops_mid_stream_leaves_the_rest_to_the_next(
     # the step's first run went to its end (a's stop did not cancel it); b's copy of the
     # step request, queued behind it, found it answered and was cancelled in its turn
     assert decode_result(step_final).index == 500
+
+
+async def test_a_step_cancelled_by_someone_else_ends_the_ensemble_with_that_error(
+    settings: PlazaSettings, redis_client: aioredis.Redis
+) -> None:
+    """``endless`` streams for the ensemble until its own request is cancelled from outside
+    (a ``cancelled`` answer under its step id): the ensemble ends with that error, after
+    the responses before it, instead of waiting or ending as if complete."""
+    async with AsyncExitStack() as stack:
+        for model in ("endless", "post"):
+            await stack.enter_async_context(running_worker(settings, model))
+        runner = EnsembleRunner(with_model(settings, "forever"))
+        await runner.start()
+        stack.push_async_callback(runner.stop)
+        client = await stack.enter_async_context(PlazaClient(settings))
+        store = ResultStore(redis_client, settings.redis, settings.names)
+        inputs = {"IN": np.array([[1]], np.int32)}
+        stream = client.infer_stream(
+            "forever", inputs, correlation_id="outside", timeout_s=60, raise_on_error=False
+        )
+        results: list[InferResult] = []
+        async with aclosing(stream) as responses:
+            async for result in responses:
+                results.append(result)
+                if len(results) == 3:
+                    step = make_request("endless", inputs, correlation_id="outside.0")
+                    assert await store.cancel(step)
+    failed = results[-1]
+    assert failed.final and failed.error is not None and failed.error.code == "cancelled"
+    assert failed.error.message.startswith("step 0 (model 'endless'): ")
+    assert all(r.error is None for r in results[:-1]) and len(results) >= 4
