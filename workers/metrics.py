@@ -53,6 +53,7 @@ from plaza.naming import (
     METRIC_COMPUTE_OUTPUT_DURATION_US,
     METRIC_CONSUMER_LAG,
     METRIC_EXEC_COUNT,
+    METRIC_FIRST_RESPONSE_HISTOGRAM,
     METRIC_INFERENCE_COUNT,
     METRIC_PENDING_REQUESTS,
     METRIC_QUEUE_DURATION_US,
@@ -523,8 +524,6 @@ class _Collector:
         return family
 
 
-METRIC_FIRST_RESPONSE_HISTOGRAM = "nv_inference_first_response_histogram_ms"
-"""Triton's name (here until ``plaza/naming.py``, which holds the others, takes it)."""
 METRIC_HOST_LOADS = "plaza_host_model_loads"
 METRIC_HOST_UNLOADS = "plaza_host_model_unloads"
 METRIC_HOST_EVICTIONS = "plaza_host_model_evictions"
