@@ -217,6 +217,13 @@ class Names:
         kind = "i" if isinstance(sequence_id, int) else "s"
         return f"{self.key_prefix}sequence:{check_model_name(model)}:{kind}:{sequence_id}"
 
+    def answer_state_key(self, correlation_id: str) -> str:
+        """On a Redis Cluster, the state a stateful model's request left, stored with its
+        answer in one script call (same hash tag as the result key): what the sequence's
+        next request runs on when the answer was stored but the sequence's own key was not
+        updated (a worker that died in between; ``workers/sequences.py``)."""
+        return f"{self.key_prefix}answer-state:{{{correlation_id}}}"
+
     def delivery_key(self, topic: str, partition: int, offset: int) -> str:
         """Counts how often one Kafka record was delivered to a worker without an answer
         (a record that crashes every worker that takes it is dead-lettered past a limit)."""

@@ -17,7 +17,15 @@ stopped or crashed): the worker reads that state (``needs_state``, ``resume``) a
 sequence goes on where its answers left it, unless the request was sent more than the
 model's idle time after the request that made the state was sent (the sequence went idle).
 Both times are the senders' clocks (``sent_us``, stamped by the gateway or SDK that
-published), so a worker's clock, whichever host it runs on, plays no part. A replay of an answered
+published), so a worker's clock, whichever host it runs on, plays no part.
+
+On a Redis Cluster the sequence's key is written just after the answers, not in their
+script call (``workers/writer.py``), so a worker that dies in between leaves it one request
+behind. Each answer's state is also stored with the answer itself
+(``Names.answer_state_key``). The next owner replays the uncommitted requests, finds the
+answered ones answered at intake (``skipped``), and takes the sequence up from the state
+stored with the last of them (``state_key_for``); the requests committed before them were
+written in full, so the sequence's key is right for those. A replay of an answered
 request writes no answer, so no state either, and a request whose answer was never written
 runs again on the state before it.
 """
@@ -34,6 +42,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import redis.asyncio as aioredis
+from aiokafka.structs import TopicPartition
 
 from plaza.contract import InferResult
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
@@ -90,6 +99,8 @@ def decode_state(data: bytes) -> tuple[State, float, float]:
     return state, kept.at, kept.sent
 
 
+MAX_ANSWERED = 10_000
+"""Sequences whose answered requests found at intake are remembered at once, at most."""
 INITIAL_STATE_DIR = "initial_state"
 """Where a model's ``initial_state { data_file }`` files are, in its folder (Triton's)."""
 
@@ -121,25 +132,44 @@ def initial_states(spec: ModelSpec, model_dir: Path) -> State:
     return initial
 
 
-async def read_states(redis: aioredis.Redis, keys: Sequence[str]) -> list[bytes | None]:
-    """The states Redis keeps under ``keys`` (None where none): one round trip, one key per
-    command (a Redis Cluster holds them in many slots)."""
+async def read_states(
+    redis: aioredis.Redis, places: Sequence[tuple[str, ...]]
+) -> list[bytes | None]:
+    """For each sequence, the first state Redis keeps under its ``places`` (None where
+    none): one round trip, one key per command (a Redis Cluster holds them in many slots)."""
     pipe = redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.get(key)
-    return list(await pipe.execute())
+    for keys in places:
+        for key in keys:
+            pipe.get(key)
+    found = iter(await pipe.execute())
+    firsts: list[bytes | None] = []
+    for keys in places:
+        values = [next(found) for _ in keys]
+        firsts.append(next((v for v in values if v is not None), None))
+    return firsts
 
 
 class SequenceRuns:
     """The sequences of one stateful model on one worker."""
 
     def __init__(
-        self, spec: ModelSpec, names: Names, keep_s: int, initial: State | None = None
+        self,
+        spec: ModelSpec,
+        names: Names,
+        keep_s: int,
+        initial: State | None = None,
+        *,
+        answer_states: bool = False,
     ) -> None:
         """``keep_s``: how long a kept state outlives the idle time (``redis.result_ttl_s``,
         as long as the answers are kept); ``initial``: the states that do not start from
-        zeros (``initial_states``)."""
+        zeros (``initial_states``); ``answer_states``: answers carry their states
+        (a Redis Cluster's writer), so answered requests found at intake are remembered."""
         self.spec = spec
+        self.answer_states = answer_states
+        self._answered: dict[SequenceKey, tuple[TopicPartition, str]] = {}
+        """A sequence not held here -> the last of its requests found answered at intake
+        (its partition and id), oldest first, at most ``MAX_ANSWERED``."""
         self.initial = initial or {}
         self.names = names
         self.config = spec.sequence
@@ -262,6 +292,35 @@ class SequenceRuns:
     def state_key(self, key: SequenceKey) -> str:
         """Where Redis keeps the state of sequence ``key``."""
         return self.names.sequence_state_key(self.spec.name, key)
+
+    def skipped(self, item: WorkItem) -> None:
+        """``item`` was found answered at intake and finished unrun. Where answers carry
+        their states, and its sequence is not held here, its next request here takes the
+        sequence up from ``item``'s stored state (``state_key_for``)."""
+        if not self.answer_states:
+            return
+        key = self.key_of(item)
+        if key is None or self.batcher.holds(key):
+            return
+        self._answered.pop(key, None)  # newest last
+        self._answered[key] = (item.partition, item.request.id)
+        if len(self._answered) > MAX_ANSWERED:
+            del self._answered[next(iter(self._answered))]
+
+    def state_keys_for(self, key: SequenceKey) -> tuple[str, ...]:
+        """Where to read the state to take sequence ``key`` up with, first found first:
+        the one stored with its request found answered last at intake here, if any
+        (asked once), then its own key (an answer that carries none: a cancelled
+        request's)."""
+        last = self._answered.pop(key, None)
+        own = self.state_key(key)
+        return (own,) if last is None else (self.names.answer_state_key(last[1]), own)
+
+    def forget(self, partitions: set[TopicPartition]) -> None:
+        """Partitions moved away: what was remembered of their answered requests goes (a
+        partition that comes back has had other owners meanwhile)."""
+        for key in [k for k, (tp, _) in self._answered.items() if tp in partitions]:
+            del self._answered[key]
 
     def resume(self, key: SequenceKey, stored: bytes, item: WorkItem, sent: float) -> bool:
         """Take sequence ``key`` up with the state Redis kept for it; ``item`` is its request

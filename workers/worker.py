@@ -237,7 +237,13 @@ class Worker:
         model_dir = self._repo.root / self.model
         enabled = self.spec.sequence.enabled
         self.sequences = (
-            SequenceRuns(self.spec, self.names, keep_s, initial_states(self.spec, model_dir))
+            SequenceRuns(
+                self.spec,
+                self.names,
+                keep_s,
+                initial_states(self.spec, model_dir),
+                answer_states=settings.redis.cluster,
+            )
             if enabled
             else None
         )
@@ -523,6 +529,8 @@ class Worker:
         if type(verdict) is WorkItem:
             if looked_id is not None and looked_id == verdict.request.id:
                 if answered:  # cancelled by its caller, or a replay: finish it unrun
+                    if self.sequences is not None:
+                        self.sequences.skipped(verdict)
                     self.metrics.count("skipped")
                     done.records.append((tp, record.offset))
                     return
@@ -605,16 +613,16 @@ class Worker:
         assert seq is not None
         deferred, self._deferred = self._deferred, []
         firsts, self._deferred_keys = self._deferred_keys, {}
-        keys = [seq.state_key(key) for key in firsts]
+        keys = [seq.state_keys_for(key) for key in firsts]
         # read again until Redis answers (the writer waits for it too): a sequence is not
         # refused for a moment's outage
         what = f"reading {len(keys)} sequence states"
         stored = await until_done(lambda: read_states(self.redis, keys), what, self._stopping)
         refused: dict[SequenceKey, PlazaError] = {}
         for (key, (first, sent)), data in zip(firsts.items(), stored, strict=True):
-            # none kept (refused below as not started), or revoked meanwhile (the
-            # sequence is the next owner's)
-            if data is None or first.partition in self._moved:
+            # none kept, or an END's empty one (refused below as not started), or revoked
+            # meanwhile (the sequence is the next owner's)
+            if not data or first.partition in self._moved:
                 continue
             try:
                 seq.resume(key, data, first, sent)
@@ -930,6 +938,8 @@ class Worker:
         if not revoked or not self._tasks:
             return
         self._moved |= revoked
+        if self.sequences is not None:
+            self.sequences.forget(revoked)
         dropped = self.batcher.remove_if(lambda it: it.partition in revoked)
         dropped += [s.item for s in self._suspects if s.item.partition in revoked]
         self._suspects = deque(s for s in self._suspects if s.item.partition not in revoked)

@@ -37,9 +37,12 @@ nothing. What the cluster loses is the atomicity of the two steps: a worker that
 between them leaves results stored (pollable) but not on their reply stream; and a write
 retried after a step failed midway (a node away) adds its results to the streams again,
 so a stream may then hold the same answer twice (byte for byte the same). States go with
-the second step, for the claimed answers: a worker that dies between the steps leaves its
-sequences' states one request behind their answers, and the sequences' next owner runs
-their next requests on those (a sequence there must be started again after such a crash).
+the second step, for the claimed answers, under the sequences' keys; a stateful answer's
+claim also stores its state under ``Names.answer_state_key`` (same slot as the answer, in
+the claim's script: an END's as an empty value). A worker that dies between the steps
+leaves a sequence's key one request behind its answers; the sequence's next owner finds
+that request answered at intake and takes the sequence up from the state stored with that
+answer (``workers/sequences.py``), not from the sequence's key.
 """
 
 from __future__ import annotations
@@ -116,6 +119,17 @@ if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+# Cluster mode, step 1 for a stateful model's answer: KEYS: its result key, its answer
+# state key (one slot). ARGV: payload, ttl, state ("" after an END), state ttl ms. As the
+# claim above; a claimed answer also stores its state.
+_CLAIM_WITH_STATE_SCRIPT = """
+local claimed = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+if not claimed and redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+return 1
 """
 # Cluster mode, step 2: KEYS: one stream. ARGV: maxlen, stream ttl, count, joined results.
 # Returns '' or the XADD error.
@@ -206,10 +220,17 @@ class ResultWriter:
         """The cluster path: every command of it touches one key (see the module doc)."""
         ttl = self._settings.result_ttl_s
         payloads = [encode_result(result) for result, _ in results]
+        state_of = {w.index: w for w in states}
         pipe = self._redis.pipeline(transaction=False)
-        for (result, _), payload in zip(results, payloads, strict=True):
+        for i, ((result, _), payload) in enumerate(zip(results, payloads, strict=True)):
             key = self._names.answer_key(result.id, result.index, result.final)
-            pipe.eval(_CLAIM_SCRIPT, 1, key, payload, ttl)
+            w = state_of.get(i)
+            if w is None:
+                pipe.eval(_CLAIM_SCRIPT, 1, key, payload, ttl)
+                continue
+            slot_key = self._names.answer_state_key(result.id)
+            args = (payload, ttl, w.state or b"", w.ttl_ms)
+            pipe.eval(_CLAIM_WITH_STATE_SCRIPT, 2, key, slot_key, *args)
         won = [int(claimed) for claimed in await pipe.execute()]
         per_stream: dict[str, list[bytes]] = {}
         for (_, stream), payload, first in zip(results, payloads, won, strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,9 +26,11 @@ from plaza.contract import InferResult
 from plaza.naming import Names
 from plaza.settings import PlazaSettings
 from plaza.stack import RedisClusterNodes
+from plaza.tensors import Tensor
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.runner import WorkItem
+from plaza.workers.sequences import decode_state, encode_state
 from plaza.workers.writer import ResultWriter, StateWrite
 from tests.integration.test_gateway_http import add_sub_json, http, outputs_by_name, poll_until
 from tests.support import REPOSITORY, make_settings, running_worker, wait_for
@@ -251,3 +254,49 @@ async def test_the_gateway_on_a_cluster(
             return bool(stats) and stats[0]["inference_stats"]["success"]["count"] >= 2
 
         await wait_for(counted, 30, "statistics read back from the cluster")
+
+
+async def test_a_sequence_goes_on_from_the_state_stored_with_its_last_answer(
+    cluster_settings: PlazaSettings, cluster_client: redis.asyncio.Redis
+) -> None:
+    """As if a worker had stored a request's answer (its state with it, in the claim's
+    script) and died before updating the sequence's own key: the next worker finds that
+    request answered at intake and takes the sequence up from the state stored with its
+    answer, so the sequence's END adds to 8, not to the key's older 5."""
+    settings, names = cluster_settings, cluster_settings.names
+    seq = 4711
+
+    def ints(v: int) -> dict[str, np.ndarray]:
+        return {"INPUT": np.array([[v]], np.int32)}
+
+    async with PlazaClient(settings) as client:
+        async with running_worker(settings, "accumulate"):
+            start = {"sequence_id": seq, "sequence_start": True}
+            first = await client.infer("accumulate", ints(5), parameters=start)
+        assert first.as_numpy()["OUTPUT"].tolist() == [[5]]
+        second = make_request("accumulate", ints(3), parameters={"sequence_id": seq})
+        answer = InferResult(
+            second.id, "accumulate", "1", (Tensor.from_numpy("OUTPUT", np.array([[8]], np.int32)),)
+        )
+        state = encode_state({"SUM_IN": np.array([8], np.int32)}, time.time(), time.time())
+        writer = ResultWriter(cluster_client, settings.redis, names)
+        try:  # the answer and its state; the sequence's own key not reached ("elsewhere")
+            elsewhere = names.sequence_state_key("accumulate", "elsewhere")
+            assert await writer.write([(answer, None)], [StateWrite(0, elsewhere, state, 60_000)])
+        finally:
+            await writer.close()
+        kept = await cluster_client.get(names.sequence_state_key("accumulate", seq))
+        assert kept is not None and decode_state(kept)[0]["SUM_IN"].tolist() == [5]  # behind
+        end = make_request(
+            "accumulate", ints(4), parameters={"sequence_id": seq, "sequence_end": True}
+        )
+        await client.publish_many([second, end])  # the replay: the answered one, then END
+        async with running_worker(settings, "accumulate"):
+
+            async def answered() -> bool:
+                return (await client.poll(end.id)).state == "done"
+
+            await wait_for(answered, 60, "the END's answer")
+        done = (await client.poll(end.id)).result
+    assert done is not None and done.error is None
+    assert done.as_numpy()["OUTPUT"].tolist() == [[12]]  # 8 + 4: on the answered state

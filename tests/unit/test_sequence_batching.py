@@ -483,3 +483,29 @@ def test_a_missing_or_misfit_initial_state_file_is_a_config_error(tmp_path: Path
     (tmp_path / "initial_state" / "sin.bin").write_bytes(b"\0" * 12)
     with pytest.raises(ConfigError, match="holds 12 bytes; FP32 \\[2\\] is 8"):
         initial_states(spec, tmp_path)
+
+
+def test_on_a_cluster_a_sequence_is_taken_up_from_its_last_answer_found_at_intake() -> None:
+    """Where answers carry their states (a Redis Cluster's writer), a request found
+    answered at intake, of a sequence not held here, points its next request at the state
+    stored with that answer, then at the sequence's own key; once, and never for a
+    sequence held here or a partition moved away."""
+    spec = ModelRepository(REPOSITORY).spec("accumulate")
+    names = Names("t.", "t:")
+    runs = SequenceRuns(spec, names, keep_s=60, answer_states=True)
+    own = names.sequence_state_key("accumulate", 5)
+    assert runs.state_keys_for(5) == (own,)
+    runs.skipped(_item(5, 1))
+    runs.skipped(_item(5, 2))  # the later answer of the two
+    assert runs.state_keys_for(5) == (names.answer_state_key("5-2"), own)
+    assert runs.state_keys_for(5) == (own,)  # asked once
+    runs.batcher.resume(6, {}, _item(6, 1))
+    runs.skipped(_item(6, 3))  # held here: what runs here goes on
+    assert runs.state_keys_for(6) == (names.sequence_state_key("accumulate", 6),)
+    moved = _item(7, 1)
+    runs.skipped(moved)
+    runs.forget({moved.partition})
+    assert runs.state_keys_for(7) == (names.sequence_state_key("accumulate", 7),)
+    plain = SequenceRuns(spec, names, keep_s=60)  # standalone Redis: one script, nothing kept
+    plain.skipped(_item(5, 1))
+    assert plain.state_keys_for(5) == (own,)
