@@ -32,6 +32,7 @@ from plaza.loadgen.bench.context import (
     start_workers,
     warm_kafka,
 )
+from plaza.loadgen.bench.ensemble_streaming import ensemble_streaming
 from plaza.loadgen.bench.pipeline import text_embed
 from plaza.loadgen.bench.streaming import streaming
 from plaza.loadgen.inputs import input_pool, text_pool
@@ -486,4 +487,5 @@ BENCHMARKS: dict[str, Benchmark] = {
     "perf_analyzer": perf_analyzer_lanes,
     "text_embed": text_embed,
     "streaming": streaming,
+    "ensemble_streaming": ensemble_streaming,
 }
