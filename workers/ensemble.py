@@ -103,8 +103,9 @@ from plaza.workers.writer import ResultWriter
 log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 RecordKey = tuple[TopicPartition, int]
-Finished = tuple[RecordKey, Answer | None]
-"""A record done: its answer to write, or None (answered already, or dead-lettered)."""
+Finished = tuple[RecordKey | None, Answer | None]
+"""A record done: its answer to write, or None (answered already, or dead-lettered); or
+(None, a decoupled ensemble's response before its final one), written in its turn."""
 Record: TypeAlias = ConsumerRecord[Any, Any]
 
 STEP_WAIT_S = 300.0
@@ -373,7 +374,8 @@ class EnsembleRunner:
             raise
 
     async def _write_loop(self) -> None:
-        """Write finished answers, many a round trip; then their offsets may be committed."""
+        """Write finished answers (and a decoupled ensemble's responses before them, in
+        their order), many a round trip; then their offsets may be committed."""
         while True:
             batch = [await self._to_write.get()]
             while len(batch) < WRITE_BATCH and not self._to_write.empty():
@@ -382,10 +384,13 @@ class EnsembleRunner:
                 answers = [answer for _, answer in batch if answer is not None]
                 if answers:
                     await self.writer.write_until_done(answers)
-                    self.metrics.answered(answers)
+                finals = [a for key, a in batch if key is not None and a is not None]
+                if finals:
+                    self.metrics.answered(finals)
                 for key, _ in batch:
-                    self.offsets.done(*key)
-                    self._forget(key)
+                    if key is not None:
+                        self.offsets.done(*key)
+                        self._forget(key)
                 self._finished.set()
             finally:
                 for _ in batch:
@@ -422,9 +427,9 @@ class EnsembleRunner:
         return _timed(result, item, started), req.reply.stream
 
     async def _answer_responses(self, item: WorkItem, priority: int) -> Answer | None:
-        """A decoupled ensemble's request: each response but the final one written here as
-        it comes (first write wins per response), the final one returned to the writer
-        loop, after which the record's offset may be committed."""
+        """A decoupled ensemble's request: each response but the final one handed to the
+        writer loop as it comes (first write wins per response), then the final one
+        returned, after which the record's offset may be committed."""
         req = item.request
         version = str(item.version)
         started = time.monotonic()
@@ -440,8 +445,9 @@ class EnsembleRunner:
                         self.metrics.first_response(version, since_ns)
                     if last:
                         break
+                    # through the writer loop: many responses a Redis call, in their order
                     done = replace(result, final=False)
-                    await self.writer.write_until_done([(done, req.reply.stream)])
+                    await self._to_write.put((None, (done, req.reply.stream)))
                     sent += 1
                 else:  # the decoupled step closed the request without a response
                     result = InferResult(
