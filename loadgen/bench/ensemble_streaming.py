@@ -23,7 +23,7 @@ import numpy as np
 
 from plaza.client import PlazaClient, make_request
 from plaza.loadgen.bench.context import Context, tree_cpu_seconds
-from plaza.loadgen.bench.streaming import CONFIG, MODEL, MODEL_PY
+from plaza.loadgen.bench.streaming import CONFIG, MODEL, MODEL_PY, publish_and_read
 from plaza.stack import Deployment, WorkerProcess, new_prefix, wait_workers
 
 ENSEMBLE = "tokens_post"
@@ -98,16 +98,7 @@ async def _round(
             ]
             cpu_before = sum(tree_cpu_seconds(p.pid) for p in procs)
             started = time.perf_counter()
-            await client.publish_many(requests)
-            responses = finals = 0
-            async for _, results in client.consume(stream, "bench", "c", block_ms=500, count=512):
-                for result in results:
-                    if result.error is not None:
-                        raise RuntimeError(f"{target}: {result.error.message}")
-                    responses += 1
-                    finals += result.final
-                if finals == REQUESTS:
-                    break
+            responses = await publish_and_read(client, stream, requests)
             elapsed = time.perf_counter() - started
             cpu = sum(tree_cpu_seconds(p.pid) for p in procs) - cpu_before
     finally:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from plaza.client import PlazaClient, make_request
+from plaza.contract import InferRequest
 from plaza.loadgen.bench.context import Context, tree_cpu_seconds
 from plaza.stack import Deployment, WorkerProcess, new_prefix, wait_workers
 
@@ -86,16 +88,7 @@ async def _round(ctx: Context, dep: Deployment, limit: str, n: int) -> dict[str,
                 make_request(MODEL, {"COUNT": count}, reply_stream=stream) for _ in range(REQUESTS)
             ]
             cpu_before, started = tree_cpu_seconds(worker.pid), time.perf_counter()
-            await client.publish_many(requests)
-            responses = finals = 0
-            async for _, results in client.consume(stream, "bench", "c", block_ms=500, count=512):
-                for result in results:
-                    if result.error is not None:
-                        raise RuntimeError(f"{MODEL}: {result.error.message}")
-                    responses += 1
-                    finals += result.final
-                if finals == REQUESTS:
-                    break
+            responses = await publish_and_read(client, stream, requests)
             elapsed = time.perf_counter() - started
             cpu = tree_cpu_seconds(worker.pid) - cpu_before
     finally:
@@ -105,6 +98,24 @@ async def _round(ctx: Context, dep: Deployment, limit: str, n: int) -> dict[str,
         "worker_cpu_us_per_response": cpu / responses * 1e6,
         "responses": responses,
     }
+
+
+async def publish_and_read(
+    client: PlazaClient, stream: str, requests: Sequence[InferRequest]
+) -> int:
+    """Publish ``requests`` (their replies to ``stream``) and read ``stream`` until each
+    one's final response came; how many responses came. RuntimeError on an error one."""
+    await client.publish_many(requests)
+    responses = finals = 0
+    async for _, results in client.consume(stream, "bench", "c", block_ms=500, count=512):
+        for result in results:
+            if result.error is not None:
+                raise RuntimeError(f"{result.model}: {result.error.message}")
+            responses += 1
+            finals += result.final
+        if finals == len(requests):
+            return responses
+    raise RuntimeError(f"{stream}: the result stream ended")  # consume does not end
 
 
 async def streaming(ctx: Context) -> Report:
