@@ -173,5 +173,4 @@ def _where(step: EnsembleStep) -> str:
     return f"ensemble_scheduling.step[{step.index}]"
 
 
-def _fail(source: str, fieldname: str, message: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{fieldname}': {message}", file=source, field=fieldname)
+_fail = ConfigError.at

@@ -27,6 +27,12 @@ class ConfigError(PlazaError):
 
     code = "bad_config"
 
+    @classmethod
+    def at(cls, source: str, field: str, message: str) -> ConfigError:
+        """The error of one field of the config file ``source``, in the form every config
+        check uses: ``<source>: field '<field>': <message>``."""
+        return cls(f"{source}: field '{field}': {message}", file=source, field=field)
+
 
 class CodecError(PlazaError):
     """Bytes that are not a valid Plaza envelope or result."""

@@ -19,7 +19,8 @@ from plaza import reshape as reshaping
 from plaza.datatypes import from_config_type
 from plaza.ensembles import EnsembleStep, check_graph
 from plaza.errors import ConfigError
-from plaza.naming import check_model_name
+from plaza.model_metrics import DEFAULT_BUCKETS, Buckets, histogram_buckets
+from plaza.naming import METRIC_FIRST_RESPONSE_HISTOGRAM, check_model_name
 from plaza.sequence_config import SequenceBatching, parse_sequence_batching
 
 PLATFORM_ONNX = "onnxruntime_onnx"
@@ -146,12 +147,19 @@ class ModelSpec:
     """``ensemble_scheduling.step`` of a ``platform: "ensemble"`` model (``plaza.ensembles``)."""
     sequence: SequenceBatching = field(default_factory=SequenceBatching)
     """``sequence_batching``: a stateful model's sequences (``plaza.sequence_config``)."""
+    histogram_buckets: dict[str, Buckets] = field(default_factory=lambda: dict(DEFAULT_BUCKETS))
+    """Bucket bounds by histogram family (``model_metrics``, ``plaza.model_metrics``)."""
 
     @property
     def decoupled(self) -> bool:
         """``model_transaction_policy { decoupled: true }``: the model may answer a request
         with any number of responses, the last one marked final (``InferResult.final``)."""
         return bool(self.config.model_transaction_policy.decoupled)
+
+    @property
+    def first_response_buckets_ms(self) -> Buckets:
+        """The bounds of the model's ``nv_inference_first_response_histogram_ms``."""
+        return self.histogram_buckets[METRIC_FIRST_RESPONSE_HISTOGRAM]
 
     @property
     def max_inflight_requests(self) -> int:
@@ -225,8 +233,7 @@ def load_model_config(
     return parse_model_config(text, source=str(path), default_name=default, complete=complete)
 
 
-def _fail(source: str, fieldname: str, message: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{fieldname}': {message}", file=source, field=fieldname)
+_fail = ConfigError.at
 
 
 def _platform(config: mc.ModelConfig, source: str) -> str:
@@ -494,4 +501,5 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         max_concurrency=_max_concurrency(config, source),
         ensemble_steps=_ensemble_steps(config, platform, source, name),
         sequence=parse_sequence_batching(config, source),
+        histogram_buckets=histogram_buckets(config, source),
     )

@@ -85,8 +85,7 @@ class SequenceBatching:
         return tuple(s.output_name for s in self.states)
 
 
-def _fail(source: str, field: str, message: str) -> ConfigError:
-    return ConfigError(f"{source}: field '{field}': {message}", file=source, field=field)
+_fail = ConfigError.at
 
 
 def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatching:

@@ -73,6 +73,7 @@ from plaza.ensembles import EnsembleStep, downstream_of, runnable
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
+from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
     step_request_id,
@@ -264,8 +265,12 @@ class EnsembleRunner:
         self._consumer.subscribe(self.topics, listener=Rebalance(self))
         await self._consumer.start()
         self.metrics.start(
-            self.versions, pending=lambda: self.in_flight, decoupled=self.spec.decoupled
+            self.versions,
+            pending=lambda: self.in_flight,
+            decoupled=self.spec.decoupled,
+            first_response_buckets=self.spec.first_response_buckets_ms,
         )
+        warn_unknown_families(self.spec.config)
         self.lookup.start()
         await self._beat()
         spawn = asyncio.create_task

@@ -40,6 +40,7 @@ from prometheus_client.metrics_core import Metric
 from plaza.contract import InferResult
 from plaza.errors import ConfigError
 from plaza.metrics import MetricsServer, failure_reason
+from plaza.model_metrics import Buckets
 from plaza.naming import (
     LABEL_MODEL,
     LABEL_OUTCOME,
@@ -70,6 +71,7 @@ from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.custom_metrics import CustomMetrics, Source
 from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.response_statistics import (
+    FIRST_RESPONSE_BUCKETS_MS,
     FirstResponses,
     ResponseTiming,
     count_response,
@@ -128,6 +130,7 @@ class WorkerMetrics:
         """Records by outcome (``RECORD_OUTCOMES``), since the worker started."""
         self.first_responses: dict[str, FirstResponses] | None = None
         """A decoupled model's first-response histogram by version (None: not decoupled)."""
+        self._first_bounds: Buckets = FIRST_RESPONSE_BUCKETS_MS
         self._responses_lock = threading.Lock()  # responses come from every instance's thread
         self._pending: Callable[[], int] = lambda: 0
         self._sequences: Callable[[], int] | None = None
@@ -154,16 +157,21 @@ class WorkerMetrics:
         sequences: Callable[[], int] | None = None,
         *,
         decoupled: bool = False,
+        first_response_buckets: Buckets = FIRST_RESPONSE_BUCKETS_MS,
     ) -> None:
         """Know the served versions, the pending count, (a stateful model's) the active
         sequences and whether the model is decoupled (its responses are counted one by
-        one); serve /metrics unless it is off."""
+        one, its first ones in a histogram of ``first_response_buckets``, milliseconds);
+        serve /metrics unless it is off."""
         self.stats = {str(v): self.stats.get(str(v), ModelStatistics()) for v in versions}
         self._default = str(max(versions)) if versions else ""
         if not self.stats:
             self.stats[""] = ModelStatistics()
         if decoupled:
-            self.first_responses = {v: FirstResponses() for v in self.stats if v}
+            self.first_responses = {
+                v: FirstResponses(first_response_buckets) for v in self.stats if v
+            }
+            self._first_bounds = first_response_buckets
         self._pending = pending
         self._sequences = sequences
         self.hub.serve(self.model)
@@ -259,7 +267,9 @@ class WorkerMetrics:
     def _first_response(self, version: str, since_request_ns: int) -> None:
         first = self.first_responses
         if first is not None:
-            histogram = first.get(version) or first.setdefault(self._default, FirstResponses())
+            histogram = first.get(version) or first.setdefault(
+                self._default, FirstResponses(self._first_bounds)
+            )
             histogram.observe(since_request_ns)
 
     def _failed(self, version: str, code: str, now_ms: int) -> None:

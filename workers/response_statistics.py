@@ -10,7 +10,9 @@ The runner times each response of a decoupled model as the model sends it
   ``TritonError.CANCELLED``) or an empty final (the final flag without a response);
 - ``FirstResponses`` is the histogram ``nv_inference_first_response_histogram_ms``: per
   request, the milliseconds from its intake by the worker to its first response that is
-  not an empty final (Triton's time from the request's start to its first response).
+  not an empty final (Triton's time from the request's start to its first response). Its
+  bucket bounds are Triton's unless the model's ``model_metrics`` sets others
+  (``plaza.model_metrics``).
 
 Only a decoupled model's responses come here; no other model pays for any of it.
 """
@@ -23,9 +25,11 @@ from typing import NamedTuple
 
 from plaza.contract import InferResult
 from plaza.errors import Cancelled
+from plaza.model_metrics import DEFAULT_BUCKETS, Buckets
+from plaza.naming import METRIC_FIRST_RESPONSE_HISTOGRAM
 from plaza.statistics import ModelStatistics
 
-FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+FIRST_RESPONSE_BUCKETS_MS = DEFAULT_BUCKETS[METRIC_FIRST_RESPONSE_HISTOGRAM]
 """Upper bounds of the first-response histogram, milliseconds (Triton's defaults)."""
 _NS_PER_MS = 1_000_000
 
@@ -69,20 +73,26 @@ def is_first_response(result: InferResult) -> bool:
 class FirstResponses:
     """The first-response histogram of one model version."""
 
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(FIRST_RESPONSE_BUCKETS_MS) + 1))
+    bounds: Buckets = FIRST_RESPONSE_BUCKETS_MS
+    """Upper bounds of the buckets, milliseconds, increasing (``+Inf`` is implied)."""
+    buckets: list[int] = field(default_factory=list)
     """Observations per bucket, not cumulative: ``buckets[i]`` counts those above the bound
-    before ``FIRST_RESPONSE_BUCKETS_MS[i]`` and at most it; the last, those above them all.
-    The count is their sum, so a scrape while a thread observes still reads a histogram
-    whose buckets never decrease."""
+    before ``bounds[i]`` and at most it; the last, those above them all. The count is their
+    sum, so a scrape while a thread observes still reads a histogram whose buckets never
+    decrease."""
     sum_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            self.buckets = [0] * (len(self.bounds) + 1)
 
     def observe(self, ns: int) -> None:
         ms = ns / _NS_PER_MS
-        self.buckets[bisect_left(FIRST_RESPONSE_BUCKETS_MS, ms)] += 1
+        self.buckets[bisect_left(self.bounds, ms)] += 1
         self.sum_ms += ms
 
     def cumulative(self) -> list[tuple[str, float]]:
         """Prometheus' buckets: (upper bound, observations at most it), ``+Inf`` last."""
         counts = list(self.buckets)
-        bounds = [str(b) for b in FIRST_RESPONSE_BUCKETS_MS] + ["+Inf"]
+        bounds = [str(b) for b in self.bounds] + ["+Inf"]
         return [(bound, sum(counts[: i + 1])) for i, bound in enumerate(bounds)]

@@ -55,6 +55,7 @@ from plaza.errors import (
 )
 from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import model_spec
+from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.retry import until_done
@@ -300,8 +301,13 @@ class Worker:
         seq = self.sequences
         active = None if seq is None else (lambda: seq.batcher.active)
         self.metrics.start(
-            self.versions, pending=self._pending, sequences=active, decoupled=self.spec.decoupled
+            self.versions,
+            pending=self._pending,
+            sequences=active,
+            decoupled=self.spec.decoupled,
+            first_response_buckets=self.spec.first_response_buckets_ms,
         )
+        warn_unknown_families(self.spec.config)
         await self._beat()
         spawn = asyncio.create_task
         self._tasks = [

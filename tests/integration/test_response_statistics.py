@@ -19,7 +19,7 @@ from plaza.contract import InferResult
 from plaza.metrics import render
 from plaza.settings import PlazaSettings
 from plaza.workers.metrics import METRIC_FIRST_RESPONSE_HISTOGRAM
-from tests.metrics_support import samples, value
+from tests.metrics_support import named, samples, value
 from tests.python_models import write_repository
 from tests.support import gateway_fronts, make_settings, running_worker
 
@@ -110,3 +110,38 @@ async def test_response_stats_count_each_response_by_its_index(
     name = METRIC_FIRST_RESPONSE_HISTOGRAM
     assert value(scraped, f"{name}_count", model="repeat", version="1") == 3
     assert value(scraped, f"{name}_bucket", le="+Inf", model="repeat", version="1") == 3
+
+
+async def test_model_metrics_sets_the_first_response_buckets(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    root = write_repository(tmp_path / "repository", "repeat")
+    config = root / "repeat" / "config.pbtxt"
+    config.write_text(
+        config.read_text()
+        + """
+model_metrics {
+  metric_control: [
+    {
+      metric_identifier: { family: "nv_inference_first_response_histogram_ms" }
+      histogram_options: { buckets: [ 0.0001, 600000 ] }
+    },
+    {
+      metric_identifier: { family: "nv_no_such_family" }
+      histogram_options: { buckets: [ 1 ] }
+    }
+  ]
+}
+"""
+    )
+    settings: PlazaSettings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
+    async with PlazaClient(settings) as client, running_worker(settings, "repeat") as worker:
+        answers = await asyncio.gather(*(_stream(client, [1]) for _ in range(2)))
+        assert [len(a) for a in answers] == [1, 1]
+        scraped = samples(render(worker.metrics.registry).decode())
+
+    name = f"{METRIC_FIRST_RESPONSE_HISTOGRAM}_bucket"
+    bounds = sorted(dict(labels)["le"] for _, labels in named(scraped, name))
+    assert bounds == sorted(["0.0001", "600000.0", "+Inf"])  # the config's, not Triton's
+    assert value(scraped, name, le="0.0001", model="repeat", version="1") == 0
+    assert value(scraped, name, le="600000.0", model="repeat", version="1") == 2
