@@ -274,6 +274,8 @@ async def test_loadgen_drives_a_stateful_model_with_sequences(
     assert point.completed > 10 and point.errors == 0, point.error_examples
 
 
+# pytorch_libtorch serves TorchScript, which only torch.jit (deprecated in torch) makes
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 async def test_a_torchscript_model_runs_sequences(settings: PlazaSettings, tmp_path: Path) -> None:
     """A stateful TorchScript model: its forward takes the config's inputs, then the control
     inputs in the config's order, then the state inputs; it returns its outputs, then its

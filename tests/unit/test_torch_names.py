@@ -74,7 +74,8 @@ output [ { name: "SUM__1" data_type: TYPE_FP32 dims: [ 2 ] },
 """
 
 
-@pytest.mark.filterwarnings("ignore::FutureWarning")
+# pytorch_libtorch serves TorchScript, which only torch.jit (deprecated in torch) makes
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_a_torchscript_module_gets_its_arguments_by_name_and_gives_results_by_index(
     tmp_path: Path,
 ) -> None:
