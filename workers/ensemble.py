@@ -59,7 +59,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -480,20 +480,52 @@ class EnsembleRunner:
         self, req: InferRequest, priority: int
     ) -> AsyncGenerator[tuple[tuple[Tensor, ...], bool], None]:
         """A decoupled ensemble's responses, in order: (outputs, whether it is the final
-        one). The steps that do not read the decoupled step's outputs run first, then that
-        step; each of its responses runs the steps downstream of it (a branch) and, once
-        done, gives one response. Nothing more after the step's empty final response."""
+        one). The steps that do not read the decoupled step's outputs run first; the
+        decoupled step starts as soon as its own inputs exist, while the others among them
+        go on. Each of its responses runs the steps downstream of it (a branch) once those
+        others are done, and gives one response. Nothing more after the step's empty final
+        response. A step that fails, anywhere, fails the request, as in a plain ensemble."""
         step = self.streamed
-        have = await self._run_graph(req, priority, self.before_steps)
-        if step is None or not all(t in have for t in step.input_map.values()):
-            yield self._outputs(req, have), True  # no step streams (or it cannot run)
+        needed = () if step is None else tuple(step.input_map.values())
+        fed: dict[str, Tensor] = {}  # the tensors there when the step's inputs were all in
+        ready = asyncio.Event()  # set once they were, or once the steps before are done
+
+        def progress(have: Mapping[str, Tensor]) -> None:
+            if not ready.is_set() and all(t in have for t in needed):
+                fed.update(have)
+                ready.set()
+
+        before = asyncio.create_task(
+            self._run_graph(req, priority, self.before_steps, progress=progress)
+        )
+        before.add_done_callback(lambda _: ready.set())
+        try:
+            await ready.wait()
+            async for answer in self._stream(req, priority, before, fed):
+                yield answer
+        finally:
+            await cancel_and_wait([before])
+
+    async def _stream(
+        self,
+        req: InferRequest,
+        priority: int,
+        before: asyncio.Task[dict[str, Tensor]],
+        fed: Mapping[str, Tensor],
+    ) -> AsyncGenerator[tuple[tuple[Tensor, ...], bool], None]:
+        """``_responses`` once the decoupled step's inputs are in ``fed`` (empty: they never
+        will be, the steps ``before`` it are done), those steps still running."""
+        step = self.streamed
+        if step is None or not fed:
+            yield self._outputs(req, await before), True  # no step streams (or it cannot run)
             return
-        sreq = step_request(req, step, have, reply_stream=self.reply_stream, priority=priority)
+        sreq = step_request(req, step, fed, reply_stream=self.reply_stream, priority=priority)
         spec = self.step_specs.get(step.model_name)
         responses = self.step_responses.read(req.id, sreq, step, spec, self._waits(sreq))
         reading = _holding(self._room(step), responses)
 
         async def branch(response: InferResult) -> dict[str, Tensor] | None:
+            have = await asyncio.shield(before)  # every step beside the decoupled one
             if response.empty:
                 return None
             tensors = {**have, **step_outputs(step, response)}
@@ -540,10 +572,12 @@ class EnsembleRunner:
         steps: tuple[EnsembleStep, ...] | None = None,
         tensors: Mapping[str, Tensor] | None = None,
         branch: int | None = None,
+        progress: Callable[[Mapping[str, Tensor]], None] | None = None,
     ) -> dict[str, Tensor]:
         """Every ensemble tensor ``steps`` (default: all) produce from ``tensors`` (default:
         the request's inputs): each step starts once its inputs exist. ``branch``: the
-        decoupled step's response these steps run for (part of their step ids)."""
+        decoupled step's response these steps run for (part of their step ids).
+        ``progress`` is called with the tensors there, at the start and after each step."""
         if steps is None:
             steps = self.spec.ensemble_steps
         have = {t.name: t for t in req.inputs} if tensors is None else dict(tensors)
@@ -551,6 +585,8 @@ class EnsembleRunner:
         running: dict[asyncio.Task[dict[str, Tensor]], EnsembleStep] = {}
         try:
             while True:
+                if progress is not None:
+                    progress(have)
                 for step in runnable(steps, have, started):
                     started.add(step.index)
                     call = self._step(req, step, have, priority, branch)
