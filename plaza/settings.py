@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from plaza.naming import CONFIG_NAME_PATTERN, Names
@@ -110,6 +110,29 @@ class ResponseCacheSettings(_Section):
     )
 
 
+Quantiles = tuple[tuple[float, float], ...]
+"""(quantile, its allowed rank error) pairs of a latency summary."""
+
+
+def parse_quantiles(text: str) -> Quantiles:
+    """``"0.5:0.05,0.99:0.001"`` -> ((0.5, 0.05), (0.99, 0.001)), as Triton's
+    ``summary_quantiles`` reads them; ValueError says what is wrong (Triton logs a bad pair
+    and skips it: a setting here is refused, so a typo cannot drop a quantile unseen)."""
+    pairs: list[tuple[float, float]] = []
+    for part in (p.strip() for p in text.split(",")):
+        quantile, colon, error = part.partition(":")
+        try:
+            if not colon:
+                raise ValueError
+            q, e = float(quantile), float(error)
+        except ValueError:
+            raise ValueError(f"{part!r} is not <quantile>:<error>") from None
+        if not (0.0 <= q <= 1.0 and 0.0 < e < 1.0):
+            raise ValueError(f"{part!r}: the quantile must be in [0, 1], its error in (0, 1)")
+        pairs.append((q, e))
+    return tuple(pairs)
+
+
 class WorkerSettings(_Section):
     """One worker process."""
 
@@ -182,12 +205,28 @@ class WorkerSettings(_Section):
         "Measured in docs/benchmarks.md (1: a call per response)",
     )
     metrics_host: str = Field("127.0.0.1", description="address the worker's /metrics listens on")
+    summary_latencies: bool = Field(
+        False,
+        description="Triton's summary_latencies: serve nv_inference_request_summary_us and its "
+        "four phases' summaries (quantiles over the last 60 s) on the worker's /metrics",
+    )
+    summary_quantiles: str = Field(
+        "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001",
+        description="Triton's summary_quantiles: the summaries' <quantile>:<error> pairs, "
+        "comma-separated",
+    )
     metrics_port: int = Field(
         0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: the GPU with most free memory, else cpu"
     )
+
+    @field_validator("summary_quantiles")
+    @classmethod
+    def _quantiles_parse(cls, value: str) -> str:
+        parse_quantiles(value)
+        return value
 
 
 class HostSettings(_Section):

@@ -269,6 +269,7 @@ class EnsembleRunner:
             pending=lambda: self.in_flight,
             decoupled=self.spec.decoupled,
             first_response_buckets=self.spec.first_response_buckets_ms,
+            response_cache=self.spec.response_cache,
         )
         warn_unknown_families(self.spec.config)
         self.lookup.start()

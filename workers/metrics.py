@@ -65,11 +65,12 @@ from plaza.naming import (
     METRIC_WORKER_RECORDS,
     Names,
 )
-from plaza.settings import WorkerSettings
+from plaza.settings import WorkerSettings, parse_quantiles
 from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
 from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.custom_metrics import CustomMetrics, Source
 from plaza.workers.gpu_metrics import GpuCollector
+from plaza.workers.latency_summaries import SUMMARY_FAMILIES, LatencySummaries
 from plaza.workers.response_statistics import (
     FIRST_RESPONSE_BUCKETS_MS,
     FirstResponses,
@@ -131,6 +132,8 @@ class WorkerMetrics:
         self.first_responses: dict[str, FirstResponses] | None = None
         """A decoupled model's first-response histogram by version (None: not decoupled)."""
         self._first_bounds: Buckets = FIRST_RESPONSE_BUCKETS_MS
+        self.summaries: LatencySummaries | None = None
+        """Triton's latency summaries (``worker.summary_latencies``; None: off)."""
         self._responses_lock = threading.Lock()  # responses come from every instance's thread
         self._pending: Callable[[], int] = lambda: 0
         self._sequences: Callable[[], int] | None = None
@@ -158,11 +161,13 @@ class WorkerMetrics:
         *,
         decoupled: bool = False,
         first_response_buckets: Buckets = FIRST_RESPONSE_BUCKETS_MS,
+        response_cache: bool = False,
     ) -> None:
         """Know the served versions, the pending count, (a stateful model's) the active
         sequences and whether the model is decoupled (its responses are counted one by
-        one, its first ones in a histogram of ``first_response_buckets``, milliseconds);
-        serve /metrics unless it is off."""
+        one, its first ones in a histogram of ``first_response_buckets``, milliseconds)
+        or caches its responses (no request summary then, as in Triton); serve /metrics
+        unless it is off."""
         self.stats = {str(v): self.stats.get(str(v), ModelStatistics()) for v in versions}
         self._default = str(max(versions)) if versions else ""
         if not self.stats:
@@ -172,6 +177,9 @@ class WorkerMetrics:
                 v: FirstResponses(first_response_buckets) for v in self.stats if v
             }
             self._first_bounds = first_response_buckets
+        if self._settings.summary_latencies:
+            quantiles = parse_quantiles(self._settings.summary_quantiles)
+            self.summaries = LatencySummaries(quantiles, request=not response_cache)
         self._pending = pending
         self._sequences = sequences
         self.hub.serve(self.model)
@@ -224,6 +232,7 @@ class WorkerMetrics:
         """
         now_ms = int(time.time() * 1000)
         sums: dict[str, list[int]] = {}
+        summaries = self.summaries
         for result, _ in answers:
             if result.error is not None:
                 self._failed(result.version, result.error.code, now_ms)
@@ -232,11 +241,17 @@ class WorkerMetrics:
             if acc is None:
                 acc = sums[result.version] = [0, 0, 0, 0, 0]
             timing = result.timing_us
+            queue = timing.get("queue", 0)
+            c_in = timing.get("compute_input", 0)
+            c_infer = timing.get("compute_infer", 0)
+            c_out = timing.get("compute_output", 0)
             acc[0] += 1
-            acc[1] += timing.get("queue", 0)
-            acc[2] += timing.get("compute_input", 0)
-            acc[3] += timing.get("compute_infer", 0)
-            acc[4] += timing.get("compute_output", 0)
+            acc[1] += queue
+            acc[2] += c_in
+            acc[3] += c_infer
+            acc[4] += c_out
+            if summaries is not None:
+                summaries.observe(result.version, queue, c_in, c_infer, c_out)
         for version, (n, queue, c_in, c_infer, c_out) in sums.items():
             stats = self.version(version)
             stats.last_inference = now_ms
@@ -398,6 +413,7 @@ class _Collector:
         yield self._failures(served)
         yield self._batch_sizes(served)
         yield self._first_responses(members)
+        yield from self._summaries(members)
         pending = GaugeMetricFamily(
             METRIC_PENDING_REQUESTS,
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -517,6 +533,25 @@ class _Collector:
             total = sum(size * n for size, n in counts.items())
             family.add_metric(_labels(m.model, version), buckets, total)
         return family
+
+    @staticmethod
+    def _summaries(members: list[WorkerMetrics]) -> Iterator[Metric]:
+        """Triton's latency summaries, for the models that keep them."""
+        kept = [(m, m.summaries) for m in members if m.summaries is not None]
+        if not kept:
+            return
+        for phase, (name, doc) in SUMMARY_FAMILIES.items():
+            family = Metric(name, doc, "summary")
+            for m, summaries in kept:
+                quantiles = [str(q) for q, _ in summaries.quantiles]
+                for version, values, count, total in summaries.read(phase):
+                    labels = {LABEL_MODEL: m.model, LABEL_VERSION: version}
+                    for quantile, value in zip(quantiles, values, strict=True):
+                        family.add_sample(name, {**labels, "quantile": quantile}, value)
+                    family.add_sample(f"{name}_count", labels, count)
+                    family.add_sample(f"{name}_sum", labels, total)
+            if family.samples:  # the request's: none where every model caches responses
+                yield family
 
     @staticmethod
     def _first_responses(members: list[WorkerMetrics]) -> Metric:

@@ -306,6 +306,7 @@ class Worker:
             sequences=active,
             decoupled=self.spec.decoupled,
             first_response_buckets=self.spec.first_response_buckets_ms,
+            response_cache=self.spec.response_cache,
         )
         warn_unknown_families(self.spec.config)
         await self._beat()

@@ -175,3 +175,32 @@ async def test_workers_statistics_add_up_in_one_hash(
     assert 0 < await redis_client.ttl(names.model_stats_key(MODEL, "1")) <= 60
     for w in workers:
         await w.close(redis_client)
+
+
+async def test_a_worker_serves_tritons_latency_summaries_when_asked(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    """``worker.summary_latencies``: the worker's /metrics holds Triton's five summaries,
+    each request answered counted once, quantiles within the requests' own timings."""
+    shutil.copytree(REPOSITORY / MODEL, tmp_path / MODEL)
+    worker_settings = {"summary_latencies": True, "summary_quantiles": "0.5:0.05,0.99:0.001"}
+    settings = make_settings(
+        kafka_bootstrap, redis_url, unique_id, repository=tmp_path, worker=worker_settings
+    )
+    async with PlazaClient(settings) as sdk, running_worker(settings, MODEL) as worker:
+        rows = [np.full((1, 4), i, dtype=np.float32) for i in range(N)]
+        results = await asyncio.gather(*(sdk.infer(MODEL, {"INPUT0": r}) for r in rows))
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as scraper:
+            scrape = await scraper.get(f"http://127.0.0.1:{worker.metrics.port}/metrics")
+    assert scrape.status_code == 200
+    got = samples(scrape.text)
+    v1 = {"model": MODEL, "version": "1"}
+    totals = sorted(sum(r.timing_us.values()) for r in results)
+    for phase in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+        name = f"nv_inference_{phase}_summary_us"
+        assert value(got, f"{name}_count", **v1) == N
+    assert value(got, "nv_inference_request_summary_us_sum", **v1) == sum(totals)
+    median = value(got, "nv_inference_request_summary_us", quantile="0.5", **v1)
+    p99 = value(got, "nv_inference_request_summary_us", quantile="0.99", **v1)
+    assert median in totals and p99 == totals[-1]  # each from the requests' own times
+    assert "# TYPE nv_inference_request_summary_us summary" in scrape.text
