@@ -22,6 +22,10 @@ one is. A model Plaza cannot describe this way (an element type without a Triton
 scalar input of a model that does not batch) is a ``bad_config`` that asks for the tensors
 to be written. A model file is read once per path, size and modification time, so a
 repository poll does not open every model again.
+
+A Python backend model (``backend: "python"``, or a folder whose newest version holds
+``model.py`` and no ``model.onnx``, with no platform or backend named) is completed by its
+own ``auto_complete_config`` instead (``plaza.autocomplete_python``).
 """
 
 from __future__ import annotations
@@ -32,9 +36,12 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from plaza import autocomplete_python
 from plaza.errors import ConfigError
+from plaza.modelconfig import BACKEND_PYTHON, DEFAULT_FILENAMES
 
 MODEL_FILENAME = "model.onnx"
+PYTHON_FILENAME = DEFAULT_FILENAMES[BACKEND_PYTHON]
 PLATFORM_ONNX = "onnxruntime_onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
 """Triton's ``--backend-config=default-max-batch-size``."""
@@ -70,7 +77,14 @@ def model_file(folder: Path, filename: str = MODEL_FILENAME) -> Path | None:
 
 def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
     """Fill in, from the model file in ``folder``, what an ONNX model's ``config`` leaves
-    out (see the module doc); any other config is left as it is."""
+    out (see the module doc); a Python model's config is its ``auto_complete_config``'s;
+    any other config is left as it is."""
+    python = _python_model_file(config, folder)
+    if python is not None:
+        if not config.platform and not config.backend:
+            config.backend = BACKEND_PYTHON
+        autocomplete_python.complete(config, python, source)
+        return
     if config.input and config.output:
         return
     if config.platform not in ("", PLATFORM_ONNX) or config.backend not in ("", "onnxruntime"):
@@ -92,6 +106,16 @@ def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
         _add(config.input, inputs, batching, "input", where)
     if not config.output:
         _add(config.output, outputs, batching, "output", where)
+
+
+def _python_model_file(config: mc.ModelConfig, folder: Path) -> Path | None:
+    """The model.py of a Python backend model (see the module doc), else None."""
+    filename = config.default_model_filename
+    if config.backend == BACKEND_PYTHON:
+        return model_file(folder, filename or PYTHON_FILENAME)
+    if config.platform or config.backend or model_file(folder, filename or MODEL_FILENAME):
+        return None
+    return model_file(folder, filename or PYTHON_FILENAME)
 
 
 def signature(path: Path) -> Signature:

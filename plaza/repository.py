@@ -5,7 +5,8 @@ Reading is cheap and repeatable (nothing is cached), so ``poll`` mode can simply
 With a config name (Triton's ``--model-config-name``), a model's
 ``<model>/configs/<name>.pbtxt``, where it has one, is read in place of its config.pbtxt.
 An ONNX model's folder may go without config.pbtxt: its config is then made from the model
-(``plaza.autocomplete``, remembered per file), as Triton auto-completes one.
+(``plaza.autocomplete``, remembered per file), as Triton auto-completes one; so may a Python
+backend model's, whose ``model.py`` then makes it (``auto_complete_config``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from plaza.autocomplete import MODEL_FILENAME, complete, model_file
+from plaza.autocomplete import MODEL_FILENAME, PYTHON_FILENAME, complete, model_file
 from plaza.errors import ConfigError, InvalidInput, ModelNotFound
 from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, parse_model_config
 from plaza.naming import CONFIG_NAME_PATTERN, check_model_name
@@ -45,23 +46,27 @@ class ModelRepository:
         self.config_name = config_name
 
     def model_names(self) -> list[str]:
-        """Every folder that holds a config.pbtxt, or a version folder with a model.onnx
-        (a config made from the model), sorted."""
+        """Every folder that holds a config.pbtxt, or a version folder with a model.onnx or
+        a model.py (a config made from the model), sorted."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder", file=str(self.root))
         configured = {p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}")}
         if self.config_name:
             named = self.root.glob(f"*/{CONFIGS_DIR}/{self.config_name}.pbtxt")
             configured |= {p.parent.parent.name for p in named}
-        onnx_only = {p.parent.parent.name for p in self.root.glob(f"*/[0-9]*/{MODEL_FILENAME}")}
-        return sorted(configured | {n for n in onnx_only if _is_model_name(n)})
+        unconfigured = {
+            p.parent.parent.name
+            for filename in (MODEL_FILENAME, PYTHON_FILENAME)
+            for p in self.root.glob(f"*/[0-9]*/{filename}")
+        }
+        return sorted(configured | {n for n in unconfigured if _is_model_name(n)})
 
     def _model_dir(self, name: str) -> Path:
         # check_model_name allows no slash and no "..", so the folder is a direct child of
         # the root; it may be a symlink to a folder elsewhere, as in Triton.
         check_model_name(name)
         path = self.root / name
-        if not self.config_path(path).is_file() and model_file(path) is None:
+        if not self.config_path(path).is_file() and not _has_model_file(path):
             raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
         return path
 
@@ -77,7 +82,8 @@ class ModelRepository:
     def spec(self, name: str) -> ModelSpec:
         """The parsed config of ``name``, an ONNX model's completed from its model file
         (``plaza.autocomplete``: when it has no config.pbtxt, or one that names no inputs
-        or outputs); ModelNotFound or ConfigError."""
+        or outputs), a Python model's by its ``auto_complete_config``; ModelNotFound or
+        ConfigError."""
         folder = self._model_dir(name)
         path = self.config_path(folder)
         if path.is_file():
@@ -117,6 +123,11 @@ class ModelRepository:
                 field="default_model_filename",
             )
         return ModelVersion(spec, version, path)
+
+
+def _has_model_file(folder: Path) -> bool:
+    """A version folder of ``folder`` holds a model file a config can be made from."""
+    return any(model_file(folder, f) is not None for f in (MODEL_FILENAME, PYTHON_FILENAME))
 
 
 def _is_model_name(name: str) -> bool:

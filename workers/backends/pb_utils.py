@@ -460,3 +460,6 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug("%s", message)
+
+
+from plaza.workers.backends.pb_model_config import ModelConfig as ModelConfig  # noqa: E402
