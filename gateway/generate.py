@@ -7,8 +7,10 @@ scalars; ``id`` is the client's label; any other top-level key with a scalar val
 parameter too (Triton: extra properties are "passed either as parameters or tensors based
 on model specification"). An input takes the model's dims: a nested list of that shape, or
 values that fill its fixed dims and at most one variable one; a batching model gets a batch
-of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, and
-each output by its name: its one value, or a flat list of its values (BYTES as text).
+of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, the
+response's parameters (a Python model's ``InferenceResponse(parameters=...)``) by their
+names, as Triton's generate answers them, and each output by its name: its one value, or a
+flat list of its values (BYTES as text).
 
 ``generate_stream`` answers as server-sent events (``text/event-stream``). An ordinary
 model answers a request once: the stream holds that one answer as one ``data:`` event. A
@@ -106,12 +108,18 @@ def _nesting(name: str, value: Any) -> tuple[int, ...]:
 
 
 def generate_response(result: InferResult, client_id: str | None) -> dict[str, Any]:
-    """The answer's JSON object: the model, and each output by name."""
+    """The answer's JSON object: the model, the response's parameters and each output by
+    name. As in Triton, a parameter never replaces ``model_name``, ``model_version`` or
+    ``id``, and an output never replaces a parameter of its name."""
     doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
     if client_id is not None:
         doc["id"] = client_id
+    params = result.parameters
+    for key, value in params.items():
+        doc.setdefault(key, value)
     for tensor in result.outputs:
-        doc[tensor.name] = _value(tensor)
+        if tensor.name not in params:
+            doc[tensor.name] = _value(tensor)
     return doc
 
 

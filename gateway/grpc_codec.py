@@ -17,12 +17,13 @@ other outputs' entries at their index.
 Triton's ``triton_enable_empty_final_response`` request parameter (a bool, for streams to
 decoupled models) is the front's own: taken out of the parameters the worker receives and
 read with ``wants_empty_final``; each response then says whether it is the request's last
-in its ``triton_final_response`` parameter (``mark_final``).
+in its ``triton_final_response`` parameter (``mark_final``), beside the parameters its model
+attached to it (``ModelInferResponse.parameters``, each as its kind: ``encode_parameters``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
@@ -208,6 +209,23 @@ def decode_parameters(params: Mapping[str, pb.InferParameter], where: str) -> di
     return out
 
 
+def encode_parameters(
+    params: Mapping[str, Scalar], into: MutableMapping[str, pb.InferParameter]
+) -> None:
+    """Plain values into a ``map<string, InferParameter>``, each as its kind: bool_param,
+    int64_param, string_param (and double_param)."""
+    for key, value in params.items():
+        param = into[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int):
+            param.int64_param = value
+        elif isinstance(value, str):
+            param.string_param = value
+        else:
+            param.double_param = value
+
+
 def encode_infer_response(
     result: InferResult,
     response_id: str,
@@ -219,6 +237,8 @@ def encode_infer_response(
     msg = pb.ModelInferResponse(
         model_name=result.model, model_version=result.version, id=response_id
     )
+    if result.parameters:
+        encode_parameters(result.parameters, msg.parameters)
     for tensor in result.outputs:
         out = msg.outputs.add()
         out.name, out.datatype = tensor.name, tensor.datatype

@@ -466,6 +466,8 @@ def encode_infer_response(
         else:
             outputs.append(_json_output(tensor))
     doc["outputs"] = outputs
+    if result.parameters:
+        doc["parameters"] = dict(result.parameters)
     header = orjson.dumps(doc, option=_NUMPY_OPTS)
     if not blobs:
         return EncodedBody(header)
@@ -500,12 +502,15 @@ def _binary_output(tensor: Tensor) -> dict[str, Any]:
 def result_doc(result: InferResult, response_id: str) -> dict[str, Any]:
     """A successful result as a JSON response object, its outputs as JSON data (what
     ``encode_infer_response`` makes without binary outputs, as a dict)."""
-    return {
+    doc: dict[str, Any] = {
         "model_name": result.model,
         "model_version": result.version,
         "id": response_id,
         "outputs": [_json_output(tensor) for tensor in result.outputs],
     }
+    if result.parameters:
+        doc["parameters"] = dict(result.parameters)
+    return doc
 
 
 def _json_output(tensor: Tensor) -> dict[str, Any]:

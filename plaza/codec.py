@@ -20,7 +20,15 @@ from typing import Annotated, Any, Literal, TypeGuard
 import msgpack
 import msgspec
 
-from plaza.contract import ENVELOPE_VERSION, ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.contract import (
+    ENVELOPE_VERSION,
+    NO_PARAMETERS,
+    ErrorInfo,
+    InferRequest,
+    InferResult,
+    ReplyTo,
+    Scalar,
+)
 from plaza.datatypes import DATATYPES
 from plaza.errors import CodecError, UnsupportedVersion
 from plaza.tensors import Buffer, Tensor
@@ -289,6 +297,8 @@ def _result_to_map(res: InferResult) -> dict[str, Any]:
         body["final"] = False
     if res.empty:
         body["empty"] = True
+    if res.parameters:  # absent, the common case: a result's map is no larger for them
+        body["parameters"] = dict(res.parameters)
     return body
 
 
@@ -331,6 +341,7 @@ def _result_from_map(body: Any) -> InferResult:
         raise CodecError("result 'final' and 'empty' must be booleans")
     if empty and not final:
         raise CodecError("an empty result must be final")
+    params = body.get("parameters")
     return InferResult(
         id=str(body.get("id", "")),
         model=str(body.get("model", "")),
@@ -343,7 +354,28 @@ def _result_from_map(body: Any) -> InferResult:
         index=index,
         final=final,
         empty=empty,
+        parameters=NO_PARAMETERS if params is None else _result_parameters(params),
     )
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _result_parameters(value: Any) -> dict[str, Scalar]:
+    """A result's ``parameters``: names to bool, str, float or 64-bit signed int values
+    (what both fronts can send back: gRPC's ``InferParameter`` has no other kinds)."""
+    if not isinstance(value, Mapping):
+        raise CodecError("result 'parameters' must be a map")
+    for key, v in value.items():
+        if not isinstance(key, str) or not (
+            isinstance(v, bool | str | float)
+            or (isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX)
+        ):
+            raise CodecError(
+                f"result parameter {key!r}: a value must be a bool, a 64-bit int, a float or "
+                f"a string, not {v!r}"
+            )
+    return dict(value)
 
 
 def decode_result(data: Buffer) -> InferResult:

@@ -10,6 +10,8 @@ request, and a Struct is built in a fifth of a dataclass's time (docs/benchmarks
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Literal
 
 import msgspec
@@ -20,6 +22,10 @@ ENVELOPE_VERSION = 1
 """Version of the request and result maps; a worker refuses versions it does not speak."""
 
 Scalar = str | int | float | bool
+
+NO_PARAMETERS: Mapping[str, Scalar] = MappingProxyType({})
+"""The parameters of a result that has none: one shared, read-only empty mapping, so a
+result costs no dict of its own for them."""
 
 
 class ReplyTo(msgspec.Struct, frozen=True):
@@ -96,6 +102,10 @@ class InferResult(msgspec.Struct, frozen=True):
     empty: bool = False
     """A final response that carries no response of its own (a decoupled model that
     closed its request without data: Triton's empty final response); no outputs."""
+    parameters: Mapping[str, Scalar] = NO_PARAMETERS
+    """The response's parameters, as its model attached them (Triton's Python backend:
+    ``InferenceResponse(parameters={...})``, values bool, int or str); the fronts send
+    them back as the inference response's ``parameters``."""
 
     @property
     def status(self) -> Status:

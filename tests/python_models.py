@@ -541,6 +541,75 @@ class TritonPythonModel:
 '''
 
 
+ANNOTATED_CONFIG = """
+name: "annotated"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100000 }
+"""
+
+ANNOTATED_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Echoes INPUT0 as OUTPUT0, with the response parameters {"a": 1, "b": "x", "c": True};
+    an INPUT0 of -1 adds a float one, which InferenceResponse refuses (its execute raises)."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            params = {"a": 1, "b": "x", "c": True}
+            if (x == -1).any():
+                params["bad"] = 0.5
+            out = pb_utils.Tensor("OUTPUT0", x)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out], parameters=params))
+        return responses
+'''
+
+ANNOTATED_STREAM_CONFIG = """
+name: "annotated_stream"
+backend: "python"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+ANNOTATED_STREAM_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+class TritonPythonModel:
+    """A decoupled model: one response per element of IN (OUT = the element), each with its
+    own parameters {"index": i, "word": "w<element>", "even": i % 2 == 0}; then the final
+    flag alone, or, with the request parameter "last_is_final", on the last response."""
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            values = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().reshape(-1)
+            last_is_final = json.loads(request.parameters()).get("last_is_final", False)
+            for i, value in enumerate(values.tolist()):
+                params = {"index": i, "word": "w%d" % value, "even": i % 2 == 0}
+                out = pb_utils.Tensor("OUT", np.array([[value]], np.int32))
+                response = pb_utils.InferenceResponse(output_tensors=[out], parameters=params)
+                last = last_is_final and i == len(values) - 1
+                sender.send(response, flags=FINAL if last else 0)
+            if not (last_is_final and len(values)):
+                sender.send(flags=FINAL)
+        return None
+'''
+
+
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
     "bls": (BLS_CONFIG, BLS_MODEL),
@@ -554,6 +623,8 @@ MODELS = {
     "bls_stream": (BLS_STREAM_CONFIG, BLS_STREAM_MODEL),
     "async_bls_stream": (ASYNC_BLS_STREAM_CONFIG, ASYNC_BLS_STREAM_MODEL),
     "endless": (ENDLESS_CONFIG, ENDLESS_MODEL),
+    "annotated": (ANNOTATED_CONFIG, ANNOTATED_MODEL),
+    "annotated_stream": (ANNOTATED_STREAM_CONFIG, ANNOTATED_STREAM_MODEL),
 }
 
 

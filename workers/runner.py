@@ -33,6 +33,7 @@ from plaza.workers.backends.base import (
     Answer,
     Arrays,
     Backend,
+    Response,
     streams_responses,
     takes_requests,
 )
@@ -204,13 +205,10 @@ class BatchRunner:
         def send(i: int, answer: Answer | None, final: bool) -> None:
             it = items[i]
             t_sent = time.monotonic()
-            answer = None if answer is None else self._answer_to_client(answer)
             if answer is None:
                 result = InferResult(it.request.id, self.spec.name, str(it.version), empty=True)
-            elif isinstance(answer, PlazaError):
-                result = self._error(it, answer)
             else:
-                result = self._ok(it, answer, t0, t0, t_sent)
+                result = self._answered(it, self._answer_to_client(answer), t0, t_sent)
             result = msgspec.structs.replace(result, index=sent[i], final=final)
             sent[i] += 1
             if observe is not None:
@@ -258,10 +256,7 @@ class BatchRunner:
             requests = [self._request_to_model(it.request) for it in items]
             answers = [self._answer_to_client(a) for a in backend.execute_requests(requests)]
             t2 = time.monotonic()
-            return [
-                self._error(it, a) if isinstance(a, PlazaError) else self._ok(it, a, t0, t0, t2)
-                for it, a in zip(items, answers, strict=True)
-            ]
+            return [self._answered(it, a, t0, t2) for it, a in zip(items, answers, strict=True)]
         wanted = sorted({o for it in items for o in (it.request.outputs or self._all_outputs)})
         inputs = stack_inputs(items, self._batched)
         if self._to_model:
@@ -282,7 +277,20 @@ class BatchRunner:
     def _answer_to_client(self, answer: Answer) -> Answer:
         if not self._to_client or isinstance(answer, PlazaError):
             return answer
+        if isinstance(answer, Response):
+            outputs = reshaping.tensors(answer.outputs, self._to_client, self._batched)
+            return msgspec.structs.replace(answer, outputs=outputs)
         return reshaping.tensors(answer, self._to_client, self._batched)
+
+    def _answered(self, it: WorkItem, answer: Answer, t0: float, t2: float) -> InferResult:
+        """A request backend's answer as the request's result (its response parameters,
+        when the model gave some, with it)."""
+        if isinstance(answer, PlazaError):
+            return self._error(it, answer)
+        if isinstance(answer, Response):
+            result = self._ok(it, answer.outputs, t0, t0, t2)
+            return msgspec.structs.replace(result, parameters=answer.parameters)
+        return self._ok(it, answer, t0, t0, t2)
 
     def _split(
         self, items: Sequence[WorkItem], outputs: Arrays, t0: float, t1: float, t2: float

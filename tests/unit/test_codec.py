@@ -25,7 +25,7 @@ from plaza.codec import (
     encode_results,
     join_results,
 )
-from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.contract import NO_PARAMETERS, ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.datatypes import DATATYPES
 from plaza.errors import CodecError, InvalidInput, UnsupportedVersion
 from plaza.tensors import Tensor
@@ -139,6 +139,45 @@ def test_a_decoupled_models_responses_keep_their_index_and_final_flag() -> None:
     # an ordinary answer's map is what it was before decoupled models: no new keys
     plain = msgpack.unpackb(encode_result(InferResult("b", "m", "1", y)))
     assert not {"index", "final", "empty"} & set(plain)
+
+
+def test_a_results_parameters_travel_and_a_result_without_them_keeps_its_bytes() -> None:
+    y = (Tensor.from_numpy("y", np.array([[7]], np.int32)),)
+    params = {"a": 1, "b": "x", "c": True, "f": 0.25, "neg": -(2**63), "big": 2**63 - 1}
+    given = InferResult("a", "m", "1", y, parameters=params, index=2, final=False)
+    back = decode_result(encode_result(given))
+    assert back.parameters == params and type(back.parameters["c"]) is bool
+    assert (back.index, back.final) == (2, False) and back.output("y").to_numpy().tolist() == [[7]]
+    assert msgpack.unpackb(encode_result(given))["parameters"] == params  # a plain map
+    both = decode_results(encode_results([given, InferResult("b", "m", "1", y)]))
+    assert [dict(r.parameters) for r in both] == [params, {}]
+    # Without parameters a result's map is byte for byte what it was before they existed:
+    # no key, not even an empty map (every answer of every model is written this way).
+    plain = InferResult("b", "m", "1", y, timing_us={"queue": 3}, worker="w")
+    assert encode_result(plain) == msgpack.packb(
+        {
+            "v": 1, "id": "b", "model": "m", "version": "1", "status": "ok",
+            "outputs": [{"name": "y", "datatype": "INT32", "shape": [1, 1],
+                         "data": np.array([[7]], np.int32).tobytes()}],
+            "timing_us": {"queue": 3}, "worker": "w",
+        },
+        use_bin_type=True,
+    )  # fmt: skip
+    assert InferResult("b", "m", "1", parameters={}).parameters == {}
+    assert encode_result(InferResult("b", "m", "1", parameters={})) == encode_result(
+        InferResult("b", "m", "1")
+    )
+    assert decode_result(encode_result(plain)).parameters is NO_PARAMETERS  # no dict of its own
+
+
+@pytest.mark.parametrize(
+    "params",
+    [[1, 2], {"l": [1]}, {"n": None}, {"m": {"k": 1}}, {"u": 2**63}, {"b": b"raw"}],
+)
+def test_bad_result_parameters_are_a_codec_error(params: Any) -> None:
+    body = msgpack.unpackb(encode_result(InferResult("a", "m", "1")))
+    with pytest.raises(CodecError, match="parameter"):
+        decode_result(msgpack.packb({**body, "parameters": params}, use_bin_type=True))
 
 
 @pytest.mark.parametrize(
@@ -296,6 +335,7 @@ def test_the_encoder_writes_what_msgpack_writes() -> None:
     results = [
         InferResult("a", "m", "1", (tensor,), timing_us={"queue": 2**40}, worker="w"),
         InferResult("b", "m", "1", error=ErrorInfo("bad", "no")),
+        InferResult("c", "m", "1", (tensor,), parameters={"a": 1, "b": "x", "c": True}),
     ]
     for result in results:
         assert encode_result(result) == msgpack.packb(_result_to_map(result), **old)

@@ -211,6 +211,31 @@ def test_binary_response_round_trips_through_tritonclient() -> None:
     assert result.as_numpy("S").tolist() == [[b"a\x00b"], [b""]]
 
 
+PARAMS = {"a": 1, "b": "x", "c": True}
+
+
+def test_a_responses_parameters_are_its_top_level_parameters_object() -> None:
+    """KServe v2's ``"parameters": {...}`` beside ``outputs``, in JSON and binary bodies,
+    read back by tritonclient's own ``get_response()``; absent when there are none."""
+    y = Tensor.from_numpy("Y", np.array([[3]], np.int32))
+    annotated = InferResult(id="c", model="m", version="1", outputs=(y,), parameters=PARAMS)
+    for binary in (False, True):
+        body = kserve.encode_infer_response(
+            annotated, response_id="r", binary=lambda _, b=binary: b
+        )
+        response = _as_triton(body).get_response()
+        assert response["parameters"] == PARAMS and type(response["parameters"]["c"]) is bool
+        assert _as_triton(body).as_numpy("Y").tolist() == [[3]]
+    polled = kserve.encode_infer_response(
+        annotated, response_id="j", binary=lambda _: False, extra={"status": "done"}
+    )
+    assert orjson.loads(polled.content)["parameters"] == PARAMS  # a polled job's answer
+    assert kserve.result_doc(annotated, "j")["parameters"] == PARAMS  # a decoupled job's
+    plain = kserve.encode_infer_response(_result(y), response_id="r", binary=lambda _: False)
+    assert "parameters" not in orjson.loads(plain.content)
+    assert "parameters" not in kserve.result_doc(_result(y), "j")
+
+
 def test_extra_fields_and_metadata() -> None:
     body = kserve.encode_infer_response(
         _result(), response_id="j", binary=lambda _: False, extra={"status": "done"}

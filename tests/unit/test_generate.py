@@ -94,3 +94,24 @@ def test_the_answer_holds_each_output_by_name() -> None:
     event = sse_event(doc)
     assert event.startswith(b"data: ") and event.endswith(b"\n\n")
     assert orjson.loads(event[len(b"data: ") : -2]) == doc
+
+
+def test_the_answer_holds_the_responses_parameters_as_top_level_keys() -> None:
+    """As Triton's generate answers them: beside the outputs; a parameter never replaces
+    ``model_name``, ``model_version`` or ``id``, and wins over an output of its name."""
+    text = Tensor.from_numpy("text_output", np.array([[b"hi"]], dtype=object))
+    clash = Tensor.from_numpy("b", np.array([[5]], np.int32))
+    params = {"a": 1, "b": "x", "c": True, "model_name": "not it", "id": "nor this"}
+    result = InferResult("r1", "llm", "1", outputs=(text, clash), parameters=params)
+    assert generate_response(result, "mine") == {
+        "model_name": "llm",
+        "model_version": "1",
+        "id": "mine",
+        "a": 1,
+        "b": "x",
+        "c": True,
+        "text_output": "hi",
+    }
+    assert generate_response(result, None)["id"] == "nor this"  # no id of the client's
+    plain = generate_response(InferResult("r1", "llm", "1", outputs=(text,)), None)
+    assert plain == {"model_name": "llm", "model_version": "1", "text_output": "hi"}

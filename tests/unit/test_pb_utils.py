@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -85,6 +86,44 @@ def test_responses_carry_outputs_or_an_error() -> None:
     assert pb_utils.TritonError.UNSUPPORTED == 5 and pb_utils.TritonError.NOT_FOUND == 2
     with pytest.raises(pb_utils.TritonModelException, match="not a Tensor"):
         pb_utils.InferenceResponse(output_tensors=[np.ones(2)])  # type: ignore[list-item]
+
+
+def test_response_parameters_are_kept_as_json_text_and_as_their_values() -> None:
+    given = {"a": 1, "b": "x", "c": True}
+    response = pb_utils.InferenceResponse(parameters=given)
+    assert json.loads(response.parameters()) == given
+    assert response._values == given and type(response._values["c"]) is bool
+    given["a"] = 2  # checked and taken at construction, as Triton serialises them
+    assert response._values["a"] == 1
+    as_text = pb_utils.InferenceResponse(parameters='{"n": -5, "s": ""}')  # a JSON object
+    assert as_text._values == {"n": -5, "s": ""}
+    for none in (None, {}, "{}"):
+        assert pb_utils.InferenceResponse(parameters=none).parameters() == "{}"
+        assert pb_utils.InferenceResponse(parameters=none)._values == {}
+    largest = pb_utils.InferenceResponse(parameters={"big": 2**63 - 1, "small": -(2**63)})
+    assert largest._values == {"big": 2**63 - 1, "small": -(2**63)}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "words"),
+    [
+        ({1: "x"}, "keys to have type str, found type int"),
+        ({"f": 0.5}, "parameter 'f': expect parameters values to have type bool/int/str, "
+                     "found float"),
+        ({"l": [1]}, "parameter 'l'.*found list"),
+        ({"n": None}, "parameter 'n'.*found NoneType"),
+        ({"d": {"k": 1}}, "parameter 'd'.*found dict"),
+        ({"i": np.int64(3)}, "parameter 'i'.*found int64"),
+        ({"big": 2**63}, "parameter 'big'.*int past 64 bits"),
+        ('{"f": 1.5}', "parameter 'f'.*found float"),
+        ("[1, 2]", "must be a dict .* not a list"),
+        ("{not json", "not valid JSON"),
+        ([("a", 1)], "must be a dict .* not a list"),
+    ],
+)  # fmt: skip
+def test_bad_response_parameters_raise_at_construction(parameters: Any, words: str) -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=words):
+        pb_utils.InferenceResponse(parameters=parameters)
 
 
 def test_request_parameters_are_json_text() -> None:

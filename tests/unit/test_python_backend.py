@@ -442,3 +442,62 @@ def test_a_cancel_reaches_a_decoupled_model_busy_in_execute(
     stop_soon.start()
     finals = again.run_group([follow], lambda _i, _r: None)
     assert finals[0].final and (root / "endless" / f"cancelled-{follow.request.id}").exists()
+
+
+def test_a_models_response_parameters_reach_its_result_and_bad_ones_fail_it_alone(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    """annotated answers with {"a": 1, "b": "x", "c": True}; -1 makes it attach a float,
+    which pb_utils refuses: that request's model_error, its batch-mates answered."""
+    mv = _version(write_repository(tmp_path, "annotated", "add_sub"), "annotated")
+    backend = _load(mv, backends)
+    items = [_item("annotated", {"INPUT0": np.array([[v]], np.int32)}) for v in (4, -1, 5)]
+    first, bad, last = _run(mv, backend, items)
+    for result, value in ((first, 4), (last, 5)):
+        assert result.error is None and result.as_numpy()["OUTPUT0"].tolist() == [[value]]
+        assert result.parameters == {"a": 1, "b": "x", "c": True}
+        assert type(result.parameters["c"]) is bool and type(result.parameters["a"]) is int
+    assert bad.error is not None and bad.error.code == "model_error"
+    assert "parameter 'bad'" in bad.error.message and "bool/int/str" in bad.error.message
+    again = _run(mv, backend, [_item("annotated", {"INPUT0": np.array([[6]], np.int32)})])
+    assert again[0].parameters == {"a": 1, "b": "x", "c": True}  # the same process serves on
+    plain_mv = _version(tmp_path, "add_sub")
+    plain = _run(plain_mv, _load(plain_mv, backends), [_item("add_sub", _pair())])[0]
+    assert plain.error is None and plain.parameters == {}
+
+
+def _pair() -> dict[str, np.ndarray]:
+    return {"INPUT0": np.ones((1, 4), np.float32), "INPUT1": np.ones((1, 4), np.float32)}
+
+
+def test_each_response_of_a_decoupled_model_carries_its_own_parameters(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    mv = _version(write_repository(tmp_path, "annotated_stream"), "annotated_stream")
+    backend = _load(mv, backends)
+    items = [
+        _item("annotated_stream", {"IN": np.array([[3, 4]], np.int32)}),
+        _item("annotated_stream", {"IN": np.array([[5]], np.int32)}, parameters={
+            "last_is_final": True}),
+    ]  # fmt: skip
+    sent, finals = _stream(mv, backend, items)
+    assert [(r.index, dict(r.parameters)) for r in sent if r.id == items[0].request.id] == [
+        (0, {"index": 0, "word": "w3", "even": True}),
+        (1, {"index": 1, "word": "w4", "even": False}),
+    ]
+    assert finals[0].empty and finals[0].parameters == {}  # the final flag alone: none
+    assert finals[1].final and finals[1].parameters == {"index": 0, "word": "w5", "even": True}
+
+
+def test_a_response_the_worker_cannot_read_is_its_requests_model_error(tmp_path: Path) -> None:
+    """Never an exception out of ``_answer``: in a decoupled batch one would leave the rest
+    of the batch's frames unread on the pipe."""
+    import msgpack
+
+    mv = _version(write_repository(tmp_path, "add_sub"), "add_sub")
+    backend = PythonBackend(mv, CPU)  # not started: reading an answer needs no process
+    request = make_request("add_sub", _pair())
+    raw = {"v": 1, "id": request.id, "model": "add_sub", "version": "", "status": "ok",
+           "outputs": [], "parameters": {"f": [1]}}  # fmt: skip
+    answer = backend._answer(request, msgpack.packb(raw, use_bin_type=True))
+    assert isinstance(answer, ModelExecutionError) and "parameter 'f'" in answer.message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from plaza.client import make_request
@@ -135,3 +136,65 @@ def test_an_output_with_no_elements_is_split_into_empty_answers() -> None:
     results = run(runner, [item(1), item(2, rows=2)])
     assert [r.error for r in results] == [None, None]
     assert [r.output("y").to_numpy().shape for r in results] == [(1, 0), (2, 0)]
+
+
+class Annotating:
+    """A request backend (as the Python backend is) whose answers carry response parameters
+    for requests whose x is positive: outputs with parameters, a plain tuple, or an error."""
+
+    def infer(self, inputs: dict[str, Any], outputs: list[str]) -> dict[str, Any]:
+        raise AssertionError("a request backend is handed requests")
+
+    def execute_requests(self, requests: list[Any]) -> list[Any]:
+        from plaza.errors import InvalidInput
+        from plaza.tensors import Tensor
+        from plaza.workers.backends.base import Response
+
+        answers: list[Any] = []
+        for req in requests:
+            x = req.inputs[0].to_numpy()
+            y = (Tensor.from_numpy("y", x * 2),)
+            if (x > 0).all():
+                answers.append(Response(y, {"a": 1, "b": "x", "c": True}))
+            elif (x == 0).all():
+                answers.append(y)
+            else:
+                answers.append(InvalidInput("negative"))
+        return answers
+
+
+def test_a_request_backends_response_parameters_reach_the_result() -> None:
+    runner = BatchRunner(SPEC, {1: Annotating()}, worker_id="w")  # type: ignore[dict-item]
+    annotated, plain, refused = run(runner, [item(1), item(0), item(-1)])
+    assert annotated.parameters == {"a": 1, "b": "x", "c": True}
+    assert annotated.output("y").to_numpy().tolist() == [[2, 2, 2]]
+    assert annotated.worker == "w" and annotated.timing_us["compute_infer"] >= 0
+    assert plain.parameters == {} and plain.error is None
+    assert refused.error is not None and refused.parameters == {}
+
+
+def test_response_parameters_survive_an_outputs_reshape() -> None:
+    spec = parse_model_config(
+        """
+        name: "m" backend: "python" max_batch_size: 16
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] reshape: { shape: [ -1, 1 ] } } ]
+        """,
+        source="m/config.pbtxt",
+        default_name="m",
+    )
+
+    class Columns(Annotating):
+        """Answers y as the model's shape [rows, n, 1] (the client's: [rows, n])."""
+
+        def execute_requests(self, requests: list[Any]) -> list[Any]:
+            from plaza.tensors import Tensor
+
+            answers = super().execute_requests(requests)
+            for i, req in enumerate(requests):
+                column = Tensor.from_numpy("y", req.inputs[0].to_numpy()[..., None] * 2)
+                answers[i] = msgspec.structs.replace(answers[i], outputs=(column,))
+            return answers
+
+    (result,) = run(BatchRunner(spec, {1: Columns()}), [item(1)])  # type: ignore[dict-item]
+    assert result.output("y").shape == (1, 3) and result.parameters == {"a": 1, "b": "x", "c": True}

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
+import msgspec
 import numpy as np
 
-from plaza.contract import InferRequest
+from plaza.contract import InferRequest, Scalar
 from plaza.errors import ConfigError, PlazaError
 from plaza.modelconfig import BACKEND_PYTHON, BACKEND_SIMULATED, PLATFORM_ONNX, PLATFORM_TORCH
 from plaza.repository import ModelVersion
@@ -17,8 +18,19 @@ from plaza.tensors import Tensor
 from plaza.workers.device import Device
 
 Arrays = dict[str, np.ndarray[Any, Any]]
-Answer = tuple[Tensor, ...] | PlazaError
-"""One request's answer from a RequestBackend: its requested outputs in order, or its error."""
+
+
+class Response(msgspec.Struct, frozen=True):
+    """A request's outputs with the parameters its model attached to the response (Triton's
+    Python backend: ``InferenceResponse(parameters={...})``)."""
+
+    outputs: tuple[Tensor, ...]
+    parameters: Mapping[str, Scalar]
+
+
+Answer = tuple[Tensor, ...] | Response | PlazaError
+"""One request's answer from a RequestBackend: its requested outputs in order (a Response
+when the model gave the response parameters, a plain tuple when not), or its error."""
 
 
 class Backend(Protocol):

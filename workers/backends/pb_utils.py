@@ -141,8 +141,52 @@ def _json_text(parameters: dict[str, Any] | str | None) -> str:
     return parameters if isinstance(parameters, str) else json.dumps(parameters or {})
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _response_parameters(parameters: dict[str, Any] | str | None) -> dict[str, bool | int | str]:
+    """A response's parameters checked as Triton checks them: str keys, bool, int or str
+    values (int within 64 bits: what a response parameter holds); a JSON object's text is
+    taken too. Anything else raises TritonModelException, naming the parameter."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise TritonModelException(
+                f"InferenceResponse: parameters is not valid JSON: {exc}"
+            ) from None
+    if not isinstance(parameters, dict):
+        raise TritonModelException(
+            "InferenceResponse: parameters must be a dict (or a JSON object's text), "
+            f"not a {type(parameters).__name__}"
+        )
+    values: dict[str, bool | int | str] = {}
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(
+                "InferenceResponse: expect parameters keys to have type str, found type "
+                f"{type(key).__name__} ({key!r})"
+            )
+        if isinstance(value, bool):
+            values[key] = bool(value)
+        elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+            values[key] = int(value)
+        elif isinstance(value, str):
+            values[key] = str(value)
+        else:
+            kind = "int past 64 bits" if isinstance(value, int) else type(value).__name__
+            raise TritonModelException(
+                f"InferenceResponse: parameter {key!r}: expect parameters values to have type "
+                f"bool/int/str, found {kind}"
+            )
+    return values
+
+
 class InferenceResponse:
-    """One request's answer: output tensors, or an error."""
+    """One request's answer: output tensors, or an error; and its parameters, which reach
+    the client with the response (checked here, as Triton checks them)."""
 
     def __init__(
         self,
@@ -159,7 +203,9 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException("InferenceResponse: error must be a pb_utils.TritonError")
         self._error = error
-        self._parameters = _json_text(parameters)
+        self._values = _response_parameters(parameters)
+        """The parameters as they travel (Plaza's process reads them)."""
+        self._parameters = json.dumps(self._values) if self._values else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)
@@ -171,6 +217,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
+        """The response's parameters as JSON text, as Triton gives them."""
         return self._parameters
 
 

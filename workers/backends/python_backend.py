@@ -39,7 +39,7 @@ from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_from_wire
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
-from plaza.workers.backends.base import Answer, Arrays, Send
+from plaza.workers.backends.base import Answer, Arrays, Response, Send
 from plaza.workers.backends.pb_metrics import Snapshot
 from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
 from plaza.workers.device import Device
@@ -181,7 +181,8 @@ class PythonBackend:
         answer = self.execute_requests([make_request(self.spec.name, inputs, outputs=outputs)])[0]
         if isinstance(answer, PlazaError):
             raise answer
-        return {t.name: t.to_numpy() for t in answer}
+        tensors = answer.outputs if isinstance(answer, Response) else answer
+        return {t.name: t.to_numpy() for t in tensors}
 
     def unload(self) -> None:
         """``finalize``, then the process exits (killed if it does not in time, or if a
@@ -324,7 +325,13 @@ class PythonBackend:
         }
 
     def _answer(self, req: InferRequest, raw: bytes) -> Answer:
-        result = decode_result(raw)
+        """One response from the model's process as the request's answer: never raises (a
+        decoupled batch's frames must all be read), a response it cannot take is the
+        request's ``model_error``."""
+        try:
+            result = decode_result(raw)
+        except PlazaError as exc:
+            return ModelExecutionError(f"model {self.spec.name!r}: {exc.message}")
         if result.error is not None:
             return error_from_wire(result.error.code, result.error.message)
         given = {t.name: t for t in result.outputs}
@@ -335,7 +342,8 @@ class PythonBackend:
                 f"model {self.spec.name!r}: its response has no output {missing[0]!r} "
                 f"(it has {sorted(given)})"
             )
-        return tuple(given[n] for n in wanted)
+        outputs = tuple(given[n] for n in wanted)
+        return Response(outputs, result.parameters) if result.parameters else outputs
 
 
 def initialize_args(mv: ModelVersion, device: Device) -> dict[str, str]:

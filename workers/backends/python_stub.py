@@ -216,7 +216,8 @@ class ModelHost:
             )
         except PlazaError as exc:
             return failed("model_error", f"an output cannot be sent: {exc.message}")
-        return InferResult(id=req.id, model=self.name, version="", outputs=outputs)
+        params = response._values  # checked when the model made the response
+        return InferResult(req.id, self.name, "", outputs, parameters=params)
 
 
 class _Responses:
