@@ -26,8 +26,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.workers.backends import pb_utils
 from plaza.workers.backends.pb_model_config import ModelConfig
-from plaza.workers.backends.python_backend import _int64_as_numbers
-from plaza.workers.backends.python_stub import MODULE_NAME, _load_module
+from plaza.workers.backends.python_backend import int64_as_numbers
+from plaza.workers.backends.python_stub import MODULE_NAME, load_module
 
 HOOK = "auto_complete_config"
 
@@ -36,11 +36,11 @@ def complete(request: dict[str, Any]) -> dict[str, Any]:
     """The answer to one request (see the module doc); never raises for model.py's faults."""
     path = Path(request["model_file"])
     body: dict[str, Any] = request["config"]
-    _int64_as_numbers(body, mc.ModelConfig.DESCRIPTOR)
+    int64_as_numbers(body, mc.ModelConfig.DESCRIPTOR)
     body.setdefault("parameters", {})
     sys.modules[MODULE_NAME] = pb_utils
     try:
-        cls = getattr(_load_module(path), "TritonPythonModel", None)
+        cls = getattr(load_module(path), "TritonPythonModel", None)
         if cls is None:
             return {"error": f"{path} defines no class TritonPythonModel"}
         hook = getattr(cls, HOOK, None)

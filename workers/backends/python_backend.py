@@ -365,7 +365,7 @@ def triton_config_json(mv: ModelVersion) -> dict[str, Any]:
     numbers (not protobuf's strings), and the fields model.py files read always present."""
     config = mv.spec.config
     body: dict[str, Any] = json_format.MessageToDict(config, preserving_proto_field_name=True)
-    _int64_as_numbers(body, config.DESCRIPTOR)
+    int64_as_numbers(body, config.DESCRIPTOR)
     body.setdefault("name", mv.spec.name)
     body.setdefault("backend", "python")
     body.setdefault("max_batch_size", 0)
@@ -377,7 +377,7 @@ def triton_config_json(mv: ModelVersion) -> dict[str, Any]:
     return body
 
 
-def _int64_as_numbers(body: dict[str, Any], descriptor: Descriptor) -> None:
+def int64_as_numbers(body: dict[str, Any], descriptor: Descriptor) -> None:
     for fd in descriptor.fields:
         if fd.name not in body:
             continue
@@ -387,10 +387,10 @@ def _int64_as_numbers(body: dict[str, Any], descriptor: Descriptor) -> None:
                 inner = fd.message_type.fields_by_name["value"]
                 if inner.message_type is not None:
                     for item in value.values():
-                        _int64_as_numbers(item, inner.message_type)
+                        int64_as_numbers(item, inner.message_type)
             else:
                 for item in value if isinstance(value, list) else [value]:
-                    _int64_as_numbers(item, fd.message_type)
+                    int64_as_numbers(item, fd.message_type)
         elif fd.type in _INT64_TYPES:
             body[fd.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
 

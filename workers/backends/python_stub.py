@@ -98,7 +98,7 @@ class ModelHost:
         pb_utils.set_bls_call(self.bls, self.bls.stream)
         path = Path(message["model_file"])
         try:
-            module = _load_module(path)
+            module = load_module(path)
             cls = getattr(module, "TritonPythonModel", None)
             if cls is None:
                 return _failure(f"{path} defines no class TritonPythonModel")
@@ -391,7 +391,7 @@ def _failure(message: str) -> dict[str, Any]:
     return {"error": message, "traceback": traceback.format_exc()}
 
 
-def _load_module(path: Path) -> ModuleType:
+def load_module(path: Path) -> ModuleType:
     """model.py as the module ``model``, its folder first on sys.path (for its own imports)."""
     sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location("model", path)
