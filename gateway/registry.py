@@ -10,6 +10,7 @@ supervisor with ``--process-per-model``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ class ModelRegistry:
             if desired.loaded and (
                 name not in self.models or self._configs.get(name, "") != desired.config
             ):
-                self._read(name, desired.config)
+                await self._read_off_loop(name, desired.config)
             elif not desired.loaded and name in self.models:
                 self._drop(name)
 
@@ -128,7 +129,7 @@ class ModelRegistry:
         if config:
             check_config_override(config)
         try:
-            model = self._parse(name, config)
+            model = await asyncio.to_thread(self._parse, name, config)
         except PlazaError as exc:  # a model still served keeps its old config
             if name not in self.models:
                 self.failed[name] = exc.message
@@ -221,12 +222,27 @@ class ModelRegistry:
         try:
             model = self._parse(name, config)
         except PlazaError as exc:
-            log.error("model %s is not served: %s", name, exc.message)
-            self.failed[name] = exc.message
-            self.models.pop(name, None)
+            self._not_served(name, exc)
             return None
         self._serve(name, model, config)
         return model
+
+    async def _read_off_loop(self, name: str, config: str = "") -> LoadedModel | None:
+        """``_read`` with the reading on a thread: completing a config may take a while (a
+        Python model's ``auto_complete_config`` runs in a child process), and the loop
+        serves requests meanwhile."""
+        try:
+            model = await asyncio.to_thread(self._parse, name, config)
+        except PlazaError as exc:
+            self._not_served(name, exc)
+            return None
+        self._serve(name, model, config)
+        return model
+
+    def _not_served(self, name: str, exc: PlazaError) -> None:
+        log.error("model %s is not served: %s", name, exc.message)
+        self.failed[name] = exc.message
+        self.models.pop(name, None)
 
     def _drop(self, name: str) -> None:
         self.models.pop(name, None)

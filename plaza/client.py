@@ -125,14 +125,19 @@ class PlazaClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def _spec(self, model: str) -> ModelSpec | None:
-        """The model's config when ``settings.repository`` has it; None otherwise."""
+    async def _spec(self, model: str) -> ModelSpec | None:
+        """The model's config when ``settings.repository`` has it; None otherwise. Read
+        once per model, on a thread: completing a config may take a while (a Python
+        model's ``auto_complete_config`` runs in a child process)."""
         if model not in self._specs:
-            try:
-                self._specs[model] = self._repository.spec(model)
-            except PlazaError:
-                self._specs[model] = None
+            self._specs[model] = await asyncio.to_thread(self._read_spec, model)
         return self._specs[model]
+
+    def _read_spec(self, model: str) -> ModelSpec | None:
+        try:
+            return self._repository.spec(model)
+        except PlazaError:
+            return None
 
     async def infer(
         self,
@@ -147,7 +152,7 @@ class PlazaClient:
 
         On timeout raises DeadlineExceeded with ``details["job_id"]`` (poll it)."""
         req = make_request(model, inputs, **options)
-        result = await self.producer.infer(req, self._spec(model), timeout_s)
+        result = await self.producer.infer(req, await self._spec(model), timeout_s)
         return raise_for_error(result) if raise_on_error else result
 
     async def infer_stream(
@@ -170,7 +175,7 @@ class PlazaClient:
         ``contextlib.aclosing`` so that this happens at once) stores a ``cancelled`` answer
         for the request, as a cancelled ``infer`` does."""
         req = make_request(model, inputs, **options)
-        responses = self.producer.infer_stream(req, self._spec(model), timeout_s)
+        responses = self.producer.infer_stream(req, await self._spec(model), timeout_s)
         async with aclosing(responses):
             async for result in responses:
                 if result.empty:
@@ -180,11 +185,13 @@ class PlazaClient:
     async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
         req = make_request(model, inputs, **options)
-        return await self.producer.submit(req, self._spec(model))
+        return await self.producer.submit(req, await self._spec(model))
 
     async def publish_many(self, requests: Iterable[InferRequest]) -> list[str]:
         """Send many requests, letting the producer batch them; waits for every ack."""
-        return await self.producer.publish_many((req, self._spec(req.model)) for req in requests)
+        batch = list(requests)
+        specs = {model: await self._spec(model) for model in {req.model for req in batch}}
+        return await self.producer.publish_many((req, specs[req.model]) for req in batch)
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result; a decoupled model's job with every response,

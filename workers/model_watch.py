@@ -154,10 +154,14 @@ class ModelFollower:
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
 
+    def _sized_spec(self, name: str, config: str) -> tuple[ModelSpec, int]:
+        """The model's config and the memory it is expected to take."""
+        spec = model_spec(self._repo, name, config)
+        return spec, estimate_bytes(self._repo, spec)
+
     async def _consider(self, name: str, desired: DesiredModel) -> None:
-        try:
-            spec = model_spec(self._repo, name, desired.config)
-            need = estimate_bytes(self._repo, spec)
+        try:  # on a thread: a Python model's auto_complete_config runs in a child process
+            spec, need = await asyncio.to_thread(self._sized_spec, name, desired.config)
         except PlazaError as exc:
             log.error("host: model %s not loaded: %s", name, exc.message)
             self.state.given_up[name] = desired.generation

@@ -4,8 +4,10 @@ child process; what the repository makes of them, the errors, and the cache."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from plaza import autocomplete_python
 from plaza.errors import ConfigError
 from plaza.model_control import model_spec
+from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 
 HOOK_MODEL = """
@@ -275,3 +278,50 @@ def test_a_hook_that_changes_nothing_gives_back_every_field_as_written(tmp_path:
     config.CopyFrom(written)
     autocomplete_python.complete(config, path, "test")
     assert config == written  # the 64-bit delay, the map keyed by level, the warmup too
+
+
+SLOW_HOOK = hook(
+    """
+import time
+time.sleep(1.0)
+config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
+config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [2]})
+return config
+"""
+)
+
+
+async def _ticks_while(work: Awaitable[object]) -> tuple[object, int]:
+    """``work``'s outcome, and how often the loop ran a 10 ms ticker meanwhile."""
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)  # the ticker is running
+    try:
+        done = await work
+    finally:
+        ticker.cancel()
+    return done, ticks
+
+
+async def test_the_gateway_and_the_sdk_read_a_slow_hook_off_their_loop(tmp_path: Path) -> None:
+    """A hook that takes a second (a model.py importing a framework, say) must not stop the
+    gateway's loop, nor an SDK caller's: they read the repository on a thread."""
+    from plaza.client import PlazaClient
+    from plaza.gateway.registry import ModelRegistry
+    from plaza.settings import PlazaSettings
+
+    write_python_model(tmp_path, "slow", SLOW_HOOK, 'backend: "python"')
+    settings = PlazaSettings(repository=tmp_path)
+    loaded, ticks = await _ticks_while(ModelRegistry(settings)._read_off_loop("slow"))
+    assert loaded is not None and ticks > 10  # the loop ran while the child ran the hook
+    write_python_model(tmp_path, "slow2", SLOW_HOOK, 'backend: "python"')
+    spec, ticks = await _ticks_while(PlazaClient(settings)._spec("slow2"))
+    assert isinstance(spec, ModelSpec) and [t.name for t in spec.inputs] == ["X"]
+    assert ticks > 10
