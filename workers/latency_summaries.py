@@ -10,11 +10,11 @@ requests answered in the last ``MAX_AGE_S`` seconds, in ``AGE_BUCKETS`` steps (t
 of Triton's summaries, prometheus-cpp's defaults). A window without requests gives NaN, as
 Triton's does.
 
-Quantiles come from a bounded sample of each step's values (reservoir sampling: every value
-of the step has the same chance to be kept), each value weighing the step's count over its
-sample's size. A sample of ``n`` values puts a quantile ``q`` within a rank error of about
-``sqrt(q * (1 - q) / n)``, so each step keeps enough values for the tightest of the
-configured errors (9,900 for the defaults), at most ``MAX_SAMPLES``.
+Quantiles come from a bounded sample of each step's values (reservoir sampling, Li's
+Algorithm L: every value of the step has the same chance to be kept), each value weighing
+the step's count over its sample's size. A sample of ``n`` values puts a quantile ``q``
+within a rank error of about ``sqrt(q * (1 - q) / n)``, so each step keeps enough values
+for the tightest of the configured errors (9,900 for the defaults), at most ``MAX_SAMPLES``.
 
 Observed for each request answered with success (a failure has no phases): the request
 (queue + compute input + infer + output, the worker's view of it), and each phase. As in
@@ -76,14 +76,27 @@ def sample_size(quantiles: Quantiles) -> int:
 
 
 class _Step:
-    """One step of the window: how many values it saw, and a uniform sample of them."""
+    """One step of the window: how many values it saw, and a uniform sample of them.
 
-    __slots__ = ("count", "kept", "start")
+    Once the sample is full, the next value to keep is drawn ahead (Li's "Algorithm L"):
+    the values in between cost a count and a comparison, not a random number each."""
+
+    __slots__ = ("count", "kept", "next_kept", "start", "weight")
 
     def __init__(self, start: float) -> None:
         self.start = start
         self.count = 0
         self.kept = array("d")
+        self.next_kept = 0
+        """The count at which the next value is kept (once the sample is full)."""
+        self.weight = 1.0
+        """Algorithm L's running ``W``."""
+
+    def skip_ahead(self, rng: random.Random, capacity: int) -> None:
+        """Draw the count of the next value to keep."""
+        self.weight *= math.exp(math.log(1.0 - rng.random()) / capacity)
+        gap = math.log(1.0 - rng.random()) / math.log1p(-self.weight) if self.weight < 1 else 0
+        self.next_kept = self.count + int(gap) + 1
 
 
 class WindowQuantiles:
@@ -109,17 +122,21 @@ class WindowQuantiles:
         self.count = 0
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
+    def observe(self, value: float, now: float | None = None) -> None:
+        """Count ``value`` (``now``: the clock's reading, when the caller has one)."""
         self.count += 1
         self.sum += value
-        step = self._current()
+        step = self._current(self._clock() if now is None else now)
         step.count += 1
+        if step.count < step.next_kept:
+            return  # a full sample that does not keep this one
         if len(step.kept) < self._capacity:
             step.kept.append(value)
+            if len(step.kept) == self._capacity:
+                step.skip_ahead(self._rng, self._capacity)
             return
-        slot = self._rng.randrange(step.count)
-        if slot < self._capacity:
-            step.kept[slot] = value
+        step.kept[self._rng.randrange(self._capacity)] = value
+        step.skip_ahead(self._rng, self._capacity)
 
     def quantiles(self, wanted: Iterable[float]) -> list[float]:
         """Each of ``wanted`` over the window (NaN for every one when it saw nothing)."""
@@ -138,8 +155,7 @@ class WindowQuantiles:
             out.append(float(values[min(at, len(values) - 1)]))
         return out
 
-    def _current(self) -> _Step:
-        now = self._clock()
+    def _current(self, now: float) -> _Step:
         if not self._steps or now - self._steps[-1].start >= self._step_s:
             self._steps.append(_Step(now))
             self._expire(now)
@@ -175,14 +191,15 @@ class LatencySummaries:
 
     def observe(self, version: str, queue: int, c_in: int, c_infer: int, c_out: int) -> None:
         """One request answered with success: its phases, microseconds."""
+        now = self._clock()
         with self._lock:
             windows = self._windows.get(version) or self._add(version)
             if "request" in windows:
-                windows["request"].observe(queue + c_in + c_infer + c_out)
-            windows["queue"].observe(queue)
-            windows["compute_input"].observe(c_in)
-            windows["compute_infer"].observe(c_infer)
-            windows["compute_output"].observe(c_out)
+                windows["request"].observe(queue + c_in + c_infer + c_out, now)
+            windows["queue"].observe(queue, now)
+            windows["compute_input"].observe(c_in, now)
+            windows["compute_infer"].observe(c_infer, now)
+            windows["compute_output"].observe(c_out, now)
 
     def read(self, phase: str) -> list[tuple[str, list[float], int, float]]:
         """``phase``'s summary of each version: (version, the quantiles' values in the order
