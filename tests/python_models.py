@@ -541,6 +541,69 @@ class TritonPythonModel:
 '''
 
 
+PATIENT_CONFIG = """
+name: "patient"
+backend: "python"
+max_batch_size: 2
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 5000000 }
+"""
+
+PATIENT_MODEL = '''
+import os
+import time
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+WAIT = -1
+WAIT_S = 20.0
+
+
+class TritonPythonModel:
+    """Not decoupled. Echoes IN as OUT; a request whose IN is -1 waits until it is
+    cancelled (at most WAIT_S), then answers a CANCELLED error, or the error "never
+    cancelled". A waiting request's batch size goes to the file waiting-<request id> in the
+    model's folder when it starts to wait, and the seconds it waited to cancelled-<request
+    id> once it saw the cancel."""
+
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+
+    def execute(self, requests):
+        values = [int(r.inputs()[0].as_numpy()[0, 0]) for r in requests]
+        waiting = [r for r, v in zip(requests, values) if v == WAIT]
+        for request in waiting:
+            self.mark("waiting-", request, len(requests))
+        t0 = time.monotonic()
+        while waiting and time.monotonic() - t0 < WAIT_S:
+            if all(r.is_cancelled() for r in waiting):
+                break
+            time.sleep(0.01)
+        responses = []
+        for request, value in zip(requests, values):
+            if value != WAIT:
+                out = pb_utils.Tensor("OUT", np.array([[value]], np.int32))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            elif request.is_cancelled():
+                self.mark("cancelled-", request, time.monotonic() - t0)
+                error = pb_utils.TritonError("patient: stopped", pb_utils.TritonError.CANCELLED)
+                responses.append(pb_utils.InferenceResponse(error=error))
+            else:
+                error = pb_utils.TritonError("patient: never cancelled")
+                responses.append(pb_utils.InferenceResponse(error=error))
+        return responses
+
+    def mark(self, prefix, request, value):
+        path = os.path.join(self.folder, prefix + request.request_id())
+        with open(path + ".tmp", "w") as f:
+            f.write(str(value))
+        os.replace(path + ".tmp", path)
+'''
+
+
 ANNOTATED_CONFIG = """
 name: "annotated"
 backend: "python"
@@ -623,6 +686,7 @@ MODELS = {
     "bls_stream": (BLS_STREAM_CONFIG, BLS_STREAM_MODEL),
     "async_bls_stream": (ASYNC_BLS_STREAM_CONFIG, ASYNC_BLS_STREAM_MODEL),
     "endless": (ENDLESS_CONFIG, ENDLESS_MODEL),
+    "patient": (PATIENT_CONFIG, PATIENT_MODEL),
     "annotated": (ANNOTATED_CONFIG, ANNOTATED_MODEL),
     "annotated_stream": (ANNOTATED_STREAM_CONFIG, ANNOTATED_STREAM_MODEL),
 }

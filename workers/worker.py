@@ -66,7 +66,7 @@ from plaza.workers import classification, warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
 from plaza.workers.answered import AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
-from plaza.workers.backends.base import DecoupledBackend, streams_responses
+from plaza.workers.backends.base import CancellableBackend, hears_cancels
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
@@ -84,8 +84,8 @@ log = logging.getLogger(__name__)
 Answer = tuple[InferResult, str | None]
 Fetched = dict[TopicPartition, list[ConsumerRecord[Any, Any]]]
 CANCEL_CHECK_S = 0.1
-"""How often a decoupled model's worker looks whether its running requests' callers went
-away (one pipelined Redis call, only while such requests run)."""
+"""How often a Python model's worker looks whether its running requests' callers went away
+(one pipelined Redis call, only while such requests run)."""
 RecordKey = tuple[TopicPartition, int]
 Record: TypeAlias = ConsumerRecord[Any, Any]
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
@@ -198,7 +198,7 @@ class Worker:
         """A decoupled model's responses' way to the writer (made in ``start``)."""
         self._response_buffer: ResponseBuffer | None = None
         self._cancels: asyncio.Task[None] | None = None
-        """A decoupled model's cancel look (``_cancel_loop``)."""
+        """A Python model's cancel look (``_cancel_loop``); none for other models."""
         self._writes_closed = False
         """The writer is going away: a response still waiting for room gives up."""
         self._commit_due = asyncio.Event()
@@ -318,8 +318,9 @@ class Worker:
             spawn(self._heartbeat_loop(), name="heartbeat"),
             spawn(self._commit_loop(), name="committer"),
         ]
-        if self.spec.decoupled:
-            self._cancels = spawn(self._cancel_loop(), name="cancels")
+        cancellable = [b for r in self.instances for b in r.backends.values() if hears_cancels(b)]
+        if cancellable:
+            self._cancels = spawn(self._cancel_loop(cancellable), name="cancels")
         log.info(
             "worker %s serving %s versions %s from %s (max_pending %d, %d bytes)",
             self.id,
@@ -812,21 +813,15 @@ class Worker:
         self._response_buffer = buffer
         return lambda item, result: buffer.add((result, item.request.reply.stream))
 
-    async def _cancel_loop(self) -> None:
-        """A decoupled model's running requests whose callers went away: every
-        ``CANCEL_CHECK_S``, one pipelined look at their result keys (a caller that goes
-        away stores a ``cancelled`` answer there, first write wins), and the model is told
-        of those found (``is_cancelled``). Its responses after that reach no one; its final
-        one is not written over the cancelled answer."""
+    async def _cancel_loop(self, backends: list[CancellableBackend]) -> None:
+        """The running requests of ``backends`` (a Python model's, any of them) whose
+        callers went away: every ``CANCEL_CHECK_S``, one pipelined look at their result keys
+        (a caller that goes away stores a ``cancelled`` answer there, first write wins), and
+        the model is told of those found (``is_cancelled``). Its answers after that reach no
+        one: its (final) answer is not written over the cancelled one."""
         while True:
             await asyncio.sleep(CANCEL_CHECK_S)
-            running = [
-                (backend, rid)
-                for runner in self.instances
-                for backend in runner.backends.values()
-                if streams_responses(backend)
-                for rid in backend.streaming()
-            ]
+            running = [(backend, rid) for backend in backends for rid in backend.running()]
             if not running:
                 continue
             pipe = self.redis.pipeline(transaction=False)
@@ -837,7 +832,7 @@ class Worker:
             except Exception as exc:  # Redis away: look again next time
                 log.debug("%s: cancel look failed: %s", self.id, exc)
                 continue
-            cancelled: dict[DecoupledBackend, list[str]] = {}
+            cancelled: dict[CancellableBackend, list[str]] = {}
             for (backend, rid), exists in zip(running, found, strict=True):
                 if exists:
                     cancelled.setdefault(backend, []).append(rid)

@@ -4,26 +4,31 @@ The model.py files (tests/python_models.py) are written as Triton's documentatio
 them and live in a repository under tmp_path. add_sub answers through a batching worker; a
 BLS model calls add_sub through its Kafka topic; a model whose execute raises, and one that
 kills its own process, answer an error and the worker serves the next request; over HTTP
-the gateway answers a Python model as it answers any model.
+the gateway answers a Python model as it answers any model; a caller that cancels its call
+stops a running request of a model that is not decoupled (``is_cancelled()``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 
-from plaza.client import PlazaClient, make_request
+from plaza.client import PlazaClient, make_request, new_correlation_id
+from plaza.codec import decode_result
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.worker import Worker
 from tests.integration.test_gateway_http import http
 from tests.metrics_support import samples, value
 from tests.python_models import write_repository
-from tests.support import make_settings, running_worker
+from tests.support import make_settings, running_worker, wait_for
 
 
 @pytest.fixture
@@ -231,3 +236,34 @@ async def test_bls_streams_a_decoupled_models_responses(bls_environment: PlazaSe
             bad = {"IN": np.array([[1, -1]], np.int32)}
             failed = await client.infer(model, bad, timeout_s=60, raise_on_error=False)
             assert failed.error is not None and "element 1 is -1" in failed.error.message
+
+
+async def test_a_cancelled_call_stops_a_running_request_of_a_model_that_is_not_decoupled(
+    settings: PlazaSettings, redis_client: aioredis.Redis
+) -> None:
+    """``patient`` (not decoupled) waits in ``execute`` until its request is cancelled: a
+    caller that cancels its infer call while the batch runs stores a ``cancelled`` answer,
+    the worker's look finds it and the model's ``is_cancelled()`` turns True within moments;
+    its batch-mate is answered, and the stored answer stays the caller's."""
+    folder = settings.repository / "patient"
+    async with running_worker(settings, "patient"), PlazaClient(settings) as client:
+        assert any(t.get_name() == "cancels" for t in asyncio.all_tasks())
+        rid = new_correlation_id()
+        waiting = {"IN": np.array([[-1]], np.int32)}
+        call = asyncio.create_task(client.infer("patient", waiting, correlation_id=rid))
+        mate = asyncio.create_task(client.infer("patient", {"IN": np.array([[7]], np.int32)}))
+        await wait_for((folder / f"waiting-{rid}").exists, 30, "the batch to run")
+        assert (folder / f"waiting-{rid}").read_text() == "2"  # one batch of both
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        took = await wait_for((folder / f"cancelled-{rid}").exists, 10, "the model to see it")
+        answered = await mate
+        status = await client.poll(rid)
+    assert took < 5  # the model waits 20 s for a cancel that does not come
+    assert answered.error is None and answered.as_numpy()["OUT"].tolist() == [[7]]
+    assert status.result is not None and status.result.error is not None
+    assert status.result.error.code == "cancelled"
+    assert status.result.error.message != "patient: stopped"  # the caller's, not the model's
+    raw = await redis_client.get(settings.names.result_key(rid))
+    assert raw is not None and decode_result(raw).error == status.result.error

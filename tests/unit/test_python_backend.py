@@ -26,7 +26,10 @@ from plaza.contract import InferResult
 from plaza.errors import ConfigError, ModelExecutionError
 from plaza.repository import ModelRepository, ModelVersion
 from plaza.workers.backends import create_backend
+from plaza.workers.backends.base import CancellableBackend
+from plaza.workers.backends.onnx import OnnxBackend
 from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.backends.simulated import SimulatedBackend
 from plaza.workers.device import CPU
 from plaza.workers.runner import BatchRunner, WorkItem
 from tests.python_models import (
@@ -428,9 +431,9 @@ def test_a_cancel_reaches_a_decoupled_model_busy_in_execute(
     batch = threading.Thread(target=lambda: sent.extend(runner.run_group([item], sink)))
     batch.start()
     assert three.wait(30)
-    assert backend.streaming() == [rid]
+    assert backend.running() == [rid]
     backend.cancel(["someone-else", rid])
-    assert backend.streaming() == []  # told once
+    assert backend.running() == []  # told once
     batch.join(30)
     assert not batch.is_alive()
     count = int((root / "endless" / f"cancelled-{rid}").read_text())
@@ -442,6 +445,45 @@ def test_a_cancel_reaches_a_decoupled_model_busy_in_execute(
     stop_soon.start()
     finals = again.run_group([follow], lambda _i, _r: None)
     assert finals[0].final and (root / "endless" / f"cancelled-{follow.request.id}").exists()
+
+
+def test_a_cancel_reaches_a_model_that_is_not_decoupled_and_spares_its_batch_mates(
+    tmp_path: Path, backends: list[PythonBackend]
+) -> None:
+    """``cancel`` while a batch of ``patient`` (not decoupled) runs: the waiting request's
+    ``is_cancelled`` turns True and it answers ``cancelled`` at once; its batch-mate is
+    answered; a cancel after the batch tells nothing, and the process serves on."""
+    root = write_repository(tmp_path, "patient")
+    mv = _version(root, "patient")
+    backend = _load(mv, backends)
+    waiting, mate = (_item("patient", {"IN": np.array([[v]], np.int32)}) for v in (-1, 7))
+    rid = waiting.request.id
+    runner = BatchRunner(mv.spec, {mv.version: backend})
+    results: list[InferResult] = []
+    batch = threading.Thread(target=lambda: results.extend(runner.run_group([waiting, mate])))
+    batch.start()
+    asyncio.run(wait_for((root / "patient" / f"waiting-{rid}").exists, 30, "the batch to run"))
+    assert sorted(backend.running()) == sorted([rid, mate.request.id])
+    backend.cancel(["someone-else", rid])
+    assert backend.running() == [mate.request.id]  # told once
+    batch.join(10)  # the model waits 20 s for a cancel that does not come
+    assert not batch.is_alive()
+    assert float((root / "patient" / f"cancelled-{rid}").read_text()) < 10
+    stopped, answered = results
+    assert stopped.error is not None and stopped.error.code == "cancelled"
+    assert stopped.error.message == "patient: stopped"
+    assert answered.error is None and answered.as_numpy()["OUT"].tolist() == [[7]]
+    assert backend.running() == []
+    backend.cancel([rid])  # after its batch: nothing to tell, and nothing goes wrong
+    again = runner.run_group([_item("patient", {"IN": np.array([[8]], np.int32)})])
+    assert again[0].error is None and again[0].as_numpy()["OUT"].tolist() == [[8]]
+
+
+def test_only_the_python_backend_hears_cancels() -> None:
+    """The worker's cancel look runs only for backends that can tell their model."""
+    assert issubclass(PythonBackend, CancellableBackend)
+    assert not issubclass(OnnxBackend, CancellableBackend)
+    assert not issubclass(SimulatedBackend, CancellableBackend)
 
 
 def test_a_models_response_parameters_reach_its_result_and_bad_ones_fail_it_alone(

@@ -73,7 +73,13 @@ class DecoupledBackend(Protocol):
         failed (its open requests then get the error)."""
         ...
 
-    def streaming(self) -> list[str]:
+
+@runtime_checkable
+class CancellableBackend(Protocol):
+    """A backend whose model can hear, while it runs a batch, that a request's caller went
+    away (Triton's ``request.is_cancelled()``: the Python backend, any of its models)."""
+
+    def running(self) -> list[str]:
         """The ids of the requests running now that were not cancelled (any thread)."""
         ...
 
@@ -85,6 +91,11 @@ class DecoupledBackend(Protocol):
 def streams_responses(backend: object) -> TypeGuard[DecoupledBackend]:
     """``isinstance(backend, DecoupledBackend)``, asked of its class (see ``takes_requests``)."""
     return issubclass(type(backend), DecoupledBackend)
+
+
+def hears_cancels(backend: object) -> TypeGuard[CancellableBackend]:
+    """``isinstance(backend, CancellableBackend)``, asked of its class."""
+    return issubclass(type(backend), CancellableBackend)
 
 
 def takes_requests(backend: object) -> TypeGuard[RequestBackend]:

@@ -223,6 +223,13 @@ class InferenceResponse:
 
 Deliver = Callable[[InferenceResponse | None, bool], None]
 """Where a response sender's responses go: (the response or None, final)."""
+Cancelled = Callable[[], bool]
+"""Whether a request's caller went away (Plaza's process gives each request that ``execute``
+receives one that asks the worker's cancels)."""
+
+
+def _never() -> bool:
+    return False
 
 
 class InferenceResponseSender:
@@ -231,12 +238,12 @@ class InferenceResponseSender:
     ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (a response, or None: then the request
     closes without one). Nothing can be sent after that."""
 
-    def __init__(self, request_id: str, deliver: Deliver) -> None:
+    def __init__(self, request_id: str, deliver: Deliver, cancelled: Cancelled = _never) -> None:
         self._request_id = request_id
         self._deliver = deliver
+        self._cancelled = cancelled
         self._lock = threading.Lock()
         self._closed = False
-        self._cancelled = False
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -268,16 +275,11 @@ class InferenceResponseSender:
     def closed(self) -> bool:
         return self._closed
 
-    def cancel(self) -> None:
-        """The request's caller went away (Plaza's process calls this): ``is_cancelled``
-        says so from now on; the model decides when to stop, and still closes the request."""
-        self._cancelled = True
-
     def is_cancelled(self) -> bool:
         """Whether the request's caller went away while the model answers it (a closed
-        gRPC stream or generate_stream, a cancelled SDK stream): the model may stop early
-        and close the request (its responses after that reach no one)."""
-        return self._cancelled
+        gRPC stream or generate_stream, a cancelled SDK stream): the model may stop early;
+        it still closes the request (its responses after that reach no one)."""
+        return self._cancelled()
 
 
 BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
@@ -327,6 +329,9 @@ class InferenceRequest:
         self._parameters = _json_text(parameters)
         self._sender: InferenceResponseSender | None = None
         """A decoupled model's request: its response sender (set by Plaza's process)."""
+        self._cancelled: Cancelled = _never
+        """A request that ``execute`` receives: asks the worker's cancels (set by Plaza's
+        process); a request the model makes (BLS) is never cancelled."""
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -352,9 +357,11 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        """A decoupled model's request: its sender's ``is_cancelled``; any other request is
-        never cancelled while it runs (a cancel reaches it before it runs, or not at all)."""
-        return self._sender is not None and self._sender.is_cancelled()
+        """Whether the request's caller went away while ``execute`` runs it (a cancelled
+        call, a closed stream; the worker looks every 0.1 s), for any model: it may stop
+        early and answer ``TritonError(..., TritonError.CANCELLED)`` (a decoupled model
+        still closes the request); its answer reaches no one. False for a BLS request."""
+        return self._cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:

@@ -10,7 +10,9 @@ its event loop; a model that raises answers its batch with ``model_error``; a ch
 started again for the next batch; one that overruns ``execute_timeout_s`` (a config
 parameter, 0 = no limit) is killed and treated the same. A decoupled model's batch
 (``execute_decoupled``) hands each response on as its frame arrives, and the limit covers
-the batch until its last request is closed.
+the batch until its last request is closed. While any batch runs, ``running`` names its
+requests and ``cancel`` tells the model's process of those whose callers went away
+(``request.is_cancelled()``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import contextlib
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -75,8 +78,9 @@ class PythonBackend:
         self._lock = threading.Lock()
         """One exchange at a time: the executor thread's batch, or the stop's finalize."""
         self._cancels = threading.Lock()
-        self._streaming: dict[str, bool] = {}
-        """A decoupled batch running now: its request ids, True once cancelled."""
+        """Guards ``_running``, and the channel while a cancel frame goes out on it."""
+        self._running: dict[str, bool] = {}
+        """The batch running now: its request ids, True once cancelled."""
         self.custom_metrics: Snapshot = []
         """The model's own metrics (``pb_utils.MetricFamily``), as its process last sent
         them; a new process (after a crash) starts them again from zero."""
@@ -103,7 +107,11 @@ class PythonBackend:
                 if self._channel is None:
                     self._restart()
                 message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
-                reply = self._ask(message, self._timeout_s, "execute_timeout_s")
+                self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
+                with self._hearing_cancels(requests):
+                    recv = partial(Channel.recv, timeout_s=self._timeout_s)
+                    reply = self._exchange(recv, "execute_timeout_s")
+                self._took_metrics(reply)
         except PlazaError as exc:
             lost = ModelExecutionError(f"{exc.message}; a new process takes the next batch")
             return [lost] * len(requests)
@@ -129,37 +137,49 @@ class PythonBackend:
             message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
             deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
             self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
-            with self._cancels:
-                self._streaming = {r.id: False for r in requests}
-            try:
+            with self._hearing_cancels(requests):
                 frame = self._responses(requests, send, deadline)
-            finally:
-                with self._cancels:
-                    self._streaming = {}
         self._took_metrics(frame)
         if "error" in frame:
             log.info("%s: execute failed:\n%s", self.spec.name, frame.get("traceback", ""))
             raise ModelExecutionError(str(frame["error"]))
 
-    def streaming(self) -> list[str]:
-        """The ids of the decoupled batch running now that are not cancelled (any thread)."""
+    def running(self) -> list[str]:
+        """The ids of the batch running now that are not cancelled (any thread)."""
         with self._cancels:
-            return [rid for rid, cancelled in self._streaming.items() if not cancelled]
+            return [rid for rid, cancelled in self._running.items() if not cancelled]
 
     def cancel(self, ids: Sequence[str]) -> None:
         """Tell the model that these requests' callers went away (``is_cancelled``), if they
         are still running; each once. Any thread; a process gone meanwhile is no error."""
         with self._cancels:
-            chosen = [rid for rid in ids if self._streaming.get(rid) is False]
+            chosen = [rid for rid in ids if self._running.get(rid) is False]
             channel = self._channel
-            if not chosen or channel is None:
+            if channel is None:
                 return
-            for rid in chosen:
-                self._streaming[rid] = True
-            # A batch that ends meanwhile: its process ignores a cancel frame that comes
-            # between batches. A process gone: nothing to tell.
-            with contextlib.suppress(ChannelClosed):
-                channel.send({"op": "cancel", "ids": chosen})
+            for part in _frames_of(chosen):
+                # A full pipe: the model has not asked for the frames sent (its process
+                # reads them then); the rest are told at a later look, never waited for.
+                if not channel.writable():
+                    return
+                for rid in part:
+                    self._running[rid] = True
+                # A batch that ends meanwhile: its process skips a cancel frame that comes
+                # between batches. A process gone: nothing to tell.
+                with contextlib.suppress(ChannelClosed):
+                    channel.send({"op": "cancel", "ids": part})
+
+    @contextlib.contextmanager
+    def _hearing_cancels(self, requests: Sequence[InferRequest]) -> Iterator[None]:
+        """While the batch's frame is with the process: ``running`` names its requests.
+        Set only once the frame is sent, so a cancel frame never comes before it."""
+        with self._cancels:
+            self._running = {r.id: False for r in requests}
+        try:
+            yield
+        finally:
+            with self._cancels:
+                self._running = {}
 
     def _responses(
         self, requests: Sequence[InferRequest], send: Send, deadline: float | None
@@ -297,14 +317,15 @@ class PythonBackend:
     def _stop(self, kill: bool = False) -> int | None:
         """Close the pipes and end the process (at once with ``kill``; else it gets
         FINALIZE_TIMEOUT_S to exit); its exit status (None if none ran)."""
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
         proc, self._process = self._process, None
+        if kill and proc is not None:
+            proc.kill()  # first: a cancel frame stuck on its full pipe then fails at once
+        with self._cancels:  # a cancel frame going out finishes first: its descriptors
+            channel, self._channel = self._channel, None  # are never written once closed
+        if channel is not None:
+            channel.close()
         if proc is None:
             return None
-        if kill:
-            proc.kill()
         try:
             return proc.wait(FINALIZE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -344,6 +365,22 @@ class PythonBackend:
             )
         outputs = tuple(given[n] for n in wanted)
         return Response(outputs, result.parameters) if result.parameters else outputs
+
+
+def _frames_of(ids: Sequence[str]) -> Iterator[list[str]]:
+    """``ids`` in cancel frames small enough (``select.PIPE_BUF``) that a pipe with room
+    takes each at once."""
+    part: list[str] = []
+    size = 0
+    for rid in ids:
+        cost = len(rid.encode()) + 5  # msgpack's string header at most
+        if part and size + cost > select.PIPE_BUF - 32:  # 32: the frame's header and keys
+            yield part
+            part, size = [], 0
+        part.append(rid)
+        size += cost
+    if part:
+        yield part
 
 
 def initialize_args(mv: ModelVersion, device: Device) -> dict[str, str]:

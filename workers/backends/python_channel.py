@@ -3,9 +3,11 @@
 A frame is an 8-byte little-endian length, then a msgpack map. Requests and results inside
 travel as Plaza's own envelopes (``plaza.codec``), so tensors are raw bytes, never pickles.
 Exchanges are one question, one answer, so neither side can block the other on a full
-pipe; a decoupled model's batch is answered in many frames (its responses, then the answer),
-and meanwhile the worker may send cancel frames, which the model's process reads while it
-waits for the batch to end. A frame is written whole under a lock: any thread may send.
+pipe; a decoupled model's batch is answered in many frames (its responses, then the answer).
+While any batch runs the worker may send cancel frames, which the model's process reads
+when the model asks (``readable``: without waiting); the worker sends one only where the
+pipe has room (``writable``), so a model that never asks cannot stall it. A frame is
+written whole under a lock: any thread may send.
 A closed pipe (the other process exited) is ``ChannelClosed``; a wait past its limit is
 ``ChannelTimeout``.
 """
@@ -68,6 +70,22 @@ class Channel:
         if not isinstance(message, dict):
             raise ChannelClosed("a frame is not a msgpack map: the stream is corrupt")
         return message
+
+    def readable(self) -> bool:
+        """A frame (or the other end's close) waits to be read: ``recv`` returns or raises
+        at once, as the other end writes a frame whole."""
+        return self._ready(self.read_fd, select.POLLIN)
+
+    def writable(self) -> bool:
+        """The pipe has room: a small frame (``select.PIPE_BUF`` bytes) goes without
+        waiting; a closed other end counts too (``send`` then raises at once)."""
+        return self._ready(self.write_fd, select.POLLOUT)
+
+    @staticmethod
+    def _ready(fd: int, event: int) -> bool:
+        poller = select.poll()
+        poller.register(fd, event)
+        return bool(poller.poll(0))
 
     def _read_exact(self, size: int, deadline: float | None) -> bytearray:
         buf = bytearray(size)

@@ -9,11 +9,12 @@ per request out) and ``finalize``; an answer carries the model's custom metrics
 requests' response senders instead: each ``send`` goes to the worker at once as a frame of
 its own (``{"response": i, "final": ..., "result": ...}``, ``result`` absent for a final
 flag without a response), and the batch's answer (``{"ok": true}``) follows once every
-request got its final flag. What model.py does wrong becomes an error answer; what
-kills this process (``os._exit``, a segfault) the worker sees as a closed pipe. An ``async
-def execute`` runs to its end on this process's own event loop, one batch at a time (the
-same loop every call, so a model may keep loop-bound resources between calls), where
-``async_exec`` BLS calls run side by side.
+request got its final flag. While any batch runs, the worker's cancel frames wait on the
+pipe until the model asks ``is_cancelled()`` (``_Cancels``). What model.py does wrong
+becomes an error answer; what kills this process (``os._exit``, a segfault) the worker sees
+as a closed pipe. An ``async def execute`` runs to its end on this process's own event
+loop, one batch at a time (the same loop every call, so a model may keep loop-bound
+resources between calls), where ``async_exec`` BLS calls run side by side.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import importlib.util
 import inspect
 import json
 import os
-import select
 import signal
 import sys
 import threading
@@ -112,13 +112,17 @@ class ModelHost:
         return {"ok": True}
 
     def execute(self, encoded: Sequence[bytes]) -> dict[str, Any]:
+        assert self.channel is not None
         requests = [decode_request(raw) for raw in encoded]
+        cancels = _Cancels(self.channel)
         try:
-            responses = self.model.execute([self._pb_request(r) for r in requests])
+            responses = self.model.execute([self._pb_request(r, cancels) for r in requests])
             if inspect.isawaitable(responses):  # async def execute
                 responses = self._event_loop().run_until_complete(responses)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
+        finally:
+            cancels.close()
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses)
             return _failure(
@@ -134,12 +138,12 @@ class ModelHost:
         worker then closes the requests still open with the error)."""
         assert self.channel is not None
         requests = [decode_request(raw) for raw in encoded]
-        pb_requests = [self._pb_request(r) for r in requests]
-        responses = _Responses(self.channel, requests, self._result)
+        cancels = _Cancels(self.channel)
+        pb_requests = [self._pb_request(r, cancels) for r in requests]
+        responses = _Responses(self.channel, requests, self._result, cancels)
         for pb_request, sender in zip(pb_requests, responses.senders.values(), strict=True):
             pb_request._sender = sender
         try:
-            responses.listen()
             returned = self.model.execute(pb_requests)
             if inspect.isawaitable(returned):
                 returned = self._event_loop().run_until_complete(returned)
@@ -153,6 +157,7 @@ class ModelHost:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         finally:
             responses.close()
+            cancels.close()
         return {"ok": True}
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
@@ -179,7 +184,7 @@ class ModelHost:
                 self.loop.close()
         return {"ok": True}
 
-    def _pb_request(self, req: InferRequest) -> pb_utils.InferenceRequest:
+    def _pb_request(self, req: InferRequest, cancels: _Cancels) -> pb_utils.InferenceRequest:
         inputs = []
         for t in req.inputs:
             array = t.to_numpy()
@@ -187,7 +192,7 @@ class ModelHost:
                 array = array.copy()
             inputs.append(pb_utils.Tensor(t.name, array))
         sequence = req.parameters.get("sequence_id", 0)
-        return pb_utils.InferenceRequest(
+        request = pb_utils.InferenceRequest(
             model_name=self.name,
             requested_output_names=list(req.outputs) or self.outputs,
             inputs=inputs,
@@ -196,6 +201,8 @@ class ModelHost:
             model_version=int(req.version or self.version),
             parameters=json.dumps(req.parameters),
         )
+        request._cancelled = partial(cancels.cancelled, req.id)
+        return request
 
     def _result(self, req: InferRequest, response: Any) -> InferResult:
         def failed(code: str, message: str) -> InferResult:
@@ -220,30 +227,58 @@ class ModelHost:
         return InferResult(req.id, self.name, "", outputs, parameters=params)
 
 
+class _Cancels:
+    """One batch's cancels, read when the model asks (``is_cancelled()``, from any thread).
+    Until ``close`` the worker sends this process nothing but cancel frames (``{"op":
+    "cancel", "ids": [...]}``: those requests' callers went away), so a question reads the
+    frames waiting, without blocking, and answers from them: a batch whose model never asks
+    costs nothing, and the frames it leaves unread the main loop skips."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+        self._open = True
+
+    def cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            while self._open and self._channel.readable():
+                try:
+                    frame = self._channel.recv()
+                except ChannelClosed:  # the worker went away: the main loop ends the process
+                    self._open = False
+                    break
+                if frame.get("op") == "cancel":
+                    self._ids.update(str(rid) for rid in frame.get("ids", ()))
+            return request_id in self._ids
+
+    def close(self) -> None:
+        """The batch ended: the main loop reads the channel again."""
+        with self._lock:
+            self._open = False
+
+
 class _Responses:
     """One decoupled batch's response senders: each response goes to the worker as a frame
     the moment it is sent (one frame at a time, whichever thread sends it). ``done`` once
-    every request is closed. While the batch runs (``listen`` to ``close``) a thread of its
-    own reads the worker's cancel frames (``{"op": "cancel", "ids": [...]}``: those
-    requests' callers went away), so a model busy sending in ``execute`` sees them."""
+    every request is closed."""
 
     def __init__(
         self,
         channel: Channel,
         requests: Sequence[InferRequest],
         to_result: Callable[[InferRequest, Any], InferResult],
+        cancels: _Cancels,
     ) -> None:
         self._channel = channel
         self._to_result = to_result
         self._lock = threading.Lock()
         self._open = len(requests)
         self.done = threading.Event()
-        self._wake_r, self._wake_w = os.pipe()
-        """Written when the batch ends: it ends the listener's wait at once."""
-        self._ending = False
-        self._listener: threading.Thread | None = None
         self.senders = {
-            r.id: pb_utils.InferenceResponseSender(r.id, partial(self._deliver, i, r))
+            r.id: pb_utils.InferenceResponseSender(
+                r.id, partial(self._deliver, i, r), partial(cancels.cancelled, r.id)
+            )
             for i, r in enumerate(requests)
         }
         if not requests:
@@ -260,40 +295,10 @@ class _Responses:
                 if self._open == 0:
                     self.done.set()
 
-    def listen(self) -> None:
-        """Start reading the worker's cancel frames (until ``close``)."""
-        self._listener = threading.Thread(target=self._serve_cancels, name="cancels", daemon=True)
-        self._listener.start()
-
-    def _serve_cancels(self) -> None:
-        poller = select.poll()
-        poller.register(self._channel.read_fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        while not self._ending:
-            for fd, _ in poller.poll():
-                if fd != self._channel.read_fd or self._ending:
-                    continue
-                try:
-                    frame = self._channel.recv()
-                except ChannelClosed:
-                    return  # the worker went away: this process ends with its next read
-                for rid in frame.get("ids", ()) if frame.get("op") == "cancel" else ():
-                    sender = self.senders.get(rid)
-                    if sender is not None:
-                        sender.cancel()
-
     def close(self) -> None:
-        """The batch ended: no more sends, and the listener stops before the process reads
-        its next frame itself."""
+        """The batch ended: no more sends."""
         for sender in self.senders.values():
             sender.close()
-        self._ending = True
-        os.write(self._wake_w, b"x")
-        if self._listener is not None:
-            self._listener.join()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
 
 
 class BlsClient:
@@ -430,7 +435,7 @@ def main(argv: Sequence[str]) -> int:
         except ChannelClosed:
             return 0  # the worker closed its end: nothing is left to answer
         if message.get("op") == "cancel":
-            continue  # for a batch that ended before it came: nothing to answer
+            continue  # for a batch that ended before it came, or whose model never asked
         channel.send(host.handle(message))
         if message.get("op") == "finalize":
             return 0
