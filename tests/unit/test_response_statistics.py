@@ -256,12 +256,6 @@ class Streaming:
         if self.fail:
             raise RuntimeError("the model's process died")
 
-    def streaming(self) -> list[str]:
-        return []
-
-    def cancel(self, ids: Sequence[str]) -> None:
-        return None
-
 
 def items(*counts: int) -> list[WorkItem]:
     return [
