@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 from plaza.client import PlazaClient
 from plaza.contract import InferResult
 from plaza.metrics import render
+from plaza.naming import METRIC_FIRST_RESPONSE_HISTOGRAM
 from plaza.settings import PlazaSettings
-from plaza.workers.metrics import METRIC_FIRST_RESPONSE_HISTOGRAM
 from tests.metrics_support import named, samples, value
 from tests.python_models import write_repository
 from tests.support import gateway_fronts, make_settings, running_worker

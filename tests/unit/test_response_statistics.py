@@ -17,7 +17,7 @@ from plaza.errors import InvalidInput
 from plaza.gateway.grpc_front import InferenceServicer
 from plaza.metrics import render
 from plaza.modelconfig import parse_model_config
-from plaza.naming import Names
+from plaza.naming import METRIC_FIRST_RESPONSE_HISTOGRAM, Names
 from plaza.settings import WorkerSettings
 from plaza.statistics import RESPONSE_PHASES, ModelStatistics, increments
 from plaza.tensors import Tensor
@@ -25,7 +25,7 @@ from plaza.workers.backends.base import Answer, Send
 from plaza.workers.backends.pb_utils import TritonError
 from plaza.workers.backends.python_errors import plaza_code, triton_code
 from plaza.workers.gpu_metrics import GpuCollector
-from plaza.workers.metrics import METRIC_FIRST_RESPONSE_HISTOGRAM, WorkerMetrics
+from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.response_statistics import (
     FIRST_RESPONSE_BUCKETS_MS,
     FirstResponses,
