@@ -17,9 +17,16 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
-from plaza.model_control import ALL_MODELS, ModelTable, check_config_override, model_spec
-from plaza.modelconfig import ModelSpec
+from plaza.errors import ConfigError, PlazaError, Unavailable
+from plaza.model_control import (
+    ALL_MODELS,
+    MODEL_CONTROL_DISABLED,
+    LoadedModel,
+    ModelControl,
+    dependents,
+    read_load,
+    read_model,
+)
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 
@@ -27,17 +34,6 @@ log = logging.getLogger(__name__)
 
 FOLLOW_INTERVAL_S = 1.0
 """How often a gateway re-reads the model table (loads made through other gateways)."""
-
-MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
-"""Triton's answer to a load or unload when the model control mode does not allow it."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedModel:
-    """A model the gateway serves: its config and the versions its policy selects."""
-
-    spec: ModelSpec
-    versions: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +54,8 @@ class ModelRegistry:
         self.mode = settings.gateway.model_control_mode
         self.repo = ModelRepository(settings.repository, settings.model_config_name)
         self._names = settings.names
+        self._kafka = settings.kafka
+        self._load_timeout_s = settings.gateway.load_timeout_s
         self._start_names = settings.gateway.model_names()
         self.models: dict[str, LoadedModel] = {}
         self.failed: dict[str, str] = {}
@@ -67,7 +65,8 @@ class ModelRegistry:
         """The config override each loaded model was loaded with ("" for none)."""
         self._seen: dict[str, str] = {}
         """Poll mode: a fingerprint of each model's folder as last read."""
-        self._table: ModelTable | None = None
+        self._control: ModelControl | None = None
+        """Loads and unloads for the deployment (``plaza.model_control``); None in mode none."""
 
     # -- start -----------------------------------------------------------------------------
     def read_start_models(self) -> None:
@@ -97,11 +96,13 @@ class ModelRegistry:
         not loaded there yet) and take over what other gateways loaded."""
         if self.mode == "none":
             return
-        self._table = ModelTable(redis, self._names)
-        table = await self._table.read()
+        self._control = ModelControl(
+            redis, self._names, self._kafka, self.repo, self._load_timeout_s
+        )
+        table = await self._control.table.read()
         for name in list(self.models):
             if name not in table or not table[name].loaded:
-                await self._table.load(name)
+                await self._control.table.load(name)
         if self.mode == "poll":
             self._seen = {name: self._fingerprint(name) for name in self.repo.model_names()}
         await self.follow()
@@ -109,9 +110,9 @@ class ModelRegistry:
     # -- following the table ---------------------------------------------------------------
     async def follow(self) -> None:
         """Serve what the model table says is loaded (loads made through other gateways)."""
-        if self._table is None:
+        if self._control is None:
             return
-        for name, desired in (await self._table.read()).items():
+        for name, desired in (await self._control.table.read()).items():
             if desired.loaded and (
                 name not in self.models or self._configs.get(name, "") != desired.config
             ):
@@ -120,53 +121,35 @@ class ModelRegistry:
                 self._drop(name)
 
     # -- load / unload ---------------------------------------------------------------------
-    async def load(self, name: str, config: str = "") -> LoadedModel:
-        """Serve ``name`` (with a config override in Triton's JSON form, if given) and mark
-        it loaded in the table; ConfigError when it cannot be read."""
-        table = self._changes_allowed()
-        if name not in self.repo.model_names():
-            raise ModelNotFound(f"failed to load '{name}': no such model", model=name)
-        if config:
-            check_config_override(config)
+    async def load(self, name: str, config: str = "", *, wait: bool = False) -> LoadedModel:
+        """Serve ``name`` (with a config override in Triton's JSON form, if given) and load
+        it for the deployment (``ModelControl.load``: the table, its topics and, with
+        ``wait``, a live worker); ModelNotFound or ConfigError when it cannot be read (a
+        model still served keeps its old config)."""
+        control = self._changes_allowed()
         try:
-            model = await asyncio.to_thread(self._parse, name, config)
-        except PlazaError as exc:  # a model still served keeps its old config
-            if name not in self.models:
-                self.failed[name] = exc.message
-            raise ConfigError(f"failed to load '{name}': {exc.message}", model=name) from exc
+            model = await asyncio.to_thread(read_load, self.repo, name, config)
+        except ConfigError as exc:
+            if name not in self.models and "reason" in exc.details:
+                self.failed[name] = exc.details["reason"]
+            raise
         self._serve(name, model, config)
-        await table.load(name, config)
         log.info("model %s loaded (versions %s)", name, list(model.versions))
-        return model
+        return await control.load(name, config, model=model, wait=wait)
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """Stop serving ``name`` and mark it unloaded (its workers drain, then stop); with
         ``dependents`` (Triton's ``unload_dependents``), the served ensembles that call it,
         directly or through other ensembles, too."""
-        table = self._changes_allowed()
-        if name not in self.models and name not in self.repo.model_names():
-            raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
-        for model in [name, *(self.dependents(name) if dependents else [])]:
+        control = self._changes_allowed()
+        specs = {m: loaded.spec for m, loaded in self.models.items()}
+        for model in await control.unload(name, with_dependents=dependents, specs=specs):
             self._drop(model)
-            await table.unload(model)
             log.info("model %s unloaded", model)
 
     def dependents(self, name: str) -> list[str]:
         """The served ensembles that run ``name`` in a step, or run one that does."""
-        found: list[str] = []
-        callees = {name}
-        while True:
-            more = [
-                m
-                for m, loaded in sorted(self.models.items())
-                if m not in found
-                and m != name
-                and any(step.model_name in callees for step in loaded.spec.ensemble_steps)
-            ]
-            if not more:
-                return found
-            found += more
-            callees.update(more)
+        return dependents(name, {m: loaded.spec for m, loaded in self.models.items()})
 
     async def poll(self) -> None:
         """Poll mode: load what appeared or changed in the repository, unload what left."""
@@ -202,14 +185,13 @@ class ModelRegistry:
         return [r for r in rows if r.state == "READY"] if ready_only else rows
 
     # -- helpers ---------------------------------------------------------------------------
-    def _changes_allowed(self) -> ModelTable:
-        if self._table is None:
+    def _changes_allowed(self) -> ModelControl:
+        if self._control is None:
             raise Unavailable(MODEL_CONTROL_DISABLED)
-        return self._table
+        return self._control
 
     def _parse(self, name: str, config: str = "") -> LoadedModel:
-        spec = model_spec(self.repo, name, config)
-        return LoadedModel(spec, tuple(v.version for v in self.repo.served_versions(name, spec)))
+        return read_model(self.repo, name, config)
 
     def _serve(self, name: str, model: LoadedModel, config: str) -> None:
         self.failed.pop(name, None)

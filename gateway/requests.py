@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from plaza.contract import InferRequest, Scalar
 from plaza.errors import InvalidInput
 from plaza.gateway.shared_memory import ShmRef
+from plaza.model_control import FILE_OVERRIDES_REFUSED
 from plaza.tensors import Tensor
 
 PARAM_TIMEOUT = "timeout"
@@ -124,10 +125,7 @@ def load_config(params: Mapping[str, object]) -> str:
     """
     for key in params:
         if key.startswith("file:"):
-            raise InvalidInput(
-                f"load parameter {key!r}: file overrides are not supported by Plaza (put the "
-                "files in the model repository)"
-            )
+            raise InvalidInput(f"load parameter {key!r}: {FILE_OVERRIDES_REFUSED}")
     config = params.get("config", "")
     if not isinstance(config, str):
         raise InvalidInput("load parameter 'config' must be a string (a model config as JSON)")

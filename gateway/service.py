@@ -26,11 +26,13 @@ from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import JobNotFound, ModelNotFound, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
-from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, LoadedModel, ModelRegistry
+from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
 from plaza.gateway.tracing import Tracer
 from plaza.log_settings import LogFollower, LogSettings
+from plaza.model_control import LoadedModel, live_workers, serving_models
+from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
@@ -38,8 +40,6 @@ from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-LOAD_POLL_S = 0.2
-"""How often a load checks whether a worker serves the model yet."""
 KAFKA_CHECK_TTL_S = 1.0
 """How long a Kafka health answer is reused (readiness probes come often)."""
 CHECK_TIMEOUT_S = 2.0
@@ -245,20 +245,10 @@ class GatewayService:
         """Triton's load: serve ``name`` (optionally with a config override in Triton's JSON
         form) and wait until a worker serves it. Requests that come meanwhile are accepted
         and wait in Kafka. Unavailable when no worker comes within gateway.load_timeout_s
-        (the model stays loaded; it turns READY when one comes)."""
-        model = await self.registry.load(name, config)
-        await ensure_topics(self.settings.kafka, self._request_topics())
-        limit_s = self.settings.gateway.load_timeout_s
-        deadline = time.monotonic() + limit_s
-        while (await self._live_workers([name]))[0] < 1:
-            if time.monotonic() > deadline:
-                raise Unavailable(
-                    f"model '{name}' is loaded but no worker serves it after {limit_s:g} s "
-                    "(who runs the workers? plaza up does in modes explicit and poll)",
-                    model=name,
-                )
-            await asyncio.sleep(LOAD_POLL_S)
-        return model
+        (the model stays loaded; it turns READY when one comes). The steps are
+        ``plaza.model_control.ModelControl.load``'s, which a Python model's
+        ``pb_utils.load_model`` runs too."""
+        return await self.registry.load(name, config, wait=True)
 
     async def unload_model(self, name: str, dependents: bool = False) -> None:
         """Triton's unload: stop accepting requests for ``name`` (and, with ``dependents``,
@@ -432,31 +422,12 @@ class GatewayService:
         return ok, reason
 
     async def _live_workers(self, models: list[str], *, ping: bool = False) -> list[int]:
-        """Live worker counts per model (heartbeat expiry in the future), one round trip.
+        """Live worker counts per model, one round trip (``plaza.model_control.live_workers``:
+        an ensemble counts as its live runners while each of its steps' models has a live
+        worker, and as 0 while one has none)."""
+        groups = [serving_models(m, self._spec(m)) for m in models]
+        return await live_workers(self._require(self._redis), self.names, groups, ping=ping)
 
-        An ensemble counts as its live runners while each of its steps' models has a live
-        worker, and as 0 while one has none."""
-        pipe = self._require(self._redis).pipeline(transaction=False)
-        if ping:
-            pipe.ping()
-        now = time.time()  # registry scores are epoch seconds
-        needed = [self._serving_models(name) for name in models]
-        for group in needed:
-            for name in group:
-                pipe.zcount(self.names.worker_registry_key(name), now, "+inf")
-        replies = iter(await pipe.execute())
-        if ping:
-            next(replies)
-        counts = []
-        for group in needed:
-            live = [int(next(replies)) for _ in group]
-            counts.append(live[0] if all(live) else 0)
-        return counts
-
-    def _serving_models(self, name: str) -> list[str]:
-        """Whose workers serve ``name``: itself, and for an ensemble its steps' models."""
+    def _spec(self, name: str) -> ModelSpec | None:
         model = self.models.get(name)
-        if model is None or not model.spec.is_ensemble:
-            return [name]
-        steps = dict.fromkeys(s.model_name for s in model.spec.ensemble_steps)
-        return [name, *steps]
+        return None if model is None else model.spec

@@ -19,7 +19,7 @@ from plaza.naming import Names
 from plaza.statistics import ModelStatistics
 
 if TYPE_CHECKING:
-    from plaza.gateway.registry import LoadedModel
+    from plaza.model_control import LoadedModel
 
 
 def stats_targets(models: Mapping[str, LoadedModel], version: str = "") -> list[tuple[str, str]]:

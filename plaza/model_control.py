@@ -18,26 +18,45 @@ gateways agree), and whoever runs workers watches it: a model host with
 loaded, restarts them when its generation changes (a new config or version folder), and
 drains then stops them when it is unloaded. The table has
 one field per model ever loaded, so it is bounded by the repository.
+
+``ModelControl`` is Triton's load and unload over that table, the one path that both the
+gateway's repository API and a Python model's ``pb_utils.load_model`` / ``unload_model`` /
+``is_model_ready`` (``workers/backends/pb_model_loader.py``) run: read the model
+(``read_load``), mark it loaded, create its request topics, wait for a live worker (the
+worker registry's heartbeats, ``live_workers``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import redis.asyncio as aioredis
+from typing import TYPE_CHECKING, Literal
 
 from plaza.autocomplete import complete
-from plaza.errors import ConfigError
+from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
 from plaza.modelconfig import ModelSpec, parse_model_config_json
 from plaza.naming import Names
 from plaza.repository import CONFIG_FILENAME, ModelRepository
+from plaza.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 ControlMode = Literal["none", "explicit", "poll"]
 ALL_MODELS = "*"
 """In explicit mode, ``gateway.models: "*"`` loads every model of the repository at start."""
+MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's answer to a load or unload when the model control mode does not allow it."""
+FILE_OVERRIDES_REFUSED = (
+    "file overrides are not supported by Plaza (put the files in the model repository)"
+)
+"""Why a load's ``file:<path>`` overrides (Triton's ``files``) are refused: a model's files
+must be in the repository every worker reads."""
+LOAD_POLL_S = 0.2
+"""How often a load checks whether a worker serves the model yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +95,90 @@ def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """A model as a load serves it: its config and the versions its policy selects."""
+
+    spec: ModelSpec
+    versions: tuple[int, ...]
+
+
+def read_model(repo: ModelRepository, name: str, config: str = "") -> LoadedModel:
+    """``name``'s spec (``model_spec``) and the versions its policy selects, each with its
+    model file checked; ModelNotFound or ConfigError."""
+    spec = model_spec(repo, name, config)
+    return LoadedModel(spec, tuple(v.version for v in repo.served_versions(name, spec)))
+
+
+def read_load(repo: ModelRepository, name: str, config: str = "") -> LoadedModel:
+    """What a load of ``name`` (with the override ``config``, if any) would serve, checked
+    before anything is written: ModelNotFound for a model not in the repository; ConfigError
+    for an override that is not a JSON object, or a model that cannot be read (naming the
+    model; ``details["reason"]`` holds the cause alone)."""
+    if name not in repo.model_names():
+        raise ModelNotFound(f"failed to load '{name}': no such model", model=name)
+    if config:
+        check_config_override(config)
+    try:
+        return read_model(repo, name, config)
+    except PlazaError as exc:
+        raise ConfigError(
+            f"failed to load '{name}': {exc.message}", model=name, reason=exc.message
+        ) from exc
+
+
+def serving_models(name: str, spec: ModelSpec | None) -> list[str]:
+    """Whose workers serve ``name``: itself, and for an ensemble its steps' models."""
+    if spec is None or not spec.is_ensemble:
+        return [name]
+    steps = dict.fromkeys(s.model_name for s in spec.ensemble_steps)
+    return [name, *steps]
+
+
+async def live_workers(
+    redis: aioredis.Redis, names: Names, groups: Sequence[Sequence[str]], *, ping: bool = False
+) -> list[int]:
+    """Live worker counts (heartbeat expiry in the future), one per group, in one round trip.
+
+    A group is a model and the models that serve it with it (``serving_models``): it counts
+    as the first one's live workers while each of them has one, and as 0 while one has
+    none. With ``ping`` the round trip starts with a PING (a readiness check's)."""
+    pipe = redis.pipeline(transaction=False)
+    if ping:
+        pipe.ping()
+    now = time.time()  # registry scores are epoch seconds
+    for group in groups:
+        for name in group:
+            pipe.zcount(names.worker_registry_key(name), now, "+inf")
+    replies = iter(await pipe.execute())
+    if ping:
+        next(replies)
+    counts = []
+    for group in groups:
+        live = [int(next(replies)) for _ in group]
+        counts.append(live[0] if all(live) else 0)
+    return counts
+
+
+def dependents(name: str, specs: Mapping[str, ModelSpec]) -> list[str]:
+    """The ensembles among ``specs`` (the loaded models) that run ``name`` in a step, or run
+    one that does, directly or through other ensembles (Triton's ``unload_dependents``)."""
+    found: list[str] = []
+    callees = {name}
+    while True:
+        more = [
+            m
+            for m, spec in sorted(specs.items())
+            if m not in found
+            and m != name
+            and any(step.model_name in callees for step in spec.ensemble_steps)
+        ]
+        if not more:
+            return found
+        found += more
+        callees.update(more)
+
+
 def check_config_override(config: str) -> str:
     """A load's ``parameters.config`` must be a JSON object (as a string)."""
     try:
@@ -104,6 +207,11 @@ class ModelTable:
             for k, v in fields.items()
         }
 
+    async def get(self, name: str) -> DesiredModel | None:
+        """What the table says of ``name`` (None: never loaded)."""
+        raw = await self._redis.hget(self._key, name)
+        return None if raw is None else DesiredModel.decode(name, raw)
+
     async def loaded(self) -> dict[str, DesiredModel]:
         """The models that should be served."""
         return {name: m for name, m in (await self.read()).items() if m.loaded}
@@ -119,3 +227,119 @@ class ModelTable:
         desired = DesiredModel(name, False, time.time_ns())
         await self._redis.hset(self._key, name, desired.encode())
         return desired
+
+
+class ModelControl:
+    """Triton's load and unload for one deployment (its model table, topics and worker
+    registries). Each caller checks its own control mode first: the gateway allows modes
+    explicit and poll, a Python model's ``pb_utils`` only explicit (Triton's rule)."""
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        names: Names,
+        kafka: KafkaSettings,
+        repo: ModelRepository,
+        load_timeout_s: float,
+    ) -> None:
+        self.table = ModelTable(redis, names)
+        self.repo = repo
+        self._redis = redis
+        self._names = names
+        self._kafka = kafka
+        self._load_timeout_s = load_timeout_s
+
+    async def load(
+        self, name: str, config: str = "", *, model: LoadedModel | None = None, wait: bool = True
+    ) -> LoadedModel:
+        """Triton's load of ``name`` (with the override ``config``, Triton's JSON form):
+        read it (``read_load``, on a thread: a Python model's ``auto_complete_config`` runs
+        in a child process; or take ``model``, read already), mark it loaded in the table
+        (a new generation: hosts start it, or restart it), create its request topics and,
+        with ``wait``, wait until a live worker serves it. Requests sent meanwhile wait in
+        Kafka. Unavailable when no worker comes within ``load_timeout_s``: the model stays
+        loaded, and is ready when one comes."""
+        # Kafka's client is imported here, not above: a Python model's process imports this
+        # module for its checks at start, and needs Kafka only if the model loads something.
+        from plaza.connections import ensure_topics
+
+        if model is None:
+            model = await asyncio.to_thread(read_load, self.repo, name, config)
+        spec = model.spec
+        await self.table.load(name, config)
+        levels = spec.batching.priority_levels
+        await ensure_topics(self._kafka, self._names.request_topics(name, levels))
+        if wait:
+            await self._wait_served(name, spec)
+        return model
+
+    async def _wait_served(self, name: str, spec: ModelSpec) -> None:
+        deadline = time.monotonic() + self._load_timeout_s
+        group = serving_models(name, spec)
+        while (await live_workers(self._redis, self._names, [group]))[0] < 1:
+            if time.monotonic() > deadline:
+                raise Unavailable(
+                    f"model '{name}' is loaded but no worker serves it after "
+                    f"{self._load_timeout_s:g} s (who runs the workers? plaza up does in "
+                    "modes explicit and poll)",
+                    model=name,
+                )
+            await asyncio.sleep(LOAD_POLL_S)
+
+    async def unload(
+        self,
+        name: str,
+        *,
+        with_dependents: bool = False,
+        specs: Mapping[str, ModelSpec] | None = None,
+    ) -> list[str]:
+        """Triton's unload: mark ``name`` unloaded (its workers answer what is queued, then
+        stop) and, ``with_dependents``, the loaded ensembles that call it (``dependents``
+        among ``specs``, the loaded models' specs; read from the table when not given).
+        ModelNotFound for a model neither in the repository nor in the table. Returns the
+        models unloaded, ``name`` first."""
+        table = await self.table.read()
+        if name not in table and name not in self.repo.model_names():
+            raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
+        chosen = [name]
+        if with_dependents:
+            if specs is None:
+                specs = await asyncio.to_thread(self._specs, table)
+            chosen += dependents(name, specs)
+        for model in chosen:
+            await self.table.unload(model)
+        return chosen
+
+    def _specs(self, table: Mapping[str, DesiredModel]) -> dict[str, ModelSpec]:
+        """The specs of the models ``table`` says are loaded (one that cannot be read, left
+        out: it serves nothing to depend on)."""
+        specs = {}
+        for name, desired in table.items():
+            if desired.loaded:
+                try:
+                    specs[name] = model_spec(self.repo, name, desired.config)
+                except PlazaError:
+                    continue
+        return specs
+
+    async def ready(self, name: str, version: int | None = None, *, mode: ControlMode) -> bool:
+        """Whether ``name`` (``version``; None: any it serves) is ready, read from the
+        deployment: loaded (mode none: in the repository; else in the table), readable,
+        and served by a live worker (an ensemble: a runner, and a worker of each step)."""
+        config = ""
+        if mode == "none":
+            if name not in self.repo.model_names():
+                return False
+        else:
+            desired = await self.table.get(name)
+            if desired is None or not desired.loaded:
+                return False
+            config = desired.config
+        try:
+            model = await asyncio.to_thread(read_model, self.repo, name, config)
+        except PlazaError:
+            return False
+        if version is not None and version not in model.versions:
+            return False
+        group = serving_models(name, model.spec)
+        return (await live_workers(self._redis, self._names, [group]))[0] >= 1

@@ -673,6 +673,107 @@ class TritonPythonModel:
 '''
 
 
+LOADER_CONFIG = """
+name: "loader"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "READY" data_type: TYPE_BOOL dims: [ 3 ] }
+]
+"""
+
+LOADER_MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MODEL = "add_sub"
+INPUTS, OUTPUTS = ("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1")
+
+
+class TritonPythonModel:
+    """Triton's model loading API from execute: for each request, is_model_ready(MODEL),
+    load_model(MODEL), is_model_ready again, a BLS call of MODEL with INPUT0 and INPUT1, then
+    unload_model(MODEL) (not when the request parameter "unload" is false) and is_model_ready
+    once more. OUTPUT0 and OUTPUT1 are MODEL's answer, READY the three readiness answers."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            unload = json.loads(request.parameters()).get("unload", True)
+            ready = [pb_utils.is_model_ready(MODEL)]
+            pb_utils.load_model(MODEL)
+            ready.append(pb_utils.is_model_ready(MODEL))
+            answer = pb_utils.InferenceRequest(
+                model_name=MODEL,
+                requested_output_names=list(OUTPUTS),
+                inputs=[pb_utils.get_input_tensor_by_name(request, n) for n in INPUTS],
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            if unload:
+                pb_utils.unload_model(MODEL)
+            ready.append(pb_utils.is_model_ready(MODEL))
+            outputs = [pb_utils.get_output_tensor_by_name(answer, n) for n in OUTPUTS]
+            outputs.append(pb_utils.Tensor("READY", np.array([ready], dtype=bool)))
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
+'''
+
+REFUSALS_CONFIG = """
+name: "refusals"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "ERRORS" data_type: TYPE_STRING dims: [ 3 ] } ]
+"""
+
+REFUSALS_MODEL = '''
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def error_of(call):
+    try:
+        call()
+    except pb_utils.TritonModelException as exc:
+        return exc.message()
+    return "no error"
+
+
+class TritonPythonModel:
+    """What the model loading API answers where it refuses (run it in mode none): ERRORS
+    holds the error of a load_model in initialize, of a load_model with files and of an
+    unload_model in execute; finalize writes its load_model's error to finalize.txt in the
+    model's folder."""
+
+    def initialize(self, args):
+        self.folder = args["model_repository"]
+        self.errors = [error_of(lambda: pb_utils.load_model("add_sub"))]
+
+    def execute(self, requests):
+        errors = self.errors + [
+            error_of(lambda: pb_utils.load_model("add_sub", files={"file:1/model.py": b""})),
+            error_of(lambda: pb_utils.unload_model("add_sub")),
+        ]
+        out = pb_utils.Tensor("ERRORS", np.array([e.encode() for e in errors], dtype=object))
+        return [pb_utils.InferenceResponse(output_tensors=[out]) for _ in requests]
+
+    def finalize(self):
+        with open(os.path.join(self.folder, "finalize.txt"), "w") as f:
+            f.write(error_of(lambda: pb_utils.load_model("add_sub")))
+'''
+
+
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
     "bls": (BLS_CONFIG, BLS_MODEL),
@@ -689,6 +790,8 @@ MODELS = {
     "patient": (PATIENT_CONFIG, PATIENT_MODEL),
     "annotated": (ANNOTATED_CONFIG, ANNOTATED_MODEL),
     "annotated_stream": (ANNOTATED_STREAM_CONFIG, ANNOTATED_STREAM_MODEL),
+    "loader": (LOADER_CONFIG, LOADER_MODEL),
+    "refusals": (REFUSALS_CONFIG, REFUSALS_MODEL),
 }
 
 

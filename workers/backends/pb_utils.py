@@ -4,12 +4,13 @@ The Python backend's child process (``python_stub``) puts this module into ``sys
 under Triton's name before it loads ``model.py``, so a Triton user's model runs unchanged.
 It holds the parts real model.py files use: tensors, requests, responses, errors, the config
 helpers and BLS (``InferenceRequest(...).exec()``, which calls another Plaza model through its
-Kafka topic, and ``async_exec()``, its awaitable form) and custom metrics (``MetricFamily``,
-``pb_metrics``). What Triton has and Plaza does not build raises ``TritonModelException``
-whose message says "not supported" (shared memory arguments, for one). A decoupled model
-(``model_transaction_policy { decoupled: true }``) answers through each request's
-``get_response_sender()``. Only numpy is imported here; torch only for DLPack, Kafka and
-Redis only for BLS.
+Kafka topic, and ``async_exec()``, its awaitable form), Triton's model loading API
+(``load_model``, ``unload_model``, ``is_model_ready``: ``pb_model_loader``) and custom
+metrics (``MetricFamily``, ``pb_metrics``). What Triton has and Plaza does not build raises
+``TritonModelException`` whose message says "not supported" (shared memory arguments, for
+one). A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
+each request's ``get_response_sender()``. Only numpy is imported here; torch only for
+DLPack, Kafka and Redis only for BLS and model loading.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal, overload
+from typing import Any, ClassVar, Literal, Protocol, overload
 
 import numpy as np
 
@@ -407,6 +408,66 @@ class InferenceRequest:
         if decoupled:
             return loop.run_in_executor(None, lambda: list(self.exec(decoupled=True)))
         return loop.run_in_executor(None, self.exec)
+
+
+class ModelLoading(Protocol):
+    """What ``load_model``, ``unload_model`` and ``is_model_ready`` reach: Plaza's process
+    sets one (``pb_model_loader.ModelLoader``) for ``initialize`` and ``execute``."""
+
+    def load(self, name: str, config: str, files: dict[str, bytes] | None) -> None: ...
+
+    def unload(self, name: str, unload_dependents: bool) -> None: ...
+
+    def ready(self, name: str, version: str) -> bool: ...
+
+
+_model_loading: ModelLoading | None = None
+_model_loading_phase = ""
+"""Where the model loading API is refused ("finalize", "auto_complete_config"); "" for
+outside Plaza's Python backend process."""
+
+
+def set_model_loading(loading: ModelLoading | None, phase: str = "") -> None:
+    """Install the model loading API (Plaza's process does, for ``initialize`` and
+    ``execute``), or refuse it from now on, naming the ``phase`` that may not use it."""
+    global _model_loading, _model_loading_phase
+    _model_loading = loading
+    _model_loading_phase = phase
+
+
+def _loading(what: str) -> ModelLoading:
+    if _model_loading is not None:
+        return _model_loading
+    if _model_loading_phase:
+        raise TritonModelException(
+            f"{what} is not supported during {_model_loading_phase} (the model loading API "
+            "runs in initialize and execute)"
+        )
+    raise TritonModelException(
+        f"{what} runs only inside Plaza's Python backend process, in initialize and execute"
+    )
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Triton's model loading API: load (or reload) ``model_name`` for the deployment, with
+    ``config`` (Triton's JSON form, a string) in place of its config.pbtxt when given, and
+    return once a worker serves it. ``files`` (file overrides) are refused: a model's files
+    must be in the repository. Raises TritonModelException on failure, and unless the model
+    control mode is explicit."""
+    _loading("load_model").load(model_name, config, files)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Triton's model loading API: unload ``model_name`` (its workers answer what is queued,
+    then stop); with ``unload_dependents``, the loaded ensembles that call it too. Raises
+    TritonModelException on failure, and unless the model control mode is explicit."""
+    _loading("unload_model").unload(model_name, unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (``model_version``; "": any) is loaded and a live worker serves
+    it."""
+    return _loading("is_model_ready").ready(model_name, model_version)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

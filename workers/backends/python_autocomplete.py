@@ -39,6 +39,7 @@ def complete(request: dict[str, Any]) -> dict[str, Any]:
     int64_as_numbers(body, mc.ModelConfig.DESCRIPTOR)
     body.setdefault("parameters", {})
     sys.modules[MODULE_NAME] = pb_utils
+    pb_utils.set_model_loading(None, HOOK)  # as in Triton: no model loading in the hook
     try:
         cls = getattr(load_module(path), "TritonPythonModel", None)
         if cls is None:

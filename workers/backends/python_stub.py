@@ -14,7 +14,9 @@ pipe until the model asks ``is_cancelled()`` (``_Cancels``). What model.py does 
 becomes an error answer; what kills this process (``os._exit``, a segfault) the worker sees
 as a closed pipe. An ``async def execute`` runs to its end on this process's own event
 loop, one batch at a time (the same loop every call, so a model may keep loop-bound
-resources between calls), where ``async_exec`` BLS calls run side by side.
+resources between calls), where ``async_exec`` BLS calls run side by side. The model loading
+API (``pb_utils.load_model``, ``unload_model``, ``is_model_ready``: ``pb_model_loader``)
+works in ``initialize`` and ``execute``; ``finalize`` refuses it, as Triton does.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from typing import Any
 from plaza.codec import decode_request, encode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import PlazaError
+from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor as WireTensor
 from plaza.workers.backends import pb_metrics, pb_utils
+from plaza.workers.backends.pb_model_loader import ModelLoader
 from plaza.workers.backends.python_channel import Channel, ChannelClosed
 from plaza.workers.backends.python_errors import plaza_code, triton_code
 
@@ -60,6 +64,7 @@ class ModelHost:
         self.version = 0
         self.outputs: list[str] = []
         self.bls: BlsClient | None = None
+        self.loader: ModelLoader | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         """Where an ``async def execute`` runs (made for the first one)."""
         self.decoupled = False
@@ -94,8 +99,11 @@ class ModelHost:
         self.version = int(message["model_version"])
         self.outputs = list(message["outputs"])
         self.decoupled = bool(message.get("decoupled", False))
-        self.bls = BlsClient(message.get("settings", ""), message["repository"])
+        settings = partial(process_settings, message.get("settings", ""), message["repository"])
+        self.bls = BlsClient(settings)
         pb_utils.set_bls_call(self.bls, self.bls.stream)
+        self.loader = ModelLoader(settings)
+        pb_utils.set_model_loading(self.loader)
         path = Path(message["model_file"])
         try:
             module = load_module(path)
@@ -174,12 +182,15 @@ class ModelHost:
         self.loop.run_until_complete(self.loop.run_in_executor(None, done.wait))
 
     def finalize(self) -> dict[str, Any]:
+        pb_utils.set_model_loading(None, "finalize")
         try:
             if self.model is not None and hasattr(self.model, "finalize"):
                 self.model.finalize()
         finally:
             if self.bls is not None:
                 self.bls.close()
+            if self.loader is not None:
+                self.loader.close()
             if self.loop is not None:
                 self.loop.close()
         return {"ok": True}
@@ -304,9 +315,8 @@ class _Responses:
 class BlsClient:
     """``InferenceRequest.exec``: a Plaza SDK client, made on the first call."""
 
-    def __init__(self, settings_json: str, repository: str) -> None:
-        self._settings_json = settings_json
-        self._repository = repository
+    def __init__(self, settings: Callable[[], PlazaSettings]) -> None:
+        self._settings = settings
         self._client: Any = None
 
     def __call__(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
@@ -367,13 +377,8 @@ class BlsClient:
     def _sdk(self) -> Any:
         if self._client is None:
             from plaza.client import SyncPlazaClient
-            from plaza.settings import PlazaSettings
 
-            if self._settings_json:
-                settings = PlazaSettings.model_validate(json.loads(self._settings_json))
-            else:  # the worker's environment (PLAZA_*), which this process inherited
-                settings = PlazaSettings(repository=Path(self._repository))
-            self._client = SyncPlazaClient(settings)
+            self._client = SyncPlazaClient(self._settings())
         return self._client
 
     def close(self) -> None:
@@ -381,6 +386,15 @@ class BlsClient:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+
+def process_settings(settings_json: str, repository: str) -> PlazaSettings:
+    """The worker's settings, as it sent them (``settings_json``), for this process's BLS
+    client and model loader; without them, its environment (PLAZA_*), which this process
+    inherited."""
+    if settings_json:
+        return PlazaSettings.model_validate(json.loads(settings_json))
+    return PlazaSettings(repository=Path(repository))
 
 
 def _response(result: InferResult) -> Any:
