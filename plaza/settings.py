@@ -241,8 +241,8 @@ class HostSettings(_Section):
     execution_slots: int = Field(
         0,
         ge=0,
-        description="executions the device runs at once, over all models; 0: the largest "
-        "instance_group count of the models served",
+        description="executions the device runs at once, over all models but Python backend "
+        "ones (which take no slot); 0: the largest instance_group count of the others",
     )
     resources: str = Field(
         "",

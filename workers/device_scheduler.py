@@ -8,7 +8,10 @@ one:
 
 - **Execution slots.** The device runs at most ``slots`` executions at once (host setting
   ``execution_slots``; 0: the largest instance count of the models served, so a host of one
-  model runs exactly its ``instance_group`` count at once, as a worker always did).
+  model runs exactly its ``instance_group`` count at once, as a worker always did). A model
+  added with ``device_slot=False`` (a Python backend model: its own processes, which may
+  wait on a BLS call to another model of the host) takes no slot: its instances, resources
+  and fair share bound it, as Triton bounds every model, which has no device-wide slots.
 - **Instances.** A model has ``instance_group`` count instances; an execution takes a free
   one, so count still means parallel executions of that model. ``max_concurrency`` (a model
   parameter) caps them lower.
@@ -87,6 +90,8 @@ class _Model:
     vtime: float = 0.0
     mean_cost: float | None = None
     last_grant: int = -1
+    device_slot: bool = True
+    """Whether its executions take one of the device's slots (``add_model``)."""
 
     @property
     def active(self) -> bool:
@@ -134,6 +139,7 @@ class DeviceScheduler:
         self._models: dict[str, _Model] = {}
         self._in_use: dict[str, int] = {}
         self._running = 0
+        """Executions holding a device slot now."""
         self._seq = itertools.count()
         self.history: deque[Grant] = deque(maxlen=HISTORY)
         """The latest grants in the order given (bounded)."""
@@ -142,9 +148,15 @@ class DeviceScheduler:
 
     # -- the models --------------------------------------------------------------------------
     def add_model(
-        self, name: str, instances: Sequence[InstanceSpec], max_concurrency: int = 0
+        self,
+        name: str,
+        instances: Sequence[InstanceSpec],
+        max_concurrency: int = 0,
+        *,
+        device_slot: bool = True,
     ) -> None:
-        """Serve ``name`` with these instances; ConfigError if one could never start."""
+        """Serve ``name`` with these instances; ConfigError if one could never start.
+        ``device_slot``: whether its executions take one of the device's slots."""
         if name in self._models:
             raise ConfigError(f"model {name!r} is already on this host")
         if not instances:
@@ -159,7 +171,7 @@ class DeviceScheduler:
                         field="host.resources",
                     )
         cap = min(len(instances), max_concurrency) if max_concurrency > 0 else len(instances)
-        self._models[name] = _Model(name, list(instances), cap)
+        self._models[name] = _Model(name, list(instances), cap, device_slot=device_slot)
 
     def remove_model(self, name: str) -> None:
         """Stop serving ``name`` (its waiting tickets are dropped, unanswered)."""
@@ -167,10 +179,11 @@ class DeviceScheduler:
 
     @property
     def slots(self) -> int:
-        """Executions the device runs at once."""
+        """Executions the device runs at once (of the models that take a slot)."""
         if self._slots > 0:
             return self._slots
-        return max((len(m.instances) for m in self._models.values()), default=1)
+        counts = [len(m.instances) for m in self._models.values() if m.device_slot]
+        return max(counts, default=1)
 
     def budget(self) -> dict[str, int]:
         """Each resource's budget: the setting, else the largest count any instance asks."""
@@ -184,7 +197,7 @@ class DeviceScheduler:
     def running(self, model: str | None = None) -> int:
         """Executions granted and not yet released (of ``model``, or of all)."""
         if model is None:
-            return self._running
+            return sum(len(m.busy) for m in self._models.values())
         return len(self._models[model].busy)
 
     def waiting(self, model: str) -> int:
@@ -214,8 +227,8 @@ class DeviceScheduler:
         """Grant what can start now, fairest first; each granted ticket gets its grant."""
         granted: list[Grant] = []
         budget = self.budget()
-        while self._running < self.slots:
-            pick = self._next(budget)
+        while True:
+            pick = self._next(budget, slot_free=self._running < self.slots)
             if pick is None:
                 break
             m, instance = pick
@@ -233,7 +246,8 @@ class DeviceScheduler:
         m.mean_cost = cost if m.mean_cost is None else m.mean_cost + (cost - m.mean_cost) * _EWMA
         for res, count in spec.resources.items():
             self._in_use[res] -= count
-        self._running -= 1
+        if m.device_slot:
+            self._running -= 1
 
     def _model(self, name: str) -> _Model:
         try:
@@ -241,10 +255,10 @@ class DeviceScheduler:
         except KeyError:
             raise ConfigError(f"model {name!r} is not on this host") from None
 
-    def _next(self, budget: Mapping[str, int]) -> tuple[_Model, int] | None:
+    def _next(self, budget: Mapping[str, int], *, slot_free: bool) -> tuple[_Model, int] | None:
         best: tuple[float, int, _Model, int] | None = None
         for m in self._models.values():
-            if not m.waiting or len(m.busy) >= m.cap:
+            if not m.waiting or len(m.busy) >= m.cap or (m.device_slot and not slot_free):
                 continue
             instance = self._free_instance(m, budget)
             if instance is None:
@@ -272,7 +286,8 @@ class DeviceScheduler:
         m.busy[instance] = charge
         for res, count in spec.resources.items():
             self._in_use[res] = self._in_use.get(res, 0) + count
-        self._running += 1
+        if m.device_slot:
+            self._running += 1
         grant = Grant(m.name, instance, next(self._seq))
         m.last_grant = grant.seq
         self.history.append(grant)

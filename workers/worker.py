@@ -56,7 +56,7 @@ from plaza.errors import (
 from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import model_spec
 from plaza.model_metrics import warn_unknown_families
-from plaza.modelconfig import ModelSpec
+from plaza.modelconfig import BACKEND_PYTHON, ModelSpec
 from plaza.repository import ModelRepository
 from plaza.retry import until_done
 from plaza.sequence_batching import SequenceKey
@@ -255,7 +255,12 @@ class Worker:
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
         self.device = self.services.scheduler
         self.device.add_model(
-            self.model, instance_specs(self.spec.instance_groups), self.spec.max_concurrency
+            self.model,
+            instance_specs(self.spec.instance_groups),
+            self.spec.max_concurrency,
+            # a Python model's own processes, which may wait on BLS calls to the host's
+            # other models: no device slot (workers/device_scheduler.py)
+            device_slot=self.spec.platform != BACKEND_PYTHON,
         )
         # Redis clients connect on first use; Kafka's need the running loop (``start``).
         self.redis = self.services.redis

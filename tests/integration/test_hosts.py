@@ -24,6 +24,7 @@ from plaza.settings import PlazaSettings
 from plaza.stack import Deployment, HostProcess, ProcessGroup
 from plaza.workers.host import Host, host_models
 from tests.metrics_support import samples, value
+from tests.python_models import write_repository
 from tests.support import REPOSITORY, make_settings, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -198,3 +199,52 @@ async def test_a_host_process_serves_its_models_from_the_command_line(
         assert len({host.pid}) == 1 and host.pid is not None  # one process for both
     finally:
         group.stop_all()
+
+
+TWIN = """
+name: "twin"
+backend: "plaza_simulated"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+"""
+
+
+async def test_a_python_models_bls_call_to_a_model_of_its_own_host_is_answered(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> None:
+    """One host, its execution slots the default (1: the largest instance count): ``bls``
+    (Python) calls ``twin`` (simulated) through BLS while its own batch runs. A Python
+    model's execution takes no device slot, so twin's batch gets the slot at once; before,
+    bls's batch held it and the call waited out its 30 s timeout."""
+    root = write_repository(tmp_path / "repo", "bls")
+    (root / "twin" / "1").mkdir(parents=True)
+    (root / "twin" / "config.pbtxt").write_text(TWIN)
+    settings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
+    settings = settings.model_copy(
+        update={"host": settings.host.model_copy(update={"models": "*"})}
+    )
+    host = Host(settings)
+    await host.start()
+    try:
+        assert host.services.scheduler.slots == 1
+        async with PlazaClient(settings) as client:
+            x = np.arange(8, dtype=np.float32).reshape(2, 4)
+            inputs = {
+                "INPUT0": x,
+                "INPUT1": x + 100,
+                "MODEL_NAME": np.array([[b"twin"], [b"twin"]], dtype=np.object_),
+            }
+            result = await client.infer("bls", inputs, timeout_s=20)
+        # twin copies its first input to every output; bls hands twin's outputs back
+        np.testing.assert_array_equal(result.output("OUTPUT0").to_numpy(), x)
+        np.testing.assert_array_equal(result.output("OUTPUT1").to_numpy(), x)
+        assert host.services.scheduler.peak == {"bls": 1, "twin": 1}
+    finally:
+        await host.stop()

@@ -35,14 +35,13 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def settings(kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path) -> PlazaSettings:
-    """Mode explicit, a host following the table, the Python test models in tmp_path. The
-    host has two execution slots: loader's batch holds one while add_sub answers its BLS
-    call in the other (with one, the call would wait for the slot loader holds)."""
+    """Mode explicit, a host following the table, the Python test models in tmp_path, the
+    host's execution slots the default: loader's batch, waiting on its BLS call to add_sub,
+    holds no slot (a Python model takes none), so add_sub runs meanwhile."""
     repo = write_repository(tmp_path / "repository", "add_sub", "loader")
     gateway = {"model_control_mode": "explicit", "load_timeout_s": 120}
     return following_table(
         make_settings(kafka_bootstrap, redis_url, unique_id, repository=repo, gateway=gateway),
-        execution_slots=2,
     )
 
 

@@ -144,6 +144,29 @@ def test_slots_bound_the_device() -> None:
     assert {g.model for g in granted} == {"a", "b"}  # the second slot goes to the other model
 
 
+def test_a_model_without_a_device_slot_runs_beside_a_full_device() -> None:
+    """A Python model (``device_slot=False``) whose batch waits on a BLS call to another
+    model of the host must not hold the slot that model needs: its executions take none,
+    bounded by their instances alone, and the default slot count ignores them."""
+    s = DeviceScheduler()
+    s.add_model("bls", instance_specs([InstanceGroup(count=3)]), device_slot=False)
+    s.add_model("onnx", ONE)
+    assert s.slots == 1  # the largest instance count of the models that take a slot
+    s.submit("bls")
+    (caller,) = s.dispatch()
+    s.submit("onnx")  # the call the caller's batch waits on
+    (callee,) = s.dispatch()
+    assert (caller.model, callee.model) == ("bls", "onnx")
+    s.submit("onnx")
+    for _ in range(3):
+        s.submit("bls")
+    granted = s.dispatch()
+    assert [g.model for g in granted] == ["bls", "bls"]  # its 3 instances; onnx's slot is full
+    assert s.running() == 4 and s.running("bls") == 3 and s.waiting("onnx") == 1
+    s.release(callee, 1.0)
+    assert [g.model for g in s.dispatch()] == ["onnx"]
+
+
 def test_an_execution_starts_only_when_its_resources_are_free() -> None:
     r2 = (RateLimitResource("R", 2),)
     r1 = (RateLimitResource("R", 1),)
