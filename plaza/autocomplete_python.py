@@ -9,8 +9,10 @@ The processes that read the repository (gateway, workers, hosts) never import mo
 hook runs in a short-lived child, ``python -m plaza.workers.backends.python_autocomplete``,
 which gets the model file and the written config as JSON on stdin and answers the completed
 config, or the error, as JSON on stdout; it is killed past ``TIMEOUT_S``. The answer is
-remembered per model file (path, size, modification time) and written config, failures
-included, so a repository poll starts no process; a model.py that does not contain the
+remembered per model file (path, size, modification time) and written config, the hook's
+own failures included, so a repository poll starts no process (a child that did not start,
+died or overran is not remembered: the next read tries again); a model.py that does not
+contain the
 text ``auto_complete_config`` starts none at all. Whatever fails (the hook raises, refuses a
 tensor, returns something else than the ModelConfig, the process dies or overruns) is a
 ``bad_config`` naming the model and the cause.
@@ -18,13 +20,14 @@ tensor, returns something else than the ModelConfig, the process dies or overrun
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +55,9 @@ class Outcome:
     """The completed config (Triton's JSON form); "": the hook left it as written."""
     error: str = ""
     """Why the hook failed; "" when it did not."""
+    lasting: bool = True
+    """Whether to remember it: not for a child that did not start, died without an answer
+    or ran past the limit (a loaded machine, say), which the next read tries again."""
 
 
 def complete(config: mc.ModelConfig, path: Path, source: str) -> None:
@@ -81,10 +87,32 @@ def complete(config: mc.ModelConfig, path: Path, source: str) -> None:
         config.CopyFrom(completed)
 
 
-@functools.lru_cache(maxsize=256)
+REMEMBERED = 256
+"""Outcomes remembered per process, the least recently read forgotten first."""
+_remembered: OrderedDict[tuple[str, int, int, str], Outcome] = OrderedDict()
+_remembered_lock = threading.Lock()  # reads run on threads (the gateway's, the SDK's)
+
+
 def _outcome(path: str, size: int, mtime_ns: int, written: str) -> Outcome:
     """The hook's answer, once per model file and written config (the key's size and time
-    only tell a changed file apart)."""
+    only tell a changed file apart), unless it did not last (``Outcome.lasting``)."""
+    key = (path, size, mtime_ns, written)
+    with _remembered_lock:
+        known = _remembered.get(key)
+        if known is not None:
+            _remembered.move_to_end(key)
+            return known
+    outcome = _ask(path, written)
+    if outcome.lasting:
+        with _remembered_lock:
+            _remembered[key] = outcome
+            while len(_remembered) > REMEMBERED:
+                _remembered.popitem(last=False)
+    return outcome
+
+
+def _ask(path: str, written: str) -> Outcome:
+    """What model.py at ``path`` makes of the ``written`` config (nothing: no hook)."""
     try:
         source = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -109,13 +137,13 @@ def run_child(path: str, written: str) -> Outcome:
             start_new_session=True,  # a terminal's ^C is for this process; the kill takes all
         )
     except OSError as exc:
-        return Outcome(error=f"its process did not start: {exc}")
+        return Outcome(error=f"its process did not start: {exc}", lasting=False)
     try:
         out, err = child.communicate(request.encode(), timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)  # with whatever model.py started
         child.communicate()
-        return Outcome(error=f"it ran past {TIMEOUT_S:g} s and was killed")
+        return Outcome(error=f"it ran past {TIMEOUT_S:g} s and was killed", lasting=False)
     return _answer(path, child.returncode, out, err.decode(errors="replace"))
 
 
@@ -129,7 +157,8 @@ def _answer(path: str, status: int, out: bytes, err: str) -> Outcome:
     if not isinstance(answer, dict):
         how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
         tail = err[-STDERR_TAIL:].strip()
-        return Outcome(error=f"its process {how} without an answer" + (f": {tail}" if tail else ""))
+        said = f": {tail}" if tail else ""
+        return Outcome(error=f"its process {how} without an answer{said}", lasting=False)
     if answer.get("error"):
         if answer.get("traceback"):
             log.warning("%s: %s failed:\n%s", path, HOOK, answer["traceback"].rstrip())

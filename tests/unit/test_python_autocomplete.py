@@ -325,3 +325,26 @@ async def test_the_gateway_and_the_sdk_read_a_slow_hook_off_their_loop(tmp_path:
     spec, ticks = await _ticks_while(PlazaClient(settings)._spec("slow2"))
     assert isinstance(spec, ModelSpec) and [t.name for t in spec.inputs] == ["X"]
     assert ticks > 10
+
+
+def test_a_child_that_overran_is_not_remembered_and_the_next_read_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A machine busy enough to make the child overrun once must not leave the model
+    unloadable until the process restarts: only the hook's own answers are remembered."""
+    monkeypatch.setattr(autocomplete_python, "TIMEOUT_S", 1.0)
+    marker = tmp_path / "tried"
+    body = f"""
+import os, time
+if not os.path.exists({str(marker)!r}):
+    open({str(marker)!r}, "w").close()
+    time.sleep(30)
+config.add_input({{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}})
+config.add_output({{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}})
+return config
+"""
+    write_python_model(tmp_path, "late", hook(body))
+    with pytest.raises(ConfigError, match=r"ran past 1 s"):
+        ModelRepository(tmp_path).spec("late")
+    spec = ModelRepository(tmp_path).spec("late")  # the same file, tried again
+    assert [t.name for t in spec.inputs] == ["X"]
