@@ -52,7 +52,7 @@ class ModelRegistry:
 
     def __init__(self, settings: PlazaSettings) -> None:
         self.mode = settings.gateway.model_control_mode
-        self.repo = ModelRepository(settings.repository, settings.model_config_name)
+        self.repo = ModelRepository.of(settings)
         self._names = settings.names
         self._kafka = settings.kafka
         self._load_timeout_s = settings.gateway.load_timeout_s

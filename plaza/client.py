@@ -106,9 +106,7 @@ class PlazaClient:
             reply_stream=self.names.reply_stream(self._client_name),
             validate=False,  # the worker validates; its error comes back as the answer
         )
-        self._repository = ModelRepository(
-            self.settings.repository, self.settings.model_config_name
-        )
+        self._repository = ModelRepository.of(self.settings)
         self._specs: dict[str, ModelSpec | None] = {}
 
     async def start(self) -> None:

@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from plaza.autocomplete import complete
 from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
 from plaza.modelconfig import ModelSpec, parse_model_config_json
 from plaza.naming import Names
@@ -83,7 +82,7 @@ class DesiredModel:
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
     """The model's spec: the override ``config`` (Triton JSON) when given, else its
-    config.pbtxt; an ONNX model's completed from its file either way (``plaza.autocomplete``).
+    config.pbtxt; completed either way as the repository completes (``plaza.autocomplete``).
     ConfigError or ModelNotFound."""
     if not config:
         return repo.spec(name)
@@ -91,7 +90,10 @@ def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
     source = f"{repo.root / name / CONFIG_FILENAME} (overridden by the load request)"
     folder = repo.root / name
     return parse_model_config_json(
-        config, source=source, default_name=name, complete=lambda c: complete(c, folder, source)
+        config,
+        source=source,
+        default_name=name,
+        complete=lambda c: repo.complete(c, folder, source),
     )
 
 

@@ -15,10 +15,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from plaza.autocomplete import MODEL_FILENAME, PYTHON_FILENAME, complete, model_file
 from plaza.errors import ConfigError, InvalidInput, ModelNotFound
 from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, parse_model_config
 from plaza.naming import CONFIG_NAME_PATTERN, check_model_name
+from plaza.settings import PlazaSettings
 
 CONFIG_FILENAME = "config.pbtxt"
 CONFIGS_DIR = "configs"
@@ -37,13 +40,33 @@ class ModelVersion:
 class ModelRepository:
     """Reads models, versions and model files from one folder."""
 
-    def __init__(self, root: Path | str, config_name: str = "") -> None:
+    def __init__(
+        self, root: Path | str, config_name: str = "", *, auto_complete: bool = True
+    ) -> None:
         """``config_name``: the ``configs/<name>.pbtxt`` to prefer (settings'
-        ``model_config_name``); empty: config.pbtxt only."""
+        ``model_config_name``); empty: config.pbtxt only. ``auto_complete``: complete the
+        configs that leave things out (``plaza.autocomplete``); off (Triton's
+        ``--disable-auto-complete-config``), a config is used as written."""
         if not re.fullmatch(CONFIG_NAME_PATTERN, config_name):
             raise ConfigError(f"model config name {config_name!r} is not a file name's stem")
         self.root = Path(root)
         self.config_name = config_name
+        self.auto_complete = auto_complete
+
+    @classmethod
+    def of(cls, settings: PlazaSettings) -> ModelRepository:
+        """The repository ``settings`` name, read as they say."""
+        return cls(
+            settings.repository,
+            settings.model_config_name,
+            auto_complete=not settings.disable_auto_complete_config,
+        )
+
+    def complete(self, config: mc.ModelConfig, folder: Path, source: str) -> None:
+        """Complete ``config``, read from ``source``, from the model in ``folder``
+        (``plaza.autocomplete``), unless completion is off."""
+        if self.auto_complete:
+            complete(config, folder, source)
 
     def model_names(self) -> list[str]:
         """Every folder that holds a config.pbtxt, or a version folder with a model.onnx or
@@ -87,10 +110,15 @@ class ModelRepository:
         folder = self._model_dir(name)
         path = self.config_path(folder)
         if path.is_file():
-            return load_model_config(path, lambda c: complete(c, folder, str(path)), name)
+            return load_model_config(path, lambda c: self.complete(c, folder, str(path)), name)
         source = f"{folder} (no config.pbtxt: made from its model file)"
+        if not self.auto_complete:
+            source = f"{folder} (no config.pbtxt, and completion is off)"
         return parse_model_config(
-            "", source=source, default_name=name, complete=lambda c: complete(c, folder, source)
+            "",
+            source=source,
+            default_name=name,
+            complete=lambda c: self.complete(c, folder, source),
         )
 
     def available_versions(self, name: str) -> list[int]:

@@ -371,6 +371,11 @@ class PlazaSettings(BaseSettings):
         description="Triton's --model-config-name: a model's configs/<name>.pbtxt, where it has "
         "one, is its config in place of config.pbtxt; empty: config.pbtxt",
     )
+    disable_auto_complete_config: bool = Field(
+        False,
+        description="Triton's --disable-auto-complete-config: configs are used as written (no "
+        "ONNX model's completed from its file, no Python model's auto_complete_config run)",
+    )
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     producer: ProducerSettings = ProducerSettings()

@@ -177,7 +177,7 @@ class EnsembleRunner:
         self.id = settings.worker.worker_id or (
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
-        repo = ModelRepository(settings.repository, settings.model_config_name)
+        repo = ModelRepository.of(settings)
         self.spec: ModelSpec = model_spec(repo, self.model, settings.worker.model_config_json)
         if not self.spec.is_ensemble:
             raise ConfigError(

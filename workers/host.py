@@ -57,7 +57,7 @@ def host_models(settings: PlazaSettings) -> list[str]:
     ones when torch is missing), else ``worker.model``; ConfigError when neither is set."""
     names = settings.host.model_names()
     if names == [ALL_MODELS]:
-        repo = ModelRepository(settings.repository, settings.model_config_name)
+        repo = ModelRepository.of(settings)
         torch_ok = importlib.util.find_spec("torch") is not None
         names = []
         for name in repo.model_names():
@@ -103,7 +103,7 @@ class Host:
             f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.services = HostServices.create(settings)
-        self._repo = ModelRepository(settings.repository, settings.model_config_name)
+        self._repo = ModelRepository.of(settings)
         self.workers = [self._unit(self._repo, settings, model) for model in self.models]
         self._started: list[Unit] = []
         self.follower: ModelFollower | None = None

@@ -105,7 +105,7 @@ class ModelFollower:
         self.budget = budget
         self._meter = meter
         self.metrics = metrics
-        self._repo = ModelRepository(host.settings.repository, host.settings.model_config_name)
+        self._repo = ModelRepository.of(host.settings)
         scope = host.settings.host.model_names()
         self._scope = None if scope in ([], ["*"]) else set(scope)
         self.state = FollowerState()

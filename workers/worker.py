@@ -206,7 +206,7 @@ class Worker:
         self._commit_lock = asyncio.Lock()
         """One offset commit at a time (the committer's, a revocation's, the stop's)."""
         # The model (its backends load in ``start``) and how its requests are batched.
-        self._repo = ModelRepository(settings.repository, settings.model_config_name)
+        self._repo = ModelRepository.of(settings)
         config = settings.worker.model_config_json  # a load request's override, if any
         self.spec: ModelSpec = model_spec(self._repo, self.model, config)
         self.versions = [mv.version for mv in self._repo.served_versions(self.model, self.spec)]

@@ -53,6 +53,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default="",
         help="Triton's: a model's configs/<name>.pbtxt, where it has one, in place of config.pbtxt",
     )
+    p.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="Triton's: use configs as written (no ONNX or Python model's config completed)",
+    )
     p.add_argument("--data-dir", default="var/up", type=Path)
     p.add_argument("--kafka-port", type=int, default=9092)
     p.add_argument("--redis-port", type=int, default=6379)
@@ -259,7 +264,11 @@ def run_up(argv: list[str]) -> int:
     """
     args = _parse(argv)
     try:
-        repository = ModelRepository(args.repository, args.model_config_name)
+        repository = ModelRepository(
+            args.repository,
+            args.model_config_name,
+            auto_complete=not args.disable_auto_complete_config,
+        )
         plan = _worker_plan(repository, _start_models(args))
         if not plan and args.model_control_mode == "none":
             raise ConfigError(f"no model to serve in {args.repository}")
@@ -280,6 +289,7 @@ def run_up(argv: list[str]) -> int:
                 args.repository,
                 heartbeat_interval_s=None,
                 model_config_name=args.model_config_name,
+                disable_auto_complete_config=args.disable_auto_complete_config,
             )
             gateway = _start_parts(dep, plan, group, args)
             supervisor = None

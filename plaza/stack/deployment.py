@@ -54,6 +54,8 @@ class Deployment:
     """Log level of its processes (None: Plaza's default, INFO)."""
     model_config_name: str = ""
     """Triton's ``--model-config-name`` for its processes (empty: config.pbtxt)."""
+    disable_auto_complete_config: bool = False
+    """Triton's ``--disable-auto-complete-config`` for its processes."""
 
     @property
     def names(self) -> Names:
@@ -84,6 +86,7 @@ class Deployment:
             kafka=kafka,
             redis=redis,
             model_config_name=self.model_config_name,
+            disable_auto_complete_config=self.disable_auto_complete_config,
         )
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -110,6 +113,7 @@ class Deployment:
             "PLAZA_REDIS__KEY_PREFIX": self.key_prefix,
             "PLAZA_REPOSITORY": str(self.repository),
             "PLAZA_MODEL_CONFIG_NAME": self.model_config_name,
+            "PLAZA_DISABLE_AUTO_COMPLETE_CONFIG": str(self.disable_auto_complete_config),
         }
         optional = {
             "PLAZA_KAFKA__MIN_INSYNC_REPLICAS": self.min_insync_replicas,

@@ -58,7 +58,11 @@ class ModelSupervisor:
         drain_limit_s: float = DRAIN_LIMIT_S,
     ) -> None:
         self._deployment = deployment
-        self._repo = ModelRepository(repository, deployment.model_config_name)
+        self._repo = ModelRepository(
+            repository,
+            deployment.model_config_name,
+            auto_complete=not deployment.disable_auto_complete_config,
+        )
         self._group = group
         self._env = dict(env or {})
         self._drain_limit_s = drain_limit_s

@@ -209,3 +209,46 @@ def test_a_load_requests_override_is_completed_too(tmp_path: Path) -> None:
     )
     spec = model_spec(ModelRepository(tmp_path), "m", '{"max_batch_size": 2}')
     assert spec.max_batch_size == 2 and [(t.name, t.dims) for t in spec.inputs] == [("x", (3,))]
+
+
+def test_with_auto_complete_off_a_config_is_used_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton's --disable-auto-complete-config (``disable_auto_complete_config``): an ONNX
+    model without a config is a bad_config, not completed from its file, and a Python
+    model's auto_complete_config never runs (no child process is even started)."""
+    from plaza import autocomplete_python
+    from plaza.settings import PlazaSettings
+    from plaza.stack import Deployment
+
+    write_model(
+        tmp_path / "bare",
+        [tensor("x", TensorProto.FLOAT, ["b", 4])],
+        [tensor("y", TensorProto.FLOAT, ["b", 4])],
+    )
+    (tmp_path / "py" / "1").mkdir(parents=True)
+    (tmp_path / "py" / "config.pbtxt").write_text('backend: "python"')
+    (tmp_path / "py" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    @staticmethod\n"
+        "    def auto_complete_config(config):\n"
+        "        return config\n"
+    )
+
+    def no_child(path: str, written: str) -> object:
+        raise AssertionError("auto_complete_config ran with completion off")
+
+    monkeypatch.setattr(autocomplete_python, "run_child", no_child)
+    settings = PlazaSettings(repository=tmp_path, disable_auto_complete_config=True)
+    repo = ModelRepository.of(settings)
+    assert not repo.auto_complete and repo.model_names() == ["bare", "py"]
+    with pytest.raises(ConfigError, match=r"no config.pbtxt, and completion is off.*platform"):
+        repo.spec("bare")
+    with pytest.raises(ConfigError, match="field 'input'"):
+        repo.spec("py")
+    with pytest.raises(ConfigError, match="field 'input'"):
+        model_spec(repo, "py", '{"backend": "python"}')
+    assert ModelRepository(tmp_path).spec("bare").inputs[0].name == "x"  # on by default
+    deployment = Deployment("k:9092", "redis://r", tmp_path, disable_auto_complete_config=True)
+    assert deployment.env()["PLAZA_DISABLE_AUTO_COMPLETE_CONFIG"] == "True"
+    assert deployment.settings().disable_auto_complete_config

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from plaza.errors import PlazaError
@@ -163,7 +162,7 @@ class ModelLoader:
                     target=self._loop.run_forever, daemon=True, name="plaza-model-loader"
                 )
                 self._thread.start()
-                repo = ModelRepository(Path(settings.repository), settings.model_config_name)
+                repo = ModelRepository.of(settings)
                 self._redis = redis_client(settings.redis)
                 self._control = ModelControl(
                     self._redis,
