@@ -673,20 +673,12 @@ class TritonPythonModel:
 '''
 
 
-LOADER_CONFIG = """
-name: "loader"
-backend: "python"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "READY" data_type: TYPE_BOOL dims: [ 3 ] }
-]
-"""
+LOADER_CONFIG = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "loader"').replace(
+    '{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }\n]',
+    '{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] },\n'
+    '  { name: "READY" data_type: TYPE_BOOL dims: [ 3 ] }\n]',
+)
+"""add_sub's tensors, and READY: the three readiness checks of the model loader's call."""
 
 LOADER_MODEL = '''
 import json

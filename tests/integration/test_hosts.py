@@ -24,7 +24,7 @@ from plaza.settings import PlazaSettings
 from plaza.stack import Deployment, HostProcess, ProcessGroup
 from plaza.workers.host import Host, host_models
 from tests.metrics_support import samples, value
-from tests.python_models import write_repository
+from tests.python_models import ADD_SUB_CONFIG, write_repository
 from tests.support import REPOSITORY, make_settings, wait_for
 
 pytestmark = pytest.mark.timeout(180)
@@ -201,19 +201,10 @@ async def test_a_host_process_serves_its_models_from_the_command_line(
         group.stop_all()
 
 
-TWIN = """
-name: "twin"
-backend: "plaza_simulated"
-max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 4 ] }
-]
-"""
+TWIN = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "twin"').replace(
+    'backend: "python"', 'backend: "plaza_simulated"'
+)
+"""add_sub's tensors on the simulated device: each output a copy of INPUT0."""
 
 
 async def test_a_python_models_bls_call_to_a_model_of_its_own_host_is_answered(
