@@ -27,6 +27,7 @@ from plaza.model_control import (
     read_load,
     read_model,
 )
+from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 
@@ -142,14 +143,18 @@ class ModelRegistry:
         ``dependents`` (Triton's ``unload_dependents``), the served ensembles that call it,
         directly or through other ensembles, too."""
         control = self._changes_allowed()
-        specs = {m: loaded.spec for m, loaded in self.models.items()}
+        specs = self._specs()
         for model in await control.unload(name, with_dependents=dependents, specs=specs):
             self._drop(model)
             log.info("model %s unloaded", model)
 
     def dependents(self, name: str) -> list[str]:
         """The served ensembles that run ``name`` in a step, or run one that does."""
-        return dependents(name, {m: loaded.spec for m, loaded in self.models.items()})
+        return dependents(name, self._specs())
+
+    def _specs(self) -> dict[str, ModelSpec]:
+        """The config of each model served."""
+        return {m: loaded.spec for m, loaded in self.models.items()}
 
     async def poll(self) -> None:
         """Poll mode: load what appeared or changed in the repository, unload what left."""

@@ -22,6 +22,8 @@ import msgspec
 
 from plaza.contract import (
     ENVELOPE_VERSION,
+    INT64_MAX,
+    INT64_MIN,
     NO_PARAMETERS,
     ErrorInfo,
     InferRequest,
@@ -358,9 +360,6 @@ def _result_from_map(body: Any) -> InferResult:
     )
 
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
 def _result_parameters(value: Any) -> dict[str, Scalar]:
     """A result's ``parameters``: names to bool, str, float or 64-bit signed int values
     (what both fronts can send back: gRPC's ``InferParameter`` has no other kinds)."""
@@ -369,7 +368,7 @@ def _result_parameters(value: Any) -> dict[str, Scalar]:
     for key, v in value.items():
         if not isinstance(key, str) or not (
             isinstance(v, bool | str | float)
-            or (isinstance(v, int) and _INT64_MIN <= v <= _INT64_MAX)
+            or (isinstance(v, int) and INT64_MIN <= v <= INT64_MAX)
         ):
             raise CodecError(
                 f"result parameter {key!r}: a value must be a bool, a 64-bit int, a float or "

@@ -23,6 +23,10 @@ ENVELOPE_VERSION = 1
 
 Scalar = str | int | float | bool
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of a 64-bit signed integer: what a response parameter's int may hold (gRPC's
+``int64_param``)."""
+
 NO_PARAMETERS: Mapping[str, Scalar] = MappingProxyType({})
 """The parameters of a result that has none: one shared, read-only empty mapping, so a
 result costs no dict of its own for them."""

@@ -9,8 +9,8 @@ Kafka topic, and ``async_exec()``, its awaitable form), Triton's model loading A
 metrics (``MetricFamily``, ``pb_metrics``). What Triton has and Plaza does not build raises
 ``TritonModelException`` whose message says "not supported" (shared memory arguments, for
 one). A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
-each request's ``get_response_sender()``. Only numpy is imported here; torch only for
-DLPack, Kafka and Redis only for BLS and model loading.
+each request's ``get_response_sender()``. Only numpy and Plaza's contract are imported
+here; torch only for DLPack, Kafka and Redis only for BLS and model loading.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, overload
 
 import numpy as np
 
+from plaza.contract import INT64_MAX, INT64_MIN
 from plaza.workers.backends.pb_exception import TritonModelException
 from plaza.workers.backends.pb_metrics import MetricFamily as MetricFamily  # model.py's
 
@@ -142,9 +143,6 @@ def _json_text(parameters: dict[str, Any] | str | None) -> str:
     return parameters if isinstance(parameters, str) else json.dumps(parameters or {})
 
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
 def _response_parameters(parameters: dict[str, Any] | str | None) -> dict[str, bool | int | str]:
     """A response's parameters checked as Triton checks them: str keys, bool, int or str
     values (int within 64 bits: what a response parameter holds); a JSON object's text is
@@ -172,7 +170,7 @@ def _response_parameters(parameters: dict[str, Any] | str | None) -> dict[str, b
             )
         if isinstance(value, bool):
             values[key] = bool(value)
-        elif isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+        elif isinstance(value, int) and INT64_MIN <= value <= INT64_MAX:
             values[key] = int(value)
         elif isinstance(value, str):
             values[key] = str(value)
