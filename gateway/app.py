@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hmac
-import uuid
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -25,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plaza import __version__
-from plaza.contract import InferRequest
+from plaza.contract import InferRequest, new_correlation_id
 from plaza.errors import (
     ConfigError,
     InvalidInput,
@@ -218,7 +217,7 @@ class Endpoints:
             raise Unsupported(DECOUPLED_REFUSED, model=model)
         length = kserve.parse_header_length(header_length)
         body = kserve.decode_infer_request(raw, length, self.service.shm)
-        req = body.to_request(model, version, uuid.uuid4().hex)
+        req = body.to_request(model, version, new_correlation_id())
         result = await self.service.infer(req, self.service.sync_timeout(body.timeout_us))
         return kserve.encode_infer_response(
             result,
@@ -236,7 +235,7 @@ class Endpoints:
                 "an async job cannot write its outputs to shared memory: its answer is "
                 "polled later (GET /v2/jobs/{job_id}); request them in the response"
             )
-        job_id = await self.service.submit(body.to_request(model, version, uuid.uuid4().hex))
+        job_id = await self.service.submit(body.to_request(model, version, new_correlation_id()))
         accepted = {"job_id": job_id, "id": body.client_id or job_id}
         return JSONBody(accepted, 202)
 
@@ -298,7 +297,7 @@ class Endpoints:
         model, version = _model_path(request)
         doc = await self._json_object(request)
         front, client_id = generate.decode_generate_request(doc, spec)
-        req = front.to_request(model, version, uuid.uuid4().hex)
+        req = front.to_request(model, version, new_correlation_id())
         return req, client_id, self.service.sync_timeout(front.timeout_us)
 
     async def _generated(self, request: Request, spec: ModelSpec) -> dict[str, Any]:

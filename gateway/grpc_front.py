@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import hmac
 import logging
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, Protocol, TypeVar
@@ -44,6 +43,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
+from plaza.contract import new_correlation_id
 from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Unsupported
 from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
@@ -287,7 +287,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self.service.model(request.model_name, request.model_version)  # NOT_FOUND first
         shm = self.service.shm
         decoded = grpc_codec.decode_infer_request(request, shm)
-        req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
+        req = decoded.to_request(request.model_name, request.model_version, new_correlation_id())
         wait_s = self.service.sync_timeout(decoded.timeout_us)
         result = await self.service.infer(req, wait_s)
         return grpc_codec.encode_infer_response(result, request.id, decoded.shm_outputs, shm)
@@ -319,7 +319,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 "a decoupled model's outputs cannot go to shared memory: each of its "
                 "responses would overwrite the one before"
             )
-        req = decoded.to_request(request.model_name, request.model_version, uuid.uuid4().hex)
+        req = decoded.to_request(request.model_name, request.model_version, new_correlation_id())
         wait_s = self.service.sync_timeout(decoded.timeout_us)
         async with aclosing(self.service.infer_stream(req, wait_s)) as results:
             async for result in results:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from plaza.connections import redis_client
-from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar
+from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar, new_correlation_id
 from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
@@ -44,10 +44,6 @@ from plaza.tensors import Tensor
 
 T = TypeVar("T")
 Inputs = Mapping[str, np.ndarray[Any, Any]] | Sequence[Tensor]
-
-
-def new_correlation_id() -> str:
-    return uuid.uuid4().hex
 
 
 def make_request(

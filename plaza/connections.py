@@ -6,7 +6,9 @@ every producer, consumer, admin client and Redis client of Plaza honours them.
 
 from __future__ import annotations
 
+import random
 import ssl
+import zlib
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -41,6 +43,20 @@ def kafka_security(k: KafkaSettings) -> dict[str, Any]:
     return opts
 
 
+def key_partition(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+    """The partition of a record Plaza publishes (aiokafka's ``partitioner``): a keyed record
+    (a request, keyed by its correlation id) goes to the partition its key's CRC-32 picks,
+    so a retry under the same id follows the first send; an unkeyed one to any available.
+
+    Kafka's default partitioner hashes keys with murmur2, which aiokafka computes in Python
+    (about 4 µs a record, on every request a gateway or the SDK publishes); CRC-32 is
+    zlib's C (0.1 µs). Nothing in Plaza depends on a request's partition, except a
+    sequence's, which the publisher places by murmur2 itself (``plaza.publisher``)."""
+    if key is None:
+        return random.choice(available or all_partitions)
+    return all_partitions[zlib.crc32(key) % len(all_partitions)]
+
+
 def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
     """An idempotent producer with acks=all: no duplicates or reordering from retries."""
     return AIOKafkaProducer(
@@ -48,6 +64,7 @@ def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
         client_id=k.client_id,
         acks="all",
         enable_idempotence=True,
+        partitioner=key_partition,
         linger_ms=k.linger_ms,
         max_request_size=k.max_request_bytes + 64 * 1024,
         max_batch_size=max(16384, min(k.max_request_bytes, 1024 * 1024)),

@@ -10,6 +10,7 @@ request, and a Struct is built in a fifth of a dataclass's time (docs/benchmarks
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Literal
@@ -26,6 +27,15 @@ Scalar = str | int | float | bool
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of a 64-bit signed integer: what a response parameter's int may hold (gRPC's
 ``int64_param``)."""
+
+
+def new_correlation_id() -> str:
+    """A fresh correlation id: 128 random bits as 32 hex digits (the form of a uuid4's
+    ``hex``). Random, not counted, since an id is what reads a result. ``os.urandom``
+    directly: a fifth of ``uuid.uuid4().hex``'s cost, paid on every request a front or
+    the SDK makes."""
+    return os.urandom(16).hex()
+
 
 NO_PARAMETERS: Mapping[str, Scalar] = MappingProxyType({})
 """The parameters of a result that has none: one shared, read-only empty mapping, so a

@@ -15,15 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.partitioner import DefaultPartitioner
 
+from plaza.connections import key_partition
 from plaza.stack import Deployment, wait_assignment
 from tests.faults.audit import FaultReport
 from tests.faults.processes import FaultProcesses
 from tests.faults.under_load import FaultRun, run_fault_under_load
 
 REQUESTS = 3000
-PARTITIONER = DefaultPartitioner()
 SLOW_IDENTITY = """
 name: "identity"
 backend: "plaza_simulated"
@@ -59,7 +58,7 @@ def taken_over(
     return sum(
         1
         for rid in sent_at
-        if PARTITIONER(rid.encode(), every, every) in victim_partitions
+        if key_partition(rid.encode(), every, every) in victim_partitions
         and first_seen.get(rid, float("inf")) > fault_at
     )
 

@@ -18,8 +18,10 @@ import numpy as np
 import orjson
 import pytest
 import redis.asyncio
+from aiokafka import TopicPartition
 
 from plaza.client import PlazaClient, make_request
+from plaza.connections import kafka_consumer, key_partition
 from plaza.errors import Unavailable
 from plaza.gateway.app import create_app
 from plaza.gateway.service import GatewayService
@@ -192,3 +194,31 @@ async def test_a_pipeline_larger_than_the_byte_budget_waits_for_acks_instead_of_
         assert client.producer.inflight.used == 0
         topic = s.names.request_topic("identity")
         assert await client.producer.backlog.lag("identity", topic) == 8  # all in Kafka
+
+
+async def test_requests_go_to_the_partition_their_correlation_id_picks(
+    settings: PlazaSettings,
+) -> None:
+    """Every published request lands on ``key_partition``'s choice for its id (the fault
+    audit's way of telling whose partition a request was on), and 40 ids spread."""
+    async with PlazaClient(settings) as client:
+        x = {"INPUT0": np.zeros((1, 3), np.float32)}
+        requests = [make_request("identity", x) for _ in range(40)]
+        await client.publish_many(requests)
+    every = list(range(settings.kafka.partitions))
+    topic = settings.names.request_topic("identity")
+    consumer = kafka_consumer(settings.kafka, f"{settings.kafka.topic_prefix}placement")
+    await consumer.start()
+    placed: dict[str, int] = {}
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in every])
+        async with asyncio.timeout(30):
+            while len(placed) < len(requests):
+                got = await consumer.getmany(timeout_ms=500)
+                for records in got.values():
+                    placed.update((r.key.decode(), r.partition) for r in records if r.key)
+    finally:
+        await consumer.stop()
+    assert set(placed) == {r.id for r in requests}
+    assert all(part == key_partition(rid.encode(), every, every) for rid, part in placed.items())
+    assert len(set(placed.values())) > 1

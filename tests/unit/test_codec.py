@@ -25,7 +25,15 @@ from plaza.codec import (
     encode_results,
     join_results,
 )
-from plaza.contract import NO_PARAMETERS, ErrorInfo, InferRequest, InferResult, ReplyTo
+from plaza.connections import key_partition
+from plaza.contract import (
+    NO_PARAMETERS,
+    ErrorInfo,
+    InferRequest,
+    InferResult,
+    ReplyTo,
+    new_correlation_id,
+)
 from plaza.datatypes import DATATYPES
 from plaza.errors import CodecError, InvalidInput, UnsupportedVersion
 from plaza.tensors import Tensor
@@ -366,3 +374,18 @@ def test_an_empty_tensor_travels(dtype: type) -> None:
     )
     out = back.inputs[0].to_numpy()
     assert out.shape == (1, 0) and out.dtype == dtype
+
+
+def test_correlation_ids_are_32_hex_digits_and_do_not_repeat() -> None:
+    ids = [new_correlation_id() for _ in range(1000)]
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert len(set(ids)) == len(ids)
+
+
+def test_key_partition_is_stable_in_range_and_spreads() -> None:
+    every = [0, 1, 2, 3]
+    keys = [f"request-{i}".encode() for i in range(200)]
+    placed = [key_partition(k, every, every) for k in keys]
+    assert placed == [key_partition(k, every, every) for k in keys]  # the same key, the same place
+    assert set(placed) == set(every)
+    assert key_partition(None, every, [2]) == 2  # unkeyed: an available one
