@@ -175,7 +175,7 @@ class GatewayService:
             await self._redis.aclose()
         self._producer = self._admin = self._redis = None
         self.shm.close()
-        self.tracer.flush()
+        await asyncio.to_thread(self.tracer.close)  # the trace writer's last lines
 
     def load_repository(self) -> None:
         """Read the models served from the start (``ModelRegistry.read_start_models``)."""

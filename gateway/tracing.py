@@ -17,13 +17,22 @@ named by its bare name (a client picks no path on the gateway's host). Timestamp
 epoch nanoseconds of each process's clock, so across hosts they are as close as the hosts'
 clocks. Settings and files belong to one gateway process; with ``gateway.workers`` above 1
 changing them is refused, as for shared memory.
+
+The file is written off the event loop: a flush hands the buffered lines to one writer
+thread (so appends keep their order), and ``close`` waits for what it was handed. At most
+``MAX_QUEUED`` lines (by default) wait for a slow disk; past that a flush drops its lines
+with a warning (a trace is a diagnostic, and a gateway must not hold memory without bound
+for it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +41,13 @@ import orjson
 
 from plaza.errors import InvalidInput
 
+log = logging.getLogger(__name__)
+
 LEVELS = ("OFF", "TIMESTAMPS")
 MAX_BUFFERED = 10_000
 """Traces held before a write whatever ``log_frequency`` says."""
+MAX_QUEUED = 100_000
+"""Traces handed to the writer thread and not yet written, at most."""
 _FILE = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _NUMBERS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
 """The settings that are numbers, and the least value each takes."""
@@ -114,9 +127,11 @@ def _number(name: str, value: Any) -> int:
 class Tracer:
     """One gateway process's trace settings, sampling and trace file."""
 
-    def __init__(self, trace_dir: Path, refusal: str = "") -> None:
-        """``refusal``: why settings cannot be changed here (several gateway processes)."""
+    def __init__(self, trace_dir: Path, refusal: str = "", max_queued: int = MAX_QUEUED) -> None:
+        """``refusal``: why settings cannot be changed here (several gateway processes).
+        ``max_queued``: traces the writer thread may be behind by, at most."""
         self.trace_dir = trace_dir
+        self.max_queued = max_queued
         self.refusal = refusal
         self._global = TraceSettings()
         self._models: dict[str, dict[str, Any]] = {}
@@ -124,6 +139,12 @@ class Tracer:
         self._seen: dict[str, int] = {}
         self._buffer: list[tuple[str, bytes]] = []
         self._traces = 0
+        self._writer: ThreadPoolExecutor | None = None
+        self._queued = 0
+        """Lines handed to the writer and not yet written (the writer thread lowers it)."""
+        self._queued_lock = threading.Lock()
+        self.dropped = 0
+        """Traces dropped because the writer was ``MAX_QUEUED`` lines behind."""
 
     def settings(self, model: str = "") -> TraceSettings:
         own = self._models.get(model) if model else None
@@ -201,14 +222,43 @@ class Tracer:
             self.flush()
 
     def flush(self) -> None:
-        """Append the buffered traces to their files."""
+        """Hand the buffered traces to the writer thread, to be appended to their files."""
         if not self._buffer:
             return
-        self.trace_dir.mkdir(parents=True, exist_ok=True)
-        by_file: dict[str, list[bytes]] = {}
-        for name, line in self._buffer:
-            by_file.setdefault(name, []).append(line)
-        self._buffer.clear()
-        for name, lines in by_file.items():
-            with (self.trace_dir / name).open("ab") as f:
-                f.write(b"\n".join(lines) + b"\n")
+        lines, self._buffer = self._buffer, []
+        with self._queued_lock:
+            if self._queued + len(lines) > self.max_queued:
+                self.dropped += len(lines)
+                log.warning(
+                    "dropped %d traces: %d wait for the disk already (%d dropped in all)",
+                    len(lines),
+                    self._queued,
+                    self.dropped,
+                )
+                return
+            self._queued += len(lines)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
+        self._writer.submit(self._write, lines)
+
+    def close(self) -> None:
+        """Flush, and wait until every trace handed to the writer is in its file."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+
+    def _write(self, lines: list[tuple[str, bytes]]) -> None:
+        try:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            by_file: dict[str, list[bytes]] = {}
+            for name, line in lines:
+                by_file.setdefault(name, []).append(line)
+            for name, chunk in by_file.items():
+                with (self.trace_dir / name).open("ab") as f:
+                    f.write(b"\n".join(chunk) + b"\n")
+        except OSError as exc:
+            log.warning("could not write %d traces to %s: %s", len(lines), self.trace_dir, exc)
+        finally:
+            with self._queued_lock:
+                self._queued -= len(lines)

@@ -68,6 +68,7 @@ def test_traces_are_written_as_json_lines_in_time_order(tmp_path: Path) -> None:
     tracer.record("m", "1", "r1", 10, 50, worker)
     assert not (tmp_path / "traces" / "t.jsonl").exists()  # held until 2 are taken
     tracer.record("m", "1", "r2", 11, 51, {})
+    tracer.close()  # the writer thread has appended what it was handed
     lines = (tmp_path / "traces" / "t.jsonl").read_bytes().splitlines()
     first = orjson.loads(lines[0])
     assert (first["model_name"], first["model_version"], first["request_id"]) == ("m", "1", "r1")
@@ -94,3 +95,16 @@ def test_the_envelope_carries_the_trace_flag_and_the_stamps() -> None:
     ).trace
     res = InferResult(id="a", model="m", version="1", trace_ns={"COMPUTE_START": 5})
     assert decode_result(encode_result(res)).trace_ns == {"COMPUTE_START": 5}
+
+
+def test_traces_past_the_writers_bound_are_dropped_and_counted(tmp_path: Path) -> None:
+    tracer = Tracer(tmp_path / "traces", max_queued=1)
+    tracer.update("", ON)  # log_frequency 0: held until a flush
+    tracer.record("m", "1", "r1", 10, 50, {})
+    tracer.record("m", "1", "r2", 11, 51, {})
+    tracer.close()  # two lines for a writer that may be one behind: dropped
+    assert tracer.dropped == 2
+    assert not (tmp_path / "traces" / "t.jsonl").exists()
+    tracer.record("m", "1", "r3", 12, 52, {})
+    tracer.close()  # one fits
+    assert len((tmp_path / "traces" / "t.jsonl").read_bytes().splitlines()) == 1
