@@ -246,7 +246,7 @@ class Endpoints:
             return JSONBody({"status": "pending", "job_id": job_id})
         result = status.result
         binary = request.query_params.get("binary_data_output", "").lower() == "true"
-        if self.service.decoupled(result):
+        if self.service.decoupled(result, status.decoupled):
             if binary:
                 raise InvalidInput(
                     "binary_data_output is not served for a decoupled model's job (its "

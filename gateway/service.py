@@ -325,10 +325,13 @@ class GatewayService:
                         )
                 yield result
 
-    def decoupled(self, result: InferResult) -> bool:
-        """Whether ``result`` is a decoupled model's answer: the model's config says so
-        while it is loaded; past that, a result that is not a request's first, or an empty
-        one, tells."""
+    def decoupled(self, result: InferResult, marked: bool | None = None) -> bool:
+        """Whether ``result`` is a decoupled model's answer: as its job's marker says
+        (``marked``, ``JobStatus.decoupled``) where it says; else as the model's config
+        says while it is loaded; past that, a result that is not a request's first, or an
+        empty one, tells."""
+        if marked is not None:
+            return marked
         model = self.models.get(result.model)
         if model is not None:
             return model.spec.decoupled

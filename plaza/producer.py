@@ -388,7 +388,12 @@ class Producer:
     async def _mark(self, ready: _Prepared, spec: ModelSpec | None) -> None:
         ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
         try:
-            await self._store.mark_submitted(ready.req.id, ready.req.model, ttl_s=ttl_s)
+            await self._store.mark_submitted(
+                ready.req.id,
+                ready.req.model,
+                ttl_s=ttl_s,
+                decoupled=None if spec is None else spec.decoupled,
+            )
         except Exception as exc:
             raise Unavailable(f"Redis did not answer: {exc}") from exc
 

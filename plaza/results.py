@@ -47,6 +47,10 @@ class JobStatus:
     """Responses before the final one that were not read: past ``MAX_JOB_RESPONSES``, or
     expired (each lives ``redis.result_ttl_s`` from its own write, so the first ones of a
     long stream go first)."""
+    decoupled: bool | None = None
+    """Whether the job's model was decoupled when the job was submitted, as its marker
+    says; None where the marker does not say (the submitter knew no config for it, or the
+    marker is gone or older than this field)."""
 
 
 class ResultStore:
@@ -57,10 +61,16 @@ class ResultStore:
         self._settings = settings
         self._names = names
 
-    async def mark_submitted(self, correlation_id: str, model: str, *, ttl_s: int) -> None:
+    async def mark_submitted(
+        self, correlation_id: str, model: str, *, ttl_s: int, decoupled: bool | None = None
+    ) -> None:
         """Remember that a job exists, so polling can tell pending from unknown; ``ttl_s``
-        must outlive the job's time in the queue plus the result TTL (``plaza.producer``)."""
-        await self._redis.set(self._names.job_key(correlation_id), model.encode(), ex=ttl_s)
+        must outlive the job's time in the queue plus the result TTL (``plaza.producer``).
+        The marker holds the model's name, and whether it is decoupled where that is known
+        (``decoupled``), so that a poll reads a decoupled job's single response as one of
+        many even where the model is no longer loaded."""
+        value = model if decoupled is None else f"{model} {int(decoupled)}"
+        await self._redis.set(self._names.job_key(correlation_id), value.encode(), ex=ttl_s)
 
     async def cancel(self, req: InferRequest) -> bool:
         """Store a ``cancelled`` answer for ``req`` unless it has an answer already (first
@@ -80,23 +90,34 @@ class ResultStore:
         """done (with the result), pending (submitted, no result yet) or unknown."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.get(self._names.result_key(correlation_id))
-        pipe.exists(self._names.job_key(correlation_id))
-        raw, known = await pipe.execute()
+        pipe.get(self._names.job_key(correlation_id))
+        raw, marker = await pipe.execute()
         if raw is None:
-            return JobStatus("pending" if known else "unknown")
+            return JobStatus("pending" if marker is not None else "unknown")
+        decoupled = marked_decoupled(marker)
         final = decode_result(raw)
         if final.index == 0:
-            return JobStatus("done", final, () if final.empty else (final,))
-        return await self._with_responses(final)
+            return JobStatus("done", final, () if final.empty else (final,), decoupled=decoupled)
+        return await self._with_responses(final, decoupled)
 
-    async def _with_responses(self, final: InferResult) -> JobStatus:
+    async def _with_responses(self, final: InferResult, decoupled: bool | None) -> JobStatus:
         """A decoupled job's status: its responses before ``final`` read in one MGET."""
         count = min(final.index, MAX_JOB_RESPONSES)
         keys = [self._names.response_key(final.id, i) for i in range(count)]
         stored: list[Any] = await self._redis.mget(keys)
         found = [decode_result(raw) for raw in stored if raw is not None]
         responses = (*found, final) if not final.empty else tuple(found)
-        return JobStatus("done", final, responses, missing=final.index - len(found))
+        missing = final.index - len(found)
+        return JobStatus("done", final, responses, missing=missing, decoupled=decoupled)
+
+
+def marked_decoupled(marker: bytes | None) -> bool | None:
+    """What a job marker (``ResultStore.mark_submitted``) says of its model's being
+    decoupled: None where it says nothing (a name alone, or no marker)."""
+    if marker is None:
+        return None
+    _, sep, flag = marker.partition(b" ")
+    return flag == b"1" if sep else None
 
 
 def raise_for_error(result: InferResult) -> InferResult:

@@ -291,6 +291,43 @@ async def test_a_decoupled_job_polls_as_all_its_responses(
     assert binary.status_code == 400 and "binary_data_output" in binary.json()["error"]
 
 
+async def test_a_decoupled_job_of_one_response_polls_as_decoupled_where_its_model_is_not_loaded(
+    decoupled_settings: PlazaSettings, redis_client: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    """A decoupled job whose only response is its final one (index 0, with data) looks
+    like an ordinary job's answer: the job's marker says what the model was, so a gateway
+    that does not serve the model (unloaded, or never loaded there) still polls it as a
+    list of responses."""
+    blind_root = tmp_path / "blind"
+    blind_root.mkdir()
+    blind = decoupled_settings.model_copy(update={"repository": blind_root})
+    body = {"inputs": [{"name": "IN", "datatype": "INT32", "shape": [2], "data": [0, DATA]}]}
+    async with (
+        served(decoupled_settings, redis_client) as (gw, _),
+        httpx.AsyncClient(base_url=gw.http_url, trust_env=False, timeout=60) as http,
+    ):
+        submitted = await http.post(f"/v2/models/{MODEL}/jobs", json=body)
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+
+        async def done() -> bool:
+            polled = (await http.get(f"/v2/jobs/{job_id}")).json()
+            return bool(polled["status"] != "pending")
+
+        await wait_for(done, 30, "the job to be answered")
+    async with (
+        gateway_fronts(blind) as other,
+        httpx.AsyncClient(base_url=other.http_url, trust_env=False, timeout=60) as http,
+        PlazaClient(blind) as client,
+    ):
+        assert (await http.get(f"/v2/models/{MODEL}")).status_code == 404  # not served here
+        polled = (await http.get(f"/v2/jobs/{job_id}")).json()
+        status = await client.poll(job_id)
+    assert polled["status"] == "done"
+    assert [r["outputs"][0]["data"] for r in polled["responses"]] == [[0]]
+    assert status.decoupled is True and [r.index for r in status.responses] == [0]
+
+
 async def test_the_sdk_streams_a_decoupled_models_responses(
     decoupled_settings: PlazaSettings, redis_client: redis.asyncio.Redis
 ) -> None:
