@@ -175,7 +175,8 @@ class GatewayService:
             await self._redis.aclose()
         self._producer = self._admin = self._redis = None
         self.shm.close()
-        await asyncio.to_thread(self.tracer.close)  # the trace writer's last lines
+        self.tracer.flush()  # on the loop, as every flush: then wait for the writer
+        await asyncio.to_thread(self.tracer.close)
 
     def load_repository(self) -> None:
         """Read the models served from the start (``ModelRegistry.read_start_models``)."""
