@@ -5,7 +5,8 @@ with Triton's binary tensor extension: an ``Inference-Header-Content-Length: N``
 the first N bytes are the JSON header and the raw tensor bytes follow, in input order, for
 every input whose ``parameters.binary_data_size`` is set. Binary data is decoded zero-copy
 (a memoryview into the body, read later with ``numpy.frombuffer``); JSON data goes through
-numpy in one vectorised conversion. Anything malformed raises ``InvalidInput``.
+numpy in one vectorised conversion (a flat list of floats through ``struct``, cheaper
+still). Anything malformed raises ``InvalidInput``.
 
 Responses use binary for outputs that ask for it (``parameters.binary_data``, or the
 request's ``binary_data_output``) and JSON data otherwise.
@@ -18,6 +19,7 @@ written there and answered without data.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -54,6 +56,8 @@ MAX_NESTING = 64
 _END = object()
 _INT_KINDS = "iu"
 _FLOAT_KINDS = "iuf"
+_PACK_CODES = {"FP16": "e", "FP32": "f", "FP64": "d"}
+"""``struct``'s little-endian codes of the float datatypes (each rounds a double to nearest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,16 +339,40 @@ def json_tensor(name: str, datatype: str, shape: tuple[int, ...], item: dict[str
         raise InvalidInput(
             f"input {name!r} needs 'data' (a list) or parameters.binary_data_size", tensor=name
         )
+    packed = _packed_floats(datatype, data)
+    if packed is not None:
+        if len(data) != math.prod(shape):
+            raise _count_mismatch(name, len(data), shape)
+        return Tensor(name, datatype, shape, packed)
     arr = _bytes_array(name, data) if datatype == "BYTES" else _numeric_array(name, datatype, data)
     if arr.size != math.prod(shape):
-        raise InvalidInput(
-            f"input {name!r}: {arr.size} data elements but shape {list(shape)} needs "
-            f"{math.prod(shape)}",
-            tensor=name,
-        )
+        raise _count_mismatch(name, arr.size, shape)
     if datatype == "BYTES":
         return Tensor(name, datatype, shape, serialize_bytes(arr))
     return Tensor(name, datatype, shape, arr.reshape(-1).data.cast("B"))
+
+
+def _count_mismatch(name: str, count: int, shape: tuple[int, ...]) -> InvalidInput:
+    return InvalidInput(
+        f"input {name!r}: {count} data elements but shape {list(shape)} needs {math.prod(shape)}",
+        tensor=name,
+    )
+
+
+def _packed_floats(datatype: str, data: list[Any]) -> bytes | None:
+    """A float input's flat list of numbers packed by ``struct`` in one call: the common
+    case, in about a third of numpy's conversion of a list. None where the general path
+    must judge: another datatype, an empty or nested list, anything not a number, a value
+    past the datatype's range (``struct`` refuses it as numpy's cast would make it inf),
+    or a list that starts with a boolean (numpy reads a list of booleans alone as BOOL,
+    which a float input refuses; a boolean among numbers is 1 or 0 on both paths)."""
+    code = _PACK_CODES.get(datatype)
+    if code is None or not data or type(data[0]) is bool:
+        return None
+    try:
+        return struct.pack(f"<{len(data)}{code}", *data)
+    except (struct.error, OverflowError):
+        return None
 
 
 def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray[Any, Any]:

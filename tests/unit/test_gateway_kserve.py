@@ -76,6 +76,52 @@ def test_json_numeric_datatypes(datatype: str, data: list[Any], dtype: Any) -> N
     np.testing.assert_array_equal(body.inputs[0].to_numpy(), np.array(data, dtype=dtype))
 
 
+_FLOAT_LISTS: list[list[Any]] = [
+    [0.1, -2.5, 3e-39, 1e-45, 65504.0, -0.0],  # subnormals of FP32, FP16's largest
+    [1, 2, -3, 2**31, 2**53],  # integers: exact as doubles
+    [1.5, True, False, 7],  # a boolean among numbers is 1 or 0, as numpy reads it
+    [3.4028235e38, -3.4028235e38, 1.0000001],
+    [0.333333333333333, 2.7182818284590455, 1e-300],
+]
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("data", _FLOAT_LISTS, ids=range(len(_FLOAT_LISTS)))
+def test_flat_float_lists_decode_as_numpy_converts_them(datatype: str, data: list[Any]) -> None:
+    """The packed path (a flat list of numbers) gives numpy's bytes, or leaves the list to
+    the general path where a value is past the datatype's range."""
+    body = _json_body({"inputs": [_input("X", datatype, [len(data)], data=data)]})
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
+    with np.errstate(over="ignore"):
+        expected = np.asarray(data).astype(dtype)
+    if not np.isfinite(expected).all():
+        assert kserve._packed_floats(datatype, data) is None
+        with pytest.raises(InvalidInput, match=f"out of range for {datatype}"):
+            kserve.decode_infer_request(body)
+        return
+    assert kserve._packed_floats(datatype, data) is not None
+    (tensor,) = kserve.decode_infer_request(body).inputs
+    assert bytes(tensor.data) == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [[], [True, False], [True, 1.5], [[1.0, 2.0]], [1.0, "a"], [1.0, None], [1.0, [2.0]]],
+    ids=["empty", "booleans", "boolean first", "nested", "string", "null", "nested later"],
+)
+def test_lists_the_packed_path_leaves_to_numpy(data: list[Any]) -> None:
+    assert kserve._packed_floats("FP32", data) is None
+
+
+def test_a_float_input_of_booleans_alone_is_refused_and_after_a_number_is_read() -> None:
+    only = {"inputs": [_input("X", "FP32", [2], data=[True, False])]}
+    with pytest.raises(InvalidInput, match="boolean values, not FP32"):
+        kserve.decode_infer_request(_json_body(only))
+    mixed = {"inputs": [_input("X", "FP32", [2], data=[0.5, True])]}
+    (tensor,) = kserve.decode_infer_request(_json_body(mixed)).inputs
+    assert tensor.to_numpy().tolist() == [0.5, 1.0]
+
+
 def test_json_bytes_are_strings_in_tritons_layout() -> None:
     body = kserve.decode_infer_request(
         _json_body({"inputs": [_input("T", "BYTES", [2, 1], data=[["héllo"], [""]])]})
