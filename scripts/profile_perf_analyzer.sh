@@ -7,6 +7,11 @@
 #   HTTP_SERVER=granian GRANIAN_DIR=/tmp/granian scripts/profile_perf_analyzer.sh mlp http 16
 #   SHM=system scripts/profile_perf_analyzer.sh mlp http 16   # tensors in system shared memory
 #   SEQ_LEN=10 scripts/profile_perf_analyzer.sh accumulate grpc 32   # sequences of 10 requests
+#   TRACE_RATE=20 scripts/profile_perf_analyzer.sh mlp http 16   # one request in 20 traced
+#
+# TRACE_RATE=N turns on Triton's trace extension (TIMESTAMPS) for one request in N; the
+# trace lines go to var/profile/.../traces/trace.jsonl, and scripts/trace_stages.py reads
+# the stages' means from them.
 #
 # HTTP_SERVER=granian serves the HTTP front (only it: no gRPC) under granian instead of
 # uvicorn (scripts/granian_front.py; granian installed apart with pip --target GRANIAN_DIR).
@@ -28,6 +33,9 @@ export PLAZA_GATEWAY__GRPC_PORT=18111 PLAZA_GATEWAY__METRICS_PORT=18112 PLAZA_GA
 SHM=${SHM:-none}
 [ "$SHM" = none ] || export PLAZA_GATEWAY__ALLOW_CLIENT_SHM=true
 O=var/profile/pa-$MODEL-$PROTO-c$C-p${PROF:-0}-${HTTP_SERVER:-uvicorn}-shm$SHM; mkdir -p "$O"
+if [ -n "${TRACE_RATE:-}" ]; then
+  export PLAZA_GATEWAY__TRACE_DIR=$PWD/$O/traces; mkdir -p "$O/traces"; rm -f "$O/traces/trace.jsonl"
+fi
 if [ "${PROF:-0}" = 1 ]; then GP="-m cProfile -o $O/gateway.prof"; else GP=; fi
 .venv/bin/python -m plaza.cli.main worker --worker.model "$MODEL" > "$O/worker.log" 2>&1 & W=$!
 if [ "${HTTP_SERVER:-uvicorn}" = granian ]; then
@@ -39,6 +47,10 @@ else
 fi
 trap 'kill -TERM $W 2>/dev/null; kill -INT $G 2>/dev/null' EXIT
 sleep 12
+if [ -n "${TRACE_RATE:-}" ]; then
+  curl -s -X POST http://127.0.0.1:18110/v2/trace/setting -d "{\"trace_level\": [\"TIMESTAMPS\"], \
+    \"trace_rate\": \"$TRACE_RATE\", \"trace_file\": \"trace.jsonl\"}" > /dev/null
+fi
 count() { curl -s "http://127.0.0.1:18110/v2/models/$MODEL/stats" | .venv/bin/python -c \
   "import json,sys; print(json.load(sys.stdin)['model_stats'][0]['inference_stats']['success']['count'])"; }
 # a process's CPU ticks, its children's included (granian serves from a child process)
