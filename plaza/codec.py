@@ -9,6 +9,11 @@ first, and whatever it refuses goes to ``_decode_checked``, the checks written o
 Python, which either accepts it (a few encodings the typed one is stricter about, such as
 an explicit nil priority) or raises the CodecError that names what is wrong. The typed
 decoder is a speed-up, never the judge: what the checked one accepts is the protocol.
+
+Results are read the same way (``_WireResult``, then ``_result_from_map``). A reply stream
+entry holds its results back to back with their count beside them (``n``), so the typed
+decoder reads the batch as one array behind an array header made from that count; a wrong
+count is only a batch the typed decoder refuses.
 """
 
 from __future__ import annotations
@@ -377,8 +382,70 @@ def _result_parameters(value: Any) -> dict[str, Scalar]:
     return dict(value)
 
 
+class _WireError(msgspec.Struct):
+    code: str = "internal"
+    message: str = ""
+
+
+class _WireResult(msgspec.Struct):
+    """A result map as the typed decoder reads it (the checks of ``_result_from_map``,
+    with ``_result_from_wire`` for those between fields)."""
+
+    v: int
+    id: str = ""
+    model: str = ""
+    version: str = ""
+    status: str = ""
+    error: _WireError | None = None
+    outputs: tuple[_WireTensor, ...] = ()
+    timing_us: dict[str, int] = {}
+    worker: str = ""
+    trace_ns: dict[str, int] = {}
+    index: Annotated[int, msgspec.Meta(ge=0)] = 0
+    final: bool = True
+    empty: bool = False
+    parameters: dict[str, Any] | None = None
+
+
+_RESULT_DECODER = msgspec.msgpack.Decoder(_WireResult)
+_RESULTS_DECODER = msgspec.msgpack.Decoder(list[_WireResult])
+
+
+def _result_from_wire(wire: _WireResult) -> InferResult | None:
+    """The result the typed decoder read; None where ``_result_from_map`` must judge (it
+    raises the CodecError that names what is wrong)."""
+    if wire.v != ENVELOPE_VERSION or (wire.empty and not wire.final):
+        return None
+    error = None
+    if wire.status == "error":
+        if wire.error is None:
+            return None
+        error = ErrorInfo(wire.error.code, wire.error.message)
+    params = wire.parameters
+    return InferResult(
+        id=wire.id,
+        model=wire.model,
+        version=wire.version,
+        outputs=tuple([Tensor(t.name, t.datatype, t.shape, t.data) for t in wire.outputs]),
+        error=error,
+        timing_us=wire.timing_us,
+        worker=wire.worker,
+        trace_ns=wire.trace_ns,
+        index=wire.index,
+        final=wire.final,
+        empty=wire.empty,
+        parameters=NO_PARAMETERS if params is None else _result_parameters(params),
+    )
+
+
 def decode_result(data: Buffer) -> InferResult:
     """Parse one result map (as stored under a result key)."""
+    try:
+        result = _result_from_wire(_RESULT_DECODER.decode(data))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        result = None
+    if result is not None:
+        return result
     try:
         body = msgpack.unpackb(data, raw=False)
     except Exception as exc:
@@ -386,8 +453,37 @@ def decode_result(data: Buffer) -> InferResult:
     return _result_from_map(body)
 
 
-def decode_results(data: Buffer) -> list[InferResult]:
-    """Parse a result batch (a stream entry's ``r``: result maps back to back)."""
+def entry_count(value: bytes | str | None) -> int | None:
+    """A stream entry's ``n`` field (how many results its ``r`` holds) as ``decode_results``
+    takes it; None where it is missing or not a count (the results are read without it)."""
+    if value is None:
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if count > 0 else None
+
+
+def _array_header(count: int) -> bytes:
+    """msgpack's header of an array of ``count`` items."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def decode_results(data: Buffer, count: int | None = None) -> list[InferResult]:
+    """Parse a result batch (a stream entry's ``r``: result maps back to back).
+
+    With ``count`` (the entry's ``n``) the batch is read as one array by the typed decoder,
+    about a quarter of the cost a result; a batch it refuses, or a wrong count, is read map
+    by map with every check written out, which accepts it or names what is wrong."""
+    if count:
+        typed = _typed_results(data, count)
+        if typed is not None:
+            return typed
     size = memoryview(data).nbytes
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(size, 1))
     results: list[InferResult] = []
@@ -403,4 +499,18 @@ def decode_results(data: Buffer) -> list[InferResult]:
         raise CodecError(f"result batch is not valid msgpack: {exc!r}") from exc
     if end != size:
         raise CodecError(f"result batch is truncated: {size - end} bytes after the last result")
+    return results
+
+
+def _typed_results(data: Buffer, count: int) -> list[InferResult] | None:
+    try:
+        wires = _RESULTS_DECODER.decode(b"".join([_array_header(count), data]))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    results: list[InferResult] = []
+    for wire in wires:
+        result = _result_from_wire(wire)
+        if result is None:
+            return None
+        results.append(result)
     return results

@@ -26,10 +26,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from plaza.codec import decode_results
+from plaza.codec import decode_results, entry_count
 from plaza.contract import InferResult
 from plaza.errors import CodecError, PlazaError, QueueFull, Unavailable
-from plaza.naming import STREAM_FIELD_RESULTS
+from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS
 from plaza.resp_channel import channel_for
 from plaza.tasks import cancel_and_wait
 
@@ -215,25 +215,25 @@ class ReplyMux:
                 log.warning("reply stream read failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
-            for entry_id, packed in entries:
+            for entry_id, packed, count in entries:
                 self._last_id = entry_id
                 if packed is not None:
-                    self._dispatch(packed)
+                    self._dispatch(packed, count)
             now = asyncio.get_running_loop().time()
             if now - touched > self._ttl_s / 3:
                 touched = now
                 with contextlib.suppress(Exception):
                     await self._redis.expire(self.stream, self._ttl_s)
 
-    async def _read(self) -> list[tuple[bytes, bytes | None]]:
-        """The next entries of the stream (waiting up to ``block_ms``): their ids and their
-        results field (None in an entry without one)."""
+    async def _read(self) -> list[tuple[bytes, bytes | None, bytes | None]]:
+        """The next entries of the stream (waiting up to ``block_ms``): their ids, their
+        results field and their count field (None in an entry without one)."""
         if self._channel is None:
             reply: Any = await self._redis.xread(
                 {self.stream: self._last_id}, count=256, block=self._block_ms
             )
             return [
-                (entry_id, fields.get(STREAM_FIELD_RESULTS))
+                (entry_id, fields.get(STREAM_FIELD_RESULTS), fields.get(STREAM_FIELD_COUNT))
                 for _, entries in reply or []
                 for entry_id, fields in entries
             ]
@@ -248,14 +248,14 @@ class ReplyMux:
             raise
         # RESP2: [[stream, [[id, [field, value, ...]], ...]]], or nil when nothing came
         return [
-            (entry_id, _field(flat, STREAM_FIELD_RESULTS))
+            (entry_id, _field(flat, STREAM_FIELD_RESULTS), _field(flat, STREAM_FIELD_COUNT))
             for _, entries in raw or []
             for entry_id, flat in entries
         ]
 
-    def _dispatch(self, packed: bytes) -> None:
+    def _dispatch(self, packed: bytes, count: bytes | None) -> None:
         try:
-            results = decode_results(packed)
+            results = decode_results(packed, entry_count(count))
         except CodecError as exc:
             log.error("undecodable reply entry on %s: %s", self.stream, exc)
             return

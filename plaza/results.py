@@ -19,10 +19,10 @@ from typing import Any, Literal
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from plaza.codec import decode_result, decode_results, encode_result
+from plaza.codec import decode_result, decode_results, encode_result, entry_count
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import Cancelled, error_from_wire
-from plaza.naming import STREAM_FIELD_RESULTS, Names
+from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS, Names
 from plaza.settings import RedisSettings
 
 JobState = Literal["pending", "done", "unknown"]
@@ -177,7 +177,8 @@ async def consume_stream(
                 return
             continue
         for entry_id, fields in entries:
-            yield entry_id, decode_results(fields[STREAM_FIELD_RESULTS])
+            n = entry_count(fields.get(STREAM_FIELD_COUNT))
+            yield entry_id, decode_results(fields[STREAM_FIELD_RESULTS], n)
 
 
 async def ack_entry(redis: aioredis.Redis, stream: str, group: str, entry_id: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,14 +16,17 @@ from plaza.codec import (
     _ENCODER,
     _Datatype,
     _decode_checked,
+    _result_from_map,
     _result_to_map,
     _WireRequest,
+    _WireResult,
     decode_request,
     decode_result,
     decode_results,
     encode_request,
     encode_result,
     encode_results,
+    entry_count,
     join_results,
 )
 from plaza.connections import key_partition
@@ -389,3 +393,99 @@ def test_key_partition_is_stable_in_range_and_spreads() -> None:
     assert placed == [key_partition(k, every, every) for k in keys]  # the same key, the same place
     assert set(placed) == set(every)
     assert key_partition(None, every, [2]) == 2  # unkeyed: an available one
+
+
+_RESULT = InferResult(
+    "a",
+    "m",
+    "1",
+    (Tensor.from_numpy("y", np.arange(4, dtype=np.float32)),),
+    timing_us={"queue": 5},
+    worker="w",
+    trace_ns={"QUEUE_START": 7},
+    parameters={"p": 1},
+)
+_RESULT_FIELDS = (*_WireResult.__struct_fields__, "extra")
+_RESULT_VALUE = _ANY_VALUE | st.floats(allow_nan=False) | st.sampled_from(["ok", "error"])
+
+
+def _checked_result(data: bytes) -> object:
+    """What the map-by-map path makes of one result map: the result, or its exception."""
+    try:
+        return _result_from_map(msgpack.unpackb(data, raw=False))
+    except Exception as exc:
+        return type(exc), str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    field=st.sampled_from(_RESULT_FIELDS),
+    value=_RESULT_VALUE
+    | st.lists(_RESULT_VALUE, max_size=2)
+    | st.dictionaries(st.text(max_size=2), _RESULT_VALUE, max_size=2),
+)
+def test_the_typed_result_decoder_never_decides_otherwise_than_the_checked_one(
+    field: str, value: object
+) -> None:
+    """A result map with any one field replaced decodes as the map-by-map path decodes
+    it, alone (``decode_result``) and in a batch read with its count (``decode_results``)."""
+    _assert_the_decoders_agree({field: value})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"index": -1}, {"index": True}, {"index": 3}, {"final": 0}, {"final": False},
+        {"empty": True, "final": False}, {"empty": True, "outputs": []}, {"v": 2}, {"v": True},
+        {"status": "error"}, {"status": "error", "error": {"code": "timeout"}},
+        {"status": "error", "error": {"code": 3}}, {"error": {"code": "x"}}, {"id": 5},
+        {"timing_us": {"q": 1.5}}, {"trace_ns": {"A": -1}}, {"parameters": {"u": 2**63}},
+        {"parameters": None}, {"parameters": {}}, {"outputs": None}, {"worker": None},
+        {"outputs": [{"name": "", "datatype": "FP32", "shape": [1], "data": b"\0" * 4}]},
+        {"outputs": [{"name": "y", "datatype": "FP32", "shape": [True], "data": b"\0" * 4}]},
+        {"outputs": [{"name": "y", "datatype": "FP32", "shape": [1], "data": "text"}]},
+    ],
+)  # fmt: skip
+def test_the_result_decoders_agree_on_each_check(fields: dict[str, Any]) -> None:
+    _assert_the_decoders_agree(fields)
+
+
+def _assert_the_decoders_agree(fields: dict[str, Any]) -> None:
+    body = msgpack.unpackb(encode_result(_RESULT), raw=False)
+    data = msgpack.packb({**body, **fields}, use_bin_type=True)
+    expected = _checked_result(data)
+    for decode, batch in ((decode_result, False), (lambda d: decode_results(d + d, 2)[1], True)):
+        try:
+            got: object = decode(data)
+        except Exception as exc:
+            got = type(exc), str(exc)
+        if batch and isinstance(expected, tuple) and not issubclass(expected[0], CodecError):
+            assert isinstance(got, tuple) and got[0] is CodecError  # the batch reader's name
+        else:
+            assert got == expected
+
+
+@pytest.mark.parametrize("wrong", [None, 0, 1, 2, 4, 70_000])
+def test_a_result_batch_read_with_a_wrong_or_no_count_is_read_map_by_map(wrong: int) -> None:
+    results = [_RESULT, InferResult("b", "m", "1", error=ErrorInfo("timeout", "late")), _RESULT]
+    batch = encode_results(results)
+    assert decode_results(batch, 3) == decode_results(batch, wrong) == results
+
+
+def test_a_damaged_result_batch_is_a_codec_error_with_its_count_too() -> None:
+    batch = encode_results([_RESULT, _RESULT])
+    for damaged in (batch[:-2], b"\xc1" + batch, batch + b"\x92"):
+        with pytest.raises(CodecError):
+            decode_results(damaged, 2)
+
+
+def test_a_long_result_batch_reads_with_its_count() -> None:
+    results = [msgspec.structs.replace(_RESULT, id=f"r{i}") for i in range(70)]
+    assert decode_results(encode_results(results), 70) == results
+
+
+@pytest.mark.parametrize(
+    ("field", "count"), [(b"3", 3), ("12", 12), (None, None), (b"x", None), (b"0", None)]
+)
+def test_an_entrys_count_field(field: bytes | str | None, count: int | None) -> None:
+    assert entry_count(field) == count
