@@ -159,8 +159,11 @@ async def test_gateway_counts_success_with_duration_and_failures_by_reason() -> 
     ok = _FakeService(InferResult(id="r", model="m", version="3"))
     assert (await ok.infer(_req())).version == "3"
     await ok.infer(_req(version="3"), 1.0)
+    ok.outcome = InferResult(id="r", model="m", version="1")
+    await ok.infer(_req(version="1"))
     got = samples(render(ok.metrics.registry).decode())
     assert value(got, "nv_inference_request_success", model="m", version="3") == 2
+    assert value(got, "nv_inference_request_success", model="m", version="1") == 1
     assert value(got, "nv_inference_request_duration_us", model="m", version="3") is not None
 
     failing = _FakeService(QueueFull("full"))
