@@ -253,7 +253,7 @@ class ReplyMux:
             for entry_id, flat in entries
         ]
 
-    def _dispatch(self, packed: bytes, count: bytes | None) -> None:
+    def _dispatch(self, packed: bytes, count: bytes | None = None) -> None:
         try:
             results = decode_results(packed, entry_count(count))
         except CodecError as exc:

@@ -32,10 +32,11 @@ async def test_a_stream_gets_its_responses_in_order_until_the_final_one() -> Non
     replies = mux()
     stream = replies.expect_responses("a", limit=8)
     other = replies.expect("b")
-    replies._dispatch(encode_results([response("a", 0), response("b", 0, final=True)]))
-    replies._dispatch(encode_results([response("a", 1), response("a", 0)]))  # 0 again: a replay
+    # with the entry's count, as the reader passes it (and without, below)
+    replies._dispatch(encode_results([response("a", 0), response("b", 0, final=True)]), b"2")
+    replies._dispatch(encode_results([response("a", 1), response("a", 0)]), b"2")  # a replay
     assert replies.waiting == 1 and other.done()
-    replies._dispatch(encode_results([response("a", 2, final=True, empty=True)]))
+    replies._dispatch(encode_results([response("a", 2, final=True, empty=True)]), b"1")
     assert replies.waiting == 0  # the final result ends the wait in the mux
     replies._dispatch(encode_results([response("a", 3)]))  # late: ignored
     assert await take(stream) == [(0, False), (1, False), (2, True)]
