@@ -23,6 +23,7 @@ from plaza.naming import (
 )
 from plaza.sequence_batching import PARAM_ID
 from plaza.settings import KafkaSettings
+from plaza.single_flight import SingleFlight
 
 
 def request_headers(req: InferRequest) -> list[tuple[str, bytes]]:
@@ -41,12 +42,14 @@ class RequestPublisher:
         self._names = names
         self._producer: AIOKafkaProducer | None = None
         self._known_topics: set[str] = set()
+        self._creating: SingleFlight[str, None] = SingleFlight()
 
     async def start(self) -> None:
         self._producer = kafka_producer(self._kafka)
         await self._producer.start()
 
     async def stop(self) -> None:
+        await self._creating.close()
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
@@ -102,8 +105,7 @@ class RequestPublisher:
             )
         try:
             if topic not in self._known_topics:
-                await ensure_topics(self._kafka, [topic])
-                self._known_topics.add(topic)
+                await self._ensure_topic(topic)
             partition = await self._sequence_partition(req, topic)
             fut: asyncio.Future[Any] = await self._producer.send(
                 topic,
@@ -115,6 +117,18 @@ class RequestPublisher:
         except Exception as exc:
             raise Unavailable(f"Kafka did not take the request: {exc}") from exc
         return fut
+
+    async def _ensure_topic(self, topic: str) -> None:
+        """Create ``topic`` if Kafka lacks it, once per publisher: the sends that come while
+        it is being made wait for that one creation (``plaza.single_flight``), since each
+        creation starts an admin client that reads the whole cluster's metadata. A failed
+        creation is the error of every send that waited for it; the next send tries again."""
+
+        async def create() -> None:
+            await ensure_topics(self._kafka, [topic])
+            self._known_topics.add(topic)
+
+        await self._creating.run(topic, create)
 
     async def _sequence_partition(self, req: InferRequest, topic: str) -> int | None:
         """A request of a sequence (its ``sequence_id`` parameter) goes to the partition its

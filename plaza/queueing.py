@@ -4,7 +4,9 @@ The queue of a model is its Kafka backlog: records its worker group has not comm
 (end offset minus committed offset, per partition of the level's topic). The producer core
 (``plaza.producer``, for the gateway and the SDK) measures it here, cached for a moment, and
 refuses a request with QueueFull at once when the level's ``max_queue_size`` is reached,
-instead of letting the backlog grow without bound.
+instead of letting the backlog grow without bound. When the cached figure has expired, the
+requests that come while it is measured again wait for that one measurement
+(``plaza.single_flight``) instead of each making its own three round trips.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from plaza.errors import QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.settings import KafkaSettings
+from plaza.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ class BacklogProbe:
         self._names = names
         self._ttl_s = kafka.backlog_check_ttl_ms / 1000
         self._cache: dict[str, tuple[float, int]] = {}
+        self._measuring: SingleFlight[str, int] = SingleFlight()
         self._admin: AIOKafkaAdminClient | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
@@ -51,6 +55,7 @@ class BacklogProbe:
         await self._consumer.start()
 
     async def stop(self) -> None:
+        await self._measuring.close()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._admin is not None:
@@ -59,13 +64,17 @@ class BacklogProbe:
 
     async def lag(self, model: str, topic: str) -> int:
         """Records on ``topic`` that the model's workers have not committed yet."""
-        now = time.monotonic()
         cached = self._cache.get(topic)
-        if cached and now - cached[0] < self._ttl_s:
+        if cached and time.monotonic() - cached[0] < self._ttl_s:
             return cached[1]
-        value = await self._measure(model, topic)
-        self._cache[topic] = (now, value)
-        return value
+
+        async def measure() -> int:
+            now = time.monotonic()
+            value = await self._measure(model, topic)
+            self._cache[topic] = (now, value)
+            return value
+
+        return await self._measuring.run(topic, measure)
 
     async def _measure(self, model: str, topic: str) -> int:
         if self._admin is None or self._consumer is None:

@@ -130,6 +130,38 @@ async def test_max_queue_size_refuses_at_once_with_a_typed_error(
         assert float(result.output("OUTPUT0").to_numpy()[0, 0]) == 7.0
 
 
+async def test_overlapping_backlog_readings_share_one_measurement(
+    settings: PlazaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that find the cached backlog expired wait for one measurement (three round
+    trips to Kafka) instead of each making their own; the next reading measures again."""
+    s = variant(
+        tmp_path,
+        settings,
+        "measured",
+        "default_queue_policy { max_queue_size: 50 }",
+        backlog_check_ttl_ms=0,  # every reading finds the cache expired
+    )
+    async with PlazaClient(s) as client:
+        for i in range(3):
+            await client.submit("measured", x(i))  # no worker: they wait in Kafka
+        probe = client.producer.backlog
+        topic = s.names.request_topic("measured")
+        measured: list[str] = []
+        measure = probe._measure
+
+        async def counted(model: str, topic: str) -> int:
+            measured.append(topic)
+            return await measure(model, topic)
+
+        monkeypatch.setattr(probe, "_measure", counted)
+        together = await asyncio.gather(*(probe.lag("measured", topic) for _ in range(16)))
+        assert together == [3] * 16
+        assert measured == [topic]
+        assert await probe.lag("measured", topic) == 3
+        assert measured == [topic, topic]
+
+
 async def test_priority_one_finishes_before_priority_two_under_a_backlog(
     settings: PlazaSettings, tmp_path: Path
 ) -> None:
