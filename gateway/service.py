@@ -142,7 +142,8 @@ class GatewayService:
         """Read the repository, create the request topics, connect Kafka and Redis; in
         modes explicit and poll, follow the model table (and poll the repository)."""
         self.load_repository()
-        await ensure_topics(self.settings.kafka, self._request_topics())
+        topics = self._request_topics()
+        await ensure_topics(self.settings.kafka, topics)
         self._redis = redis_client(self.settings.redis)
         await self.registry.start(self._redis)
         if self.registry.mode != "none":
@@ -158,6 +159,7 @@ class GatewayService:
             cache_observer=self.metrics,
         )
         await self._producer.start()
+        self._producer.topics_made(topics)
         await self._producer.replies()  # the reply stream exists before the first call
         self._admin = kafka_admin(self.settings.kafka)
         await self._admin.start()
@@ -195,7 +197,9 @@ class GatewayService:
         before = set(self.models)
         await self.registry.follow()
         if set(self.models) - before:
-            await ensure_topics(self.settings.kafka, self._request_topics())
+            topics = self._request_topics()
+            await ensure_topics(self.settings.kafka, topics)
+            self._require(self._producer).topics_made(topics)
 
     def _request_topics(self) -> list[str]:
         topics = {

@@ -160,6 +160,11 @@ class Producer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(part.stop(), STOP_TIMEOUT_S)
 
+    def topics_made(self, topics: list[str]) -> None:
+        """The request topics its owner has made (a gateway makes its models' at start and
+        as models load): requests to them are published without making them again."""
+        self._publisher.topics_made(topics)
+
     async def replies(self) -> ReplyMux:
         """The reply multiplexer, started on first use (clients that only submit jobs
         never create a reply stream)."""

@@ -118,6 +118,11 @@ class RequestPublisher:
             raise Unavailable(f"Kafka did not take the request: {exc}") from exc
         return fut
 
+    def topics_made(self, topics: list[str]) -> None:
+        """``topics`` exist (their owner just made them with ``ensure_topics``): the first
+        sends to them go at once, without a creation of their own."""
+        self._known_topics.update(topics)
+
     async def _ensure_topic(self, topic: str) -> None:
         """Create ``topic`` if Kafka lacks it, once per publisher: the sends that come while
         it is being made wait for that one creation (``plaza.single_flight``), since each

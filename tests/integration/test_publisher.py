@@ -6,13 +6,15 @@ client each (64 clients starting at once made 64, each reading the cluster's met
 a failed creation fails the sends that waited for it, and the next send tries again.
 
 The creation is the real ``plaza.connections.ensure_topics`` on the session's broker,
-counted, and made to fail once in one test, by a wrapper around it.
+counted, and made to fail once in one test, by a wrapper around it. A gateway makes its
+models' topics at start and tells its publisher, which then makes none of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +25,10 @@ from plaza import publisher as publisher_module
 from plaza.client import make_request
 from plaza.connections import ensure_topics, kafka_consumer
 from plaza.errors import Unavailable
+from plaza.gateway.service import GatewayService
 from plaza.publisher import RequestPublisher
 from plaza.settings import PlazaSettings
+from tests.support import REPOSITORY, model_variant
 
 EnsureTopics = Callable[[Any, list[str]], Awaitable[None]]
 
@@ -136,3 +140,23 @@ async def test_a_cancelled_first_send_leaves_the_creation_to_the_others(
     assert gone.cancelled()
     assert calls == [[topic]]
     assert kept.id in await read_ids(settings, topic, 1)
+
+
+async def test_a_gateways_first_request_to_its_model_makes_no_topic(
+    settings: PlazaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway makes its models' topics at start and hands them to its publisher, so
+    the first request to a model is published without a creation of its own."""
+    config = (REPOSITORY / "identity" / "config.pbtxt").read_text()
+    s = settings.model_copy(update={"repository": model_variant(tmp_path, "identity", config)})
+    calls: list[list[str]] = []
+    monkeypatch.setattr(publisher_module, "ensure_topics", counted(calls))
+    request = requests(1)[0]
+    service = GatewayService(s)
+    await service.start()
+    try:
+        await service.submit(request)
+    finally:
+        await service.stop()
+    assert calls == []
+    assert request.id in await read_ids(s, s.names.request_topic("identity"), 1)
