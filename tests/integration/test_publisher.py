@@ -28,7 +28,7 @@ from plaza.errors import Unavailable
 from plaza.gateway.service import GatewayService
 from plaza.publisher import RequestPublisher
 from plaza.settings import PlazaSettings
-from tests.support import REPOSITORY, model_variant
+from tests.support import REPOSITORY, model_variant, wait_for
 
 EnsureTopics = Callable[[Any, list[str]], Awaitable[None]]
 
@@ -101,7 +101,7 @@ async def test_a_failed_creation_fails_its_waiters_and_the_next_send_tries_again
     await pub.start()
     try:
         first = [asyncio.create_task(pub.publish(r, topic)) for r in requests(8)]
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(calls) == 1, what="the creation")  # the eight wait for it
         gate.set()
         outcomes = await asyncio.gather(*first, return_exceptions=True)
         later = requests(1)[0]
@@ -130,9 +130,9 @@ async def test_a_cancelled_first_send_leaves_the_creation_to_the_others(
     try:
         gone = asyncio.create_task(pub.publish(cancelled, topic))
         stays = asyncio.create_task(pub.publish(kept, topic))
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: len(calls) == 1, what="the creation")
         gone.cancel()
-        await asyncio.sleep(0.05)
+        await wait_for(gone.done, what="the cancelled send to end")
         gate.set()
         await stays
     finally:
