@@ -13,7 +13,8 @@ models' topics at start and tells its publisher, which then makes none of its ow
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ def requests(n: int) -> list[Any]:
     return [make_request("identity", x) for _ in range(n)]
 
 
+@asynccontextmanager
+async def started(settings: PlazaSettings) -> AsyncIterator[RequestPublisher]:
+    """A started publisher, stopped on the way out."""
+    pub = RequestPublisher(settings.kafka, settings.names)
+    await pub.start()
+    try:
+        yield pub
+    finally:
+        await pub.stop()
+
+
 async def read_ids(settings: PlazaSettings, topic: str, n: int) -> set[str]:
     """The correlation ids of the first ``n`` records on ``topic``."""
     consumer = kafka_consumer(settings.kafka, f"{settings.kafka.topic_prefix}reader")
@@ -73,13 +85,9 @@ async def test_a_burst_of_first_sends_makes_the_topic_once(
     monkeypatch.setattr(publisher_module, "ensure_topics", counted(calls))
     topic = settings.names.request_topic("identity")
     batch = requests(64)
-    pub = RequestPublisher(settings.kafka, settings.names)
-    await pub.start()
-    try:
+    async with started(settings) as pub:
         await asyncio.gather(*(pub.publish(r, topic) for r in batch))
         await pub.publish(requests(1)[0], topic)  # known now: no creation at all
-    finally:
-        await pub.stop()
     assert calls == [[topic]]
     assert await read_ids(settings, topic, 64) >= {r.id for r in batch}
 
@@ -97,17 +105,13 @@ async def test_a_failed_creation_fails_its_waiters_and_the_next_send_tries_again
 
     monkeypatch.setattr(publisher_module, "ensure_topics", counted(calls, fail_first))
     topic = settings.names.request_topic("identity")
-    pub = RequestPublisher(settings.kafka, settings.names)
-    await pub.start()
-    try:
+    async with started(settings) as pub:
         first = [asyncio.create_task(pub.publish(r, topic)) for r in requests(8)]
         await wait_for(lambda: len(calls) == 1, what="the creation")  # the eight wait for it
         gate.set()
         outcomes = await asyncio.gather(*first, return_exceptions=True)
         later = requests(1)[0]
         await pub.publish(later, topic)
-    finally:
-        await pub.stop()
     assert all(isinstance(o, Unavailable) and "broker away" in str(o) for o in outcomes)
     assert calls == [[topic], [topic]]
     assert later.id in await read_ids(settings, topic, 1)
@@ -125,9 +129,7 @@ async def test_a_cancelled_first_send_leaves_the_creation_to_the_others(
     monkeypatch.setattr(publisher_module, "ensure_topics", counted(calls, held))
     topic = settings.names.request_topic("identity")
     cancelled, kept = requests(2)
-    pub = RequestPublisher(settings.kafka, settings.names)
-    await pub.start()
-    try:
+    async with started(settings) as pub:
         gone = asyncio.create_task(pub.publish(cancelled, topic))
         stays = asyncio.create_task(pub.publish(kept, topic))
         await wait_for(lambda: len(calls) == 1, what="the creation")
@@ -135,8 +137,6 @@ async def test_a_cancelled_first_send_leaves_the_creation_to_the_others(
         await wait_for(gone.done, what="the cancelled send to end")
         gate.set()
         await stays
-    finally:
-        await pub.stop()
     assert gone.cancelled()
     assert calls == [[topic]]
     assert kept.id in await read_ids(settings, topic, 1)
