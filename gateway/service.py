@@ -36,6 +36,7 @@ from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
+from plaza.single_flight import SingleFlight
 from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class GatewayService:
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: Producer | None = None
         self._kafka_check = _CachedCheck(KAFKA_CHECK_TTL_S)
+        self._kafka_checks: SingleFlight[None, tuple[bool, str]] = SingleFlight()
         self.metrics = GatewayMetrics()
         self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
         """Triton's logging extension (``plaza.log_settings``): the deployment's settings."""
@@ -168,6 +170,7 @@ class GatewayService:
         """Release everything start() took; safe to call after a failed start."""
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+        await self._kafka_checks.close()
         if self._producer is not None:
             await self._producer.stop()
         if self._admin is not None:
@@ -417,9 +420,14 @@ class GatewayService:
         return Readiness(not reasons, tuple(reasons))
 
     async def _kafka_ok(self) -> tuple[bool, str]:
+        """Whether Kafka answers: the cached verdict while fresh, else one check for every
+        probe that overlaps it (many probes at once would each read the topics' metadata)."""
         cached = self._kafka_check.fresh()
         if cached is not None:
             return cached
+        return await self._kafka_checks.run(None, self._check_kafka)
+
+    async def _check_kafka(self) -> tuple[bool, str]:
         ok, reason = True, ""
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
