@@ -154,6 +154,9 @@ class DynamicBatcher(Generic[T]):
         self._seq = itertools.count()
         self._count = 0
         self._size = 0
+        # Pending requests per level, DELAY-moved ones included. A deque's length would
+        # count the husks too, so this is what max_queue_size is checked against.
+        self._level_counts: dict[int, int] = dict.fromkeys(policy.levels, 0)
 
     # -- intake ----------------------------------------------------------------------------
     def add(
@@ -168,13 +171,15 @@ class DynamicBatcher(Generic[T]):
         """Queue a request of ``size`` rows. ``deadline`` is a monotonic time (or None).
 
         The level's queue policy timeout applies too: the earlier of the two wins, so a
-        request can lower its timeout but never raise it. QueueFull past max_queue_size.
+        request can lower its timeout but never raise it. QueueFull when the level already
+        holds max_queue_size pending requests (as in Triton: those waiting, DELAY-moved ones
+        included; expired, served and removed ones no longer count).
         ``arrival`` (a monotonic time, at most now; default now) is when the request's wait
         began, which the queue delay counts from: the worker passes the moment it was sent.
         """
         level = self.policy.level_of(priority)
         qp = self.policy.queue_policy(level)
-        if qp.max_queue_size and len(self._queues[level]) >= qp.max_queue_size:
+        if qp.max_queue_size and self._level_counts[level] >= qp.max_queue_size:
             raise QueueFull(f"priority level {level} queue is full ({qp.max_queue_size})")
         now = self._clock()
         if qp.default_timeout_us:
@@ -182,11 +187,7 @@ class DynamicBatcher(Generic[T]):
             deadline = configured if deadline is None else min(deadline, configured)
         since = now if arrival is None else min(arrival, now)
         entry = _Pending(item, size, level, since, deadline, qp.reject_on_timeout, next(self._seq))
-        self._queues[level].append(entry)
-        if deadline is not None:
-            heapq.heappush(self._deadlines, (deadline, entry.seq, entry))
-        self._count += 1
-        self._size += size
+        self._hold(entry, self._queues[level])
 
     def __len__(self) -> int:
         """Pending requests."""
@@ -198,8 +199,9 @@ class DynamicBatcher(Generic[T]):
         return self._size
 
     def level_depths(self) -> dict[int, int]:
-        """Pending requests per priority level."""
-        return {lv: sum(1 for e in q if e.alive) for lv, q in self._queues.items()}
+        """Pending requests per priority level (the count max_queue_size is checked
+        against): DELAY-moved ones count at the level they came in at."""
+        return dict(self._level_counts)
 
     def remove_if(self, predicate: Callable[[T], bool]) -> list[T]:
         """Drop pending requests matching ``predicate`` (e.g. of a revoked partition)."""
@@ -251,9 +253,7 @@ class DynamicBatcher(Generic[T]):
                     entry.reject_on_timeout,
                     next(self._seq),
                 )
-                self._delayed.append(moved)
-                self._count += 1
-                self._size += moved.size
+                self._hold(moved, self._delayed)
         self._compact()
         return expired
 
@@ -281,6 +281,15 @@ class DynamicBatcher(Generic[T]):
         self._compact()
         return batch
 
+    def _hold(self, entry: _Pending[T], queue: deque[_Pending[T]]) -> None:
+        """Put ``entry`` into the pending set, at the back of ``queue``."""
+        queue.append(entry)
+        if entry.deadline is not None:
+            heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry))
+        self._count += 1
+        self._size += entry.size
+        self._level_counts[entry.level] += 1
+
     def _kill(self, entry: _Pending[T]) -> T:
         """Take ``entry`` out of the pending set and hand back its item.
 
@@ -293,6 +302,7 @@ class DynamicBatcher(Generic[T]):
         entry.alive = False
         self._count -= 1
         self._size -= entry.size
+        self._level_counts[entry.level] -= 1
         return item
 
     def _compact(self) -> None:

@@ -216,6 +216,71 @@ def test_max_queue_size_raises_queue_full() -> None:
     assert info.value.retriable and info.value.code == "queue_full"
 
 
+@pytest.mark.parametrize("leave", ["expire", "remove"])
+def test_requests_gone_from_behind_a_live_one_free_their_places(leave: str) -> None:
+    # max_queue_size counts the requests waiting (Triton's rule), not the husks that expired
+    # or revoked ones leave in the deque behind a live head
+    clock = FakeClock()
+    b = make(clock, max_queue_delay_us=100_000, default_queue_policy=QueuePolicy(max_queue_size=4))
+    b.add("A")  # no deadline: stays at the head
+    for x in "BCD":
+        b.add(x, deadline=clock.t + 0.01)
+    if leave == "expire":
+        clock.advance(20_000)
+        d = b.decide()
+        assert d.expired == ["B", "C", "D"] and d.batch == []
+    else:
+        assert b.remove_if(lambda x: x != "A") == ["B", "C", "D"]
+    assert len(b) == 1 and b.level_depths() == {0: 1}
+    for x in "EFG":
+        b.add(x)
+    with pytest.raises(QueueFull):
+        b.add("H")
+    assert b.level_depths() == {0: 4}
+
+
+def test_level_depths_follow_requests_taken_delayed_and_refused() -> None:
+    clock = FakeClock()
+    delay = QueuePolicy(max_queue_size=3, reject_on_timeout=False, default_timeout_us=100)
+    b = make(
+        clock,
+        max_batch_size=2,
+        priority_levels=2,
+        default_priority_level=2,
+        priority_queue_policy={2: delay},
+    )
+
+    def depths() -> dict[int, int]:
+        got = b.level_depths()
+        assert sum(got.values()) == len(b)
+        return got
+
+    b.add("late", priority=2)
+    clock.advance(200)  # late's timeout passes: DELAY moves it behind the others
+    b.add("f1", priority=2)
+    b.add("f2", priority=2)
+    b.add("high", priority=1)  # level 1 has no limit and its own count
+    assert b.decide().batch == ["high", "f1"]
+    assert depths() == {1: 0, 2: 2}  # f2, and late: delayed, still waiting at level 2
+    b.add("g1", priority=2)
+    with pytest.raises(QueueFull):  # the delayed request holds one of the 3 places
+        b.add("g2", priority=2)
+    assert depths() == {1: 0, 2: 3}
+    assert b.decide().batch == ["f2", "g1"]
+    assert depths() == {1: 0, 2: 1}
+    b.add("g2", priority=2)
+    b.add("g3", priority=2)
+    assert depths() == {1: 0, 2: 3}
+    clock.advance(1000)  # g2 and g3 are delayed too, behind late
+    assert b.decide().batch == ["late", "g2"]
+    assert b.decide().batch == ["g3"]
+    assert depths() == {1: 0, 2: 0}
+    for x in ("h1", "h2", "h3"):
+        b.add(x, priority=2)
+    with pytest.raises(QueueFull):
+        b.add("h4", priority=2)
+
+
 def test_remove_if_drops_revoked_requests() -> None:
     clock = FakeClock()
     b = make(clock)
