@@ -10,6 +10,7 @@ first; when its ``index`` n is over 0 it reads responses 0..n-1 in one MGET (at 
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -21,9 +22,11 @@ from redis.exceptions import ResponseError
 
 from plaza.codec import decode_result, decode_results, encode_result, entry_count
 from plaza.contract import ErrorInfo, InferRequest, InferResult
-from plaza.errors import Cancelled, error_from_wire
+from plaza.errors import Cancelled, CodecError, error_from_wire
 from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS, Names
 from plaza.settings import RedisSettings
+
+log = logging.getLogger(__name__)
 
 JobState = Literal["pending", "done", "unknown"]
 
@@ -151,14 +154,19 @@ async def consume_stream(
 
     The caller acknowledges each entry once it has processed it (``ack_entry``), so a
     consumer that crashes mid-entry gets it again: its own pending entries are delivered
-    first when it comes back (another consumer can also take them with XAUTOCLAIM).
+    first when it comes back, each once per call (another consumer can also take them with
+    XAUTOCLAIM). An entry that cannot be delivered is acknowledged here, logged and skipped,
+    so that it never stops the entries behind it: one trimmed away (MAXLEN) while it was
+    pending, whose results are gone from the stream but still under their result keys
+    (``ResultStore.poll``) for ``redis.result_ttl_s`` after their write; and one whose
+    results do not decode (CodecError), left in the stream (XRANGE) until trimmed.
     ``idle_exit`` stops after a block_ms wait that brought nothing (for batch pipelines
     that drain and finish). ``keep_alive_s``: the stream's idle expiry, renewed while this
     consumer reads (workers renew it on every write), so a stream outlives neither its
     writers nor its readers by more than that.
     """
     await ensure_group(redis, stream, group)
-    start = "0"  # first our own pending entries, then new ones
+    start: bytes | str = "0"  # first our own pending entries (after this id), then new ones
     renewed = -math.inf
     while True:
         now = time.monotonic()
@@ -170,15 +178,54 @@ async def consume_stream(
         )
         entries = reply[0][1] if reply else []
         if not entries:
-            if start == "0":
+            if start != ">":
                 start = ">"
                 continue
             if idle_exit:
                 return
             continue
+        if start != ">":  # pending ones: read on after the last, acknowledged or not
+            start = entries[-1][0]
         for entry_id, fields in entries:
-            n = entry_count(fields.get(STREAM_FIELD_COUNT))
-            yield entry_id, decode_results(fields[STREAM_FIELD_RESULTS], n)
+            results = await _entry_results(redis, stream, group, entry_id, fields)
+            if results is not None:
+                yield entry_id, results
+
+
+async def _entry_results(
+    redis: aioredis.Redis, stream: str, group: str, entry_id: bytes, fields: Any
+) -> list[InferResult] | None:
+    """A stream entry's results; None for one that has none to give, acknowledged here
+    (as ``consume_stream`` says) so that no consumer of the group reads it again."""
+    if not fields:  # XREADGROUP gives a pending entry that MAXLEN trimmed no fields
+        log.warning(
+            "result stream %s: pending entry %s was trimmed before it was acknowledged; "
+            "acknowledged and skipped (its results are still under their result keys "
+            "until they expire)",
+            stream,
+            _text(entry_id),
+        )
+        await ack_entry(redis, stream, group, entry_id)
+        return None
+    try:
+        packed = fields.get(STREAM_FIELD_RESULTS)
+        if packed is None:
+            raise CodecError("the entry has no results field")
+        return decode_results(packed, entry_count(fields.get(STREAM_FIELD_COUNT)))
+    except CodecError as exc:
+        log.error(
+            "undecodable result entry %s on %s, acknowledged and skipped: %s",
+            _text(entry_id),
+            stream,
+            exc,
+        )
+        await ack_entry(redis, stream, group, entry_id)
+        return None
+
+
+def _text(entry_id: bytes | str) -> str:
+    """A stream entry id as text, for a log line."""
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
 
 async def ack_entry(redis: aioredis.Redis, stream: str, group: str, entry_id: bytes) -> None:
