@@ -221,12 +221,13 @@ class Producer:
         self, ready: _Prepared, spec: ModelSpec | None, timeout_s: float
     ) -> InferResult:
         mux = await self.replies()
-        await self._check_queue(spec, ready.level)
+        started = time.monotonic()
+        await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
             try:
-                started = time.monotonic()
-                await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
+                left = timeout_s - (time.monotonic() - started)
+                await self._publisher.publish(ready.req, ready.topic, timeout_s=left)
                 left = timeout_s - (time.monotonic() - started)
                 return await self._await_reply(fut, ready, spec, left, timeout_s)
             except asyncio.CancelledError:
@@ -258,13 +259,14 @@ class Producer:
         """
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
         mux = await self.replies()
-        await self._check_queue(spec, ready.level)
+        started = time.monotonic()
+        await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             responses = mux.expect_responses(ready.req.id, limit)  # before publishing
             final = False
             try:
-                started = time.monotonic()
-                await self._publisher.publish(ready.req, ready.topic, timeout_s=timeout_s)
+                left = timeout_s - (time.monotonic() - started)
+                await self._publisher.publish(ready.req, ready.topic, timeout_s=left)
                 left = timeout_s - (time.monotonic() - started)
                 while not final:
                     nxt = anext(responses)
@@ -345,14 +347,23 @@ class Producer:
         settled = req if level == req.priority else replace(req, priority=level)
         return _Prepared(settled, self.names.request_topic(req.model, level), level)
 
-    async def _check_queue(self, spec: ModelSpec | None, level: int) -> None:
-        """QueueFull at once when the level's queue is at max_queue_size."""
+    async def _check_queue(
+        self, spec: ModelSpec | None, level: int, timeout_s: float | None = None
+    ) -> None:
+        """QueueFull at once when the level's queue is at max_queue_size; Unavailable when
+        Kafka does not answer the backlog check, within ``timeout_s`` (a sync call's own
+        timeout: the check is part of the call's time) or the Kafka request timeout."""
         if spec is None:
             return
         try:
-            await self._guard.check(spec, level)
+            async with asyncio.timeout(timeout_s):
+                await self._guard.check(spec, level)
         except PlazaError:
             raise
+        except TimeoutError as exc:
+            raise Unavailable(
+                f"Kafka did not answer the backlog check within the call's {timeout_s:g} s"
+            ) from exc
         except Exception as exc:
             raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc
 

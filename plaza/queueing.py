@@ -50,6 +50,7 @@ class BacklogProbe:
             bootstrap_servers=self._kafka.bootstrap_servers,
             group_id=None,
             enable_auto_commit=False,
+            request_timeout_ms=self._kafka.request_timeout_ms,
             **kafka_security(self._kafka),
         )
         await self._consumer.start()

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from plaza.client import PlazaClient, make_request
-from plaza.errors import DeadlineExceeded, QueueFull
+from plaza.errors import DeadlineExceeded, QueueFull, Unavailable
 from plaza.settings import PlazaSettings
 from tests.support import model_variant, running_worker, wait_for
 
@@ -160,6 +160,37 @@ async def test_overlapping_backlog_readings_share_one_measurement(
         assert measured == [topic]
         assert await probe.lag("measured", topic) == 3
         assert measured == [topic, topic]
+
+
+async def test_a_backlog_check_that_hangs_ends_within_the_calls_timeout(
+    settings: PlazaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backlog check is part of a sync call's time: a Kafka that does not answer it
+    (held here, where an unreachable broker would take the request timeout) fails the call
+    with Unavailable inside its timeout, and nothing is published."""
+    s = variant(
+        tmp_path,
+        settings,
+        "held",
+        "default_queue_policy { max_queue_size: 50 }",
+        backlog_check_ttl_ms=0,
+    )
+    async with PlazaClient(s) as client:
+        probe = client.producer.backlog
+        measure = probe._measure
+        never = asyncio.Event()
+
+        async def hung(model: str, topic: str) -> int:
+            await never.wait()
+            return 0
+
+        monkeypatch.setattr(probe, "_measure", hung)
+        async with asyncio.timeout(30):  # the bug: the call waited for the check alone
+            with pytest.raises(Unavailable, match="backlog check within the call's 0.5 s"):
+                await client.infer("held", x(1), timeout_s=0.5)
+        monkeypatch.setattr(probe, "_measure", measure)
+        never.set()  # the held measurement ends; the next reading is Kafka's own
+        assert await probe.lag("held", s.names.request_topic("held")) == 0
 
 
 async def test_priority_one_finishes_before_priority_two_under_a_backlog(
