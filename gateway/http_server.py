@@ -10,10 +10,16 @@ keeps what an inference front needs and nothing else:
   as a dict of lower-case names;
 - keep-alive and pipelining: a connection's requests are answered one at a time, in order;
   while a response is pending at most ``MAX_PIPELINED`` more are parsed, then reading pauses;
-- ``Expect: 100-continue``, chunked request bodies (httptools decodes them), HTTP/1.0;
+- ``Expect: 100-continue`` (the 100 is sent only when no earlier request awaits its
+  answer, which it would precede, and never to HTTP/1.0: RFC 9110 §10.1.1), chunked
+  request bodies (httptools decodes them; their trailers are dropped, never merged into the
+  headers: RFC 9110 §6.5.1), HTTP/1.0;
+- ``Upgrade`` is ignored (RFC 9110 §7.8): the request is answered as any other and the
+  connection goes on; CONNECT gets 400 and a close;
 - a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
-  ``stall_s`` gets 408 and a close; a request line and headers over ``max_head_bytes`` get
-  431 and a close; a malformed request gets 400 and a close;
+  ``stall_s`` gets 408 and a close; a request line and headers, or a chunked body's
+  trailers, over ``max_head_bytes`` get 431 and a close; a malformed request gets 400 and a
+  close;
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -52,8 +58,9 @@ KEEP_ALIVE_S = 5.0
 """An idle keep-alive connection is closed after this long (uvicorn's default)."""
 
 MAX_HEAD_BYTES = 1 << 20
-"""The most a request line and its headers may take (httptools keeps a header whole until it
-ends). Counted per read, so a head is refused somewhat past this, never before it."""
+"""The most a request line and its headers, or a chunked body's trailers, may take
+(httptools keeps a header whole until it ends). Counted per read, so a head is refused
+somewhat past this."""
 
 STALL_S = 30.0
 """A request half received whose next bytes do not come for this long is answered 408 and
@@ -139,8 +146,10 @@ class HttpProtocol(asyncio.Protocol):
         self._write_ready: asyncio.Future[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._receiving = False
-        self._in_body = False
+        self._in_body = False  # past the headers: a header now is a trailer
+        self._in_head = False  # where a read that ends here counts against max_head_bytes
         self._head_bytes = 0
+        self._replay: bytes | None = None  # an Upgrade request's head, without the Upgrade
         self._last_data = 0.0
         self._broken = False
         self._pump: asyncio.Task[None] | None = None
@@ -168,16 +177,33 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._last_data = self._loop.time()
         try:
-            self._parser.feed_data(data)
-            if self._receiving and not self._in_body:  # this read ended inside a head
+            self._parse(data)
+            if self._in_head:  # this read ended inside a head (or trailers)
                 self._head_bytes += len(data)
                 if self._head_bytes > self._server.max_head_bytes:
-                    too_long = f"request line and headers over {self._server.max_head_bytes} bytes"
+                    limit = self._server.max_head_bytes
+                    too_long = f"request line and headers (or trailers) over {limit} bytes"
                     self._reject_now(_plain(431, too_long, "headers_too_large"))
-        except httptools.HttpParserUpgrade:
-            self._reject_now(_plain(400, "protocol upgrades are not supported"))
         except httptools.HttpParserError as exc:
             self._reject_now(_plain(400, f"malformed HTTP request: {exc}"))
+
+    def _parse(self, data: bytes) -> None:
+        """Feed ``data`` to the parser. httptools stops at a request that asks to upgrade,
+        its body unread (the body would be the new protocol's); a server may ignore Upgrade
+        (RFC 9110 §7.8), so a fresh parser reads its head again without the Upgrade header,
+        then the bytes after the stop: its body, and the requests that follow."""
+        view = memoryview(data)  # no copy per upgrade when many are pipelined in one read
+        while True:
+            try:
+                self._parser.feed_data(view)
+                return
+            except httptools.HttpParserUpgrade as exc:
+                head, self._replay = self._replay, None
+                if head is None:  # refused: CONNECT, or the connection (_reject_now)
+                    return
+                self._parser = httptools.HttpRequestParser(self)
+                self._parser.feed_data(head)
+                view = view[exc.args[0] :]
 
     def pause_writing(self) -> None:
         self._write_ready = self._loop.create_future()
@@ -190,6 +216,7 @@ class HttpProtocol(asyncio.Protocol):
     # -- httptools' callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._receiving = True  # the idle timer, if armed, now watches for a stall
+        self._in_head = True
         self._head_bytes = 0
         self._url = b""
         self._headers = {}
@@ -201,6 +228,8 @@ class HttpProtocol(asyncio.Protocol):
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_body:  # a trailer: dropped, as it may not change the request's meaning
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self._headers.get(key)
@@ -208,19 +237,32 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_body = True
+        self._in_head = False
+        if self._parser.should_upgrade():
+            return  # read again without its Upgrade (_parse), or refused (on_message_complete)
         declared = self._headers.get("content-length", "")
         limit = self._server.max_body_bytes
-        expects = self._headers.get("expect", "").lower() == "100-continue"
+        expects = (
+            self._headers.get("expect", "").lower() == "100-continue"
+            and self._parser.get_http_version() != "1.0"  # ignored in 1.0 (RFC 9110 §10.1.1)
+        )
         if declared.isdigit() and int(declared) > limit:
             if expects:  # the client waits before it sends the body: answer it now
                 self._reject_now(_payload_too_large(limit))
             else:  # it is sending the body: read it to its end, unkept, then answer
                 self._rejected = _payload_too_large(limit)
             return
-        if expects and self._transport:
+        if expects and self._transport and not self._busy:
+            # only with no answer still to come ahead of it: the 100 would precede that
+            # answer, and the client waiting for it would take it as its own
             self._transport.write(_CONTINUE)
 
+    def on_chunk_header(self) -> None:
+        self._in_head = True  # a chunk's size line, or the trailers after the last one
+
     def on_body(self, body: bytes) -> None:
+        self._in_head = False
+        self._head_bytes = 0  # what was counted was a chunk's size line, not trailers
         if self._rejected is not None or self._broken:
             return
         self._size += len(body)
@@ -231,9 +273,15 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._receiving = self._in_body = False
+        self._receiving = self._in_body = self._in_head = False
         self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
+            return
+        if self._parser.should_upgrade():  # its body, if any, is not read: see _parse
+            if self._parser.get_method() == b"CONNECT":
+                self._reject_now(_plain(400, "CONNECT is not supported"))
+            else:
+                self._replay = self._head_without_upgrade()
             return
         keep_alive = bool(self._parser.should_keep_alive()) and not self._closing
         if self._rejected is not None:
@@ -247,6 +295,16 @@ class HttpProtocol(asyncio.Protocol):
         version = self._parser.get_http_version()
         method = self._parser.get_method().decode("latin-1")
         self._enqueue(HttpRequest(method, path, query, self._headers, body, version), keep_alive)
+
+    def _head_without_upgrade(self) -> bytes:
+        """The request line and headers as parsed, less Upgrade (so httptools reads on)."""
+        version = self._parser.get_http_version().encode()
+        lines = [b"%s %s HTTP/%s\r\n" % (self._parser.get_method(), self._url, version)]
+        for name, value in self._headers.items():
+            if name != "upgrade":
+                lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
+        lines.append(b"\r\n")
+        return b"".join(lines)
 
     # -- answering -----------------------------------------------------------------------
     def _enqueue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:

@@ -1,7 +1,7 @@
 """The gateway's HTTP/1.1 server over loopback sockets, with raw bytes as the client:
-keep-alive, pipelining in order, body limits, chunked bodies, Expect: 100-continue, HEAD,
-HTTP/1.0, malformed requests, idle connections and the stop's drain; and, on a fake
-transport, any run of requests and garbage cut anywhere (hypothesis)."""
+keep-alive, pipelining in order, body limits, chunked bodies and their trailers, Expect:
+100-continue, Upgrade, HEAD, HTTP/1.0, malformed requests, idle connections and the stop's
+drain; and, on a fake transport, any run of requests and garbage cut anywhere (hypothesis)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ LIMIT = 1024
 
 
 async def echo(request: HttpRequest) -> HttpResponse:
-    """Answers what it was asked; a ``delay`` query sleeps first; ``/boom`` raises."""
+    """Answers what it was asked; a ``delay`` query sleeps first; ``/boom`` raises;
+    ``/headers`` answers the headers it got, as JSON."""
     if request.path == "/boom":
         raise RuntimeError("boom")
+    if request.path == "/headers":
+        return HttpResponse(200, orjson.dumps(request.headers), "application/json")
     if request.query.startswith("delay="):
         await asyncio.sleep(float(request.query.split("=", 1)[1]))
     text = f"{request.method} {request.path} {len(request.body)} {request.body[:16]!r}"
@@ -144,6 +147,36 @@ async def test_headers_over_the_head_limit_are_431_and_closed() -> None:
         writer.close()
 
 
+async def test_trailers_are_dropped_not_merged_into_the_headers() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /headers HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        trailers = b"content-encoding: gzip\r\nx-trailer: 1\r\n\r\n"
+        writer.write(head + b"3\r\nabc\r\n0\r\n" + trailers + post("/after", b""))
+        status, _, body = await read_response(reader)
+        assert status == 200
+        assert orjson.loads(body) == {"host": "t", "transfer-encoding": "chunked"}
+        assert (await read_response(reader))[2] == b"POST /after 0 b''"
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [b"x-long: " + b"v" * 8192, b"".join(b"x-t%d: %s\r\n" % (i, b"v" * 1000) for i in range(8))],
+    ids=["one long", "many"],
+)
+async def test_trailers_over_the_head_limit_are_431_and_closed(trailers: bytes) -> None:
+    async with server(max_head_bytes=4096) as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /t HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n"
+        writer.write(head + b"1\r\nx\r\n0\r\n" + trailers)  # and the trailers never end
+        status, headers, body = await asyncio.wait_for(read_response(reader), 5)
+        assert (status, headers["connection"]) == (431, "close")
+        assert orjson.loads(body)["code"] == "headers_too_large"
+        assert await reader.read() == b""
+        writer.close()
+
+
 async def test_a_large_body_read_together_with_its_head_is_not_a_long_head() -> None:
     async with server(max_head_bytes=256) as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -163,6 +196,64 @@ async def test_expect_100_continue_gets_the_interim_answer_first() -> None:
         writer.write(b"data")
         status, _, body = await read_response(reader)
         assert (status, body) == (200, b"POST /e 4 b'data'")
+        writer.close()
+
+
+async def test_100_continue_is_not_sent_ahead_of_an_earlier_answer() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /e HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
+        writer.write(post("/first?delay=0.2", b"") + head)  # /e comes while /first is answered
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /first 0 b''")  # not a 100 meant for /e
+        writer.write(b"data")  # as a client does once it tires of waiting for a 100
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /e 4 b'data'")  # and no 100 came before it
+        writer.close()
+
+
+async def test_100_continue_is_not_sent_to_http_1_0() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /e HTTP/1.0\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
+        writer.write(head + b"data")
+        status, _, body = await read_response(reader)
+        assert (status, body) == (200, b"POST /e 4 b'data'")
+        assert await reader.read() == b""  # the answer, its close, and nothing else
+        writer.close()
+
+
+_UPGRADES = {
+    "websocket": (
+        b"GET /a HTTP/1.1\r\nhost: t\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+        b"GET /a 0 b''",
+    ),
+    "h2c with a body": (  # as curl --http2 -d sends it
+        post(
+            "/a", b"{}", "connection: Upgrade, HTTP2-Settings", "upgrade: h2c", "http2-settings: A"
+        ),
+        b"POST /a 2 b'{}'",
+    ),
+}
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "one by one"])
+@pytest.mark.parametrize("upgrade, echoed", _UPGRADES.values(), ids=_UPGRADES.keys())
+async def test_an_upgrade_is_ignored_and_the_connection_goes_on(
+    upgrade: bytes, echoed: bytes, pipelined: bool
+) -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write((upgrade + post("/next", b"")) if pipelined else upgrade)
+        first = await read_response(reader)
+        if not pipelined:
+            writer.write(post("/next", b""))
+        second = await read_response(reader)
+        assert [(status, body) for status, _, body in (first, second)] == [
+            (200, echoed),
+            (200, b"POST /next 0 b''"),
+        ]
+        assert "connection" not in first[1] and "connection" not in second[1]
         writer.close()
 
 
@@ -192,9 +283,15 @@ async def test_http_1_0_is_answered_and_closed() -> None:
 
 
 @pytest.mark.parametrize(
-    "garbage", [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nbad header\r\n\r\n"]
+    "garbage",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET / HTTP/1.1\r\nbad header\r\n\r\n",
+        b"CONNECT example.org:443 HTTP/1.1\r\nhost: example.org:443\r\n\r\n",
+    ],
+    ids=["not HTTP", "bad header", "CONNECT"],
 )
-async def test_a_malformed_request_is_400_and_closed(garbage: bytes) -> None:
+async def test_a_malformed_or_connect_request_is_400_and_closed(garbage: bytes) -> None:
     async with server() as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(garbage)
