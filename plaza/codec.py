@@ -450,7 +450,16 @@ def decode_result(data: Buffer) -> InferResult:
         body = msgpack.unpackb(data, raw=False)
     except Exception as exc:
         raise CodecError(f"result is not valid msgpack: {exc}") from exc
-    return _result_from_map(body)
+    try:
+        return _result_from_map(body)
+    except CodecError:
+        raise
+    except Exception as exc:  # a field of the wrong type that the checks did not name
+        raise CodecError(f"result is not a valid result map: {exc!r}") from exc
+
+
+_MAX_ENTRY_COUNT = 0xFFFFFFFF
+"""The most items a msgpack array header can announce (its array 32 form)."""
 
 
 def entry_count(value: bytes | str | None) -> int | None:
@@ -462,7 +471,7 @@ def entry_count(value: bytes | str | None) -> int | None:
         count = int(value)
     except ValueError:
         return None
-    return count if count > 0 else None
+    return count if 0 < count <= _MAX_ENTRY_COUNT else None
 
 
 def _array_header(count: int) -> bytes:

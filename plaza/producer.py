@@ -34,7 +34,14 @@ import redis.asyncio as aioredis
 from msgspec.structs import replace
 
 from plaza.contract import InferRequest, InferResult, ReplyTo
-from plaza.errors import DeadlineExceeded, PlazaError, QueueFull, Unavailable, Unsupported
+from plaza.errors import (
+    CodecError,
+    DeadlineExceeded,
+    PlazaError,
+    QueueFull,
+    Unavailable,
+    Unsupported,
+)
 from plaza.modelconfig import ModelSpec
 from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
@@ -322,9 +329,17 @@ class Producer:
         return ids
 
     async def poll(self, job_id: str) -> JobStatus:
-        """pending, done (with the result) or unknown; Unavailable when Redis is away."""
+        """pending, done (with the result) or unknown; Unavailable when Redis is away, and
+        an internal error (not retriable: polling again reads the same bytes) when what is
+        stored for the job does not decode."""
         try:
             return await self._store.poll(job_id)
+        except CodecError as exc:
+            raise PlazaError(
+                f"the stored result of job {job_id} does not decode: {exc}", job_id=job_id
+            ) from exc
+        except PlazaError:
+            raise
         except Exception as exc:
             raise Unavailable(f"Redis did not answer: {exc}") from exc
 

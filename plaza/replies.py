@@ -120,6 +120,12 @@ class ResponseStream:
         return self._buffer.popleft()
 
 
+def _stopped() -> Unavailable:
+    """What a caller still waiting when the reader stops gets (one each: an exception
+    raised in many tasks would gather all their tracebacks)."""
+    return Unavailable("the reply stream's reader stopped before the answer came")
+
+
 class ReplyMux:
     """Reads ``stream`` and completes ``wait`` futures by correlation id."""
 
@@ -154,11 +160,14 @@ class ReplyMux:
                 pass
         if self._channel is not None:
             await self._channel.close()
+        # The callers still waiting were not cancelled: they are told why their wait ended
+        # (a CancelledError would read as their own cancellation, and store a cancel).
         for fut in self._waiters.values():
-            fut.cancel()
+            if not fut.done():
+                fut.set_exception(_stopped())
         self._waiters.clear()
         for stream in list(self._streams.values()):
-            stream.fail(Unavailable("the reply stream's reader stopped"))
+            stream.fail(_stopped())
         self._streams.clear()
         with contextlib.suppress(Exception):
             await self._redis.delete(self.stream)
@@ -218,7 +227,10 @@ class ReplyMux:
             for entry_id, packed, count in entries:
                 self._last_id = entry_id
                 if packed is not None:
-                    self._dispatch(packed, count)
+                    try:
+                        self._dispatch(packed, count)
+                    except Exception:  # one bad entry must not end the reader of them all
+                        log.exception("reply entry %r on %s not dispatched", entry_id, self.stream)
             now = asyncio.get_running_loop().time()
             if now - touched > self._ttl_s / 3:
                 touched = now

@@ -12,7 +12,8 @@ it runs wait for that run:
   the next call after it ended (either way) starts a new run;
 - a caller that is cancelled, or times out, stops waiting, and the run goes on for the
   others (it is shielded);
-- :meth:`close` cancels the runs still going (a stopping client).
+- :meth:`close` cancels the runs still going (a stopping client); their callers, who were
+  not cancelled themselves, get Unavailable.
 
 One instance per owner (a publisher, a probe); nothing is shared between them.
 """
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from functools import partial
 from typing import Generic, TypeVar
 
+from plaza.errors import Unavailable
 from plaza.tasks import cancel_and_wait
 
 K = TypeVar("K", bound=Hashable)
@@ -47,7 +49,13 @@ class SingleFlight(Generic[K, V]):
             task = asyncio.ensure_future(work())
             self._running[key] = task
             task.add_done_callback(partial(self._ended, key))
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and current is not None and not current.cancelling():
+                raise Unavailable("stopped while the work this call waited for ran") from None
+            raise  # the caller's own cancellation
 
     def _ended(self, key: K, task: asyncio.Future[V]) -> None:
         # (an exception that no caller waits for any more is retrieved by ``shield``)

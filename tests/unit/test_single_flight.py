@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from plaza.errors import Unavailable
 from plaza.single_flight import SingleFlight
 
 
@@ -85,12 +86,27 @@ async def test_a_cancelled_caller_leaves_the_run_to_the_others() -> None:
     assert gone.cancelled() and work.runs == 1
 
 
-async def test_close_cancels_the_runs_going() -> None:
+async def test_close_cancels_the_runs_going_and_their_callers_are_told_why() -> None:
+    """The callers were not cancelled themselves: they get Unavailable, which a caller
+    handles as a failure, not a CancelledError that reads as its own cancellation."""
     flights: SingleFlight[str, int] = SingleFlight()
     work = Work()
     caller = asyncio.create_task(flights.run("a", work))
     await asyncio.sleep(0)
     await flights.close()
     assert len(flights) == 0
+    with pytest.raises(Unavailable, match="stopped"):
+        await caller
+    assert not caller.cancelled()
+
+
+async def test_a_cancelled_caller_of_a_closed_run_stays_cancelled() -> None:
+    flights: SingleFlight[str, int] = SingleFlight()
+    work = Work()
+    caller = asyncio.create_task(flights.run("a", work))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await flights.close()
     with pytest.raises(asyncio.CancelledError):
         await caller
+    assert caller.cancelled()
