@@ -9,7 +9,9 @@ keeps what an inference front needs and nothing else:
   past it the rest is discarded, not kept, and the answer is 413 and a close), the headers
   as a dict of lower-case names;
 - keep-alive and pipelining: a connection's requests are answered one at a time, in order;
-  while a response is pending at most ``MAX_PIPELINED`` more are parsed, then reading pauses;
+  once more than ``MAX_PIPELINED`` wait behind the one being answered, reading pauses (the
+  read that passed the mark is parsed whole: httptools cannot stop inside one, so a single
+  read of many small requests queues them all, each still answered in its turn);
 - ``Expect: 100-continue`` (the 100 is sent only when no earlier request awaits its
   answer, which it would precede, and never to HTTP/1.0: RFC 9110 §10.1.1), chunked
   request bodies (httptools decodes them; their trailers are dropped, never merged into the
@@ -49,7 +51,8 @@ import orjson
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
-"""Requests parsed ahead of the one being answered, per connection, before reading pauses."""
+"""Requests waiting behind the one being answered, per connection, past which reading
+pauses (after the read that passed it, parsed whole)."""
 
 BACKLOG = 2048
 """listen() backlog."""
