@@ -186,7 +186,7 @@ async def test_a_backlog_check_that_hangs_ends_within_the_calls_timeout(
 
         monkeypatch.setattr(probe, "_measure", hung)
         async with asyncio.timeout(30):  # the bug: the call waited for the check alone
-            with pytest.raises(Unavailable, match="backlog check within the call's 0.5 s"):
+            with pytest.raises(Unavailable, match=r"backlog check within the call's 0\.5 s"):
                 await client.infer("held", x(1), timeout_s=0.5)
         monkeypatch.setattr(probe, "_measure", measure)
         never.set()  # the held measurement ends; the next reading is Kafka's own
