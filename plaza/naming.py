@@ -30,6 +30,8 @@ HEADER_ERROR_MESSAGE = "plaza-error"
 HEADER_SOURCE_TOPIC = "plaza-source-topic"
 HEADER_SOURCE_PARTITION = "plaza-source-partition"
 HEADER_SOURCE_OFFSET = "plaza-source-offset"
+HEADER_ORIGINAL_SIZE = "plaza-original-size"
+"""On a dead letter sent without its value (too big to forward): the value's size in bytes."""
 
 # Field names inside Redis stream entries.
 STREAM_FIELD_RESULTS = b"r"
