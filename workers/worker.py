@@ -107,6 +107,9 @@ class Suspect:
 
     item: WorkItem
     record: Record
+    expires: float | None = None
+    """When it is answered with a timeout error instead of run (a monotonic time), as the
+    batcher would answer it: None if never (no deadline, or a queue policy that DELAYs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,9 +579,6 @@ class Worker:
             self._deferred.append((item, deliveries, record, now_mono, now_wall))
             return
         req, tp = item.request, item.partition
-        if deliveries > 1:
-            self._suspects.append(Suspect(item, record))
-            return
         if now_mono is None:
             now_mono = time.monotonic()
         if now_wall is None:
@@ -586,6 +586,10 @@ class Worker:
         deadline = None
         if req.deadline_ms is not None:
             deadline = monotonic_deadline(req, now_mono, now_wall)
+        if deliveries > 1:
+            expires = self._suspect_expiry(item, deadline, now_mono)
+            self._suspects.append(Suspect(item, record, expires))
+            return
         began = now_mono
         if self.settings.worker.queue_delay_from == "sent":
             began = wait_began(req, now_mono, now_wall, self._max_wait_s)
@@ -601,6 +605,24 @@ class Worker:
             self.metrics.count("rejected")
             done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
             done.records.append((tp, item.offset))
+
+    def _suspect_expiry(self, item: WorkItem, deadline: float | None, now: float) -> float | None:
+        """When a suspect (which skips the batcher) expires as the batcher would judge it:
+        the earlier of its deadline and its level's queue-policy timeout, counted from
+        ``now``; never where the level DELAYs expired requests. The sequence batcher
+        expires a request by its own deadline alone."""
+        if self.sequences is not None:
+            return deadline
+        level = self.policy.level_of(
+            item.request.priority or self._topic_level(item.partition.topic)
+        )
+        qp = self.policy.queue_policy(level)
+        if not qp.reject_on_timeout:
+            return None
+        if qp.default_timeout_us:
+            configured = now + qp.default_timeout_us / 1e6
+            deadline = configured if deadline is None else min(deadline, configured)
+        return deadline
 
     def _defer(self, item: WorkItem, record: Record) -> bool:
         """Whether ``item`` waits for its sequence's state: the sequence is not held here
@@ -685,7 +707,9 @@ class Worker:
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
         self.metrics.count("dead_lettered")
         topic = self.names.dead_letter_topic(self.model)
-        await dead_letter(self.producer, topic, tp, record, error, self.id)
+        # retried until it goes through (the record is finished only then), or until the
+        # worker stops: a failed dead letter never stops the worker
+        await dead_letter(self.producer, topic, tp, record, error, self.id, self._stopping)
 
     def _lag(self) -> int:
         """Records in our partitions that Kafka holds but we have not fetched yet."""
@@ -853,9 +877,14 @@ class Worker:
     async def _try_suspect(self, suspect: Suspect) -> None:
         """Run a suspect alone once all before it is durable, so that a crash now is
         charged to it alone; dead-letter it (a poison record) once it has used up its
-        ``max_deliveries``: the first delivery in a batch, then one trial per delivery."""
+        ``max_deliveries``: the first delivery in a batch, then one trial per delivery.
+        One that expired meanwhile is answered with a timeout error, as the batcher would."""
         await self._idle.wait()
         item, tp = suspect.item, suspect.item.partition
+        if suspect.expires is not None and suspect.expires <= time.monotonic():
+            # expired while it waited (a worker's restart): answered, not run nor charged
+            await self._results.put(self._timeouts([item]))
+            return
         trials = await self.deliveries.trial((tp.topic, tp.partition, item.offset))
         if trials < self.settings.worker.max_deliveries:
             if await self._unanswered([item]):
