@@ -417,6 +417,11 @@ class Worker:
         log.debug("%s: stop: results written", self.id)
         await self._commit()
         log.debug("%s: stop: committed", self.id)
+        # The records left (a suspect not run, an execution past the drain timeout) go to
+        # the next owner, a first delivery's counter released; the finished records'
+        # counters go too. (The consumer's revocation below finds the tasks gone.)
+        with contextlib.suppress(Exception):  # Redis away: the counters expire by their ttl
+            await self._hand_back(set(self.consumer.assignment()))
         # An execution still running after the drain timeout goes too.
         self._writes_closed = True
         watch = [self._cancels] if self._cancels is not None else []
@@ -428,7 +433,7 @@ class Worker:
         await self.metrics.close(self.redis)  # the last statistics flush; /metrics goes away
         with contextlib.suppress(Exception):
             await self.redis.zrem(self.names.worker_registry_key(self.model), self.id)
-        await self.consumer.stop()  # its revocation flushes the delivery counters
+        await self.consumer.stop()
         await self.writer.close()
         await self.deliveries.close()
         self.device.remove_model(self.model)
@@ -525,7 +530,11 @@ class Worker:
         """Take one record in. ``looked_id``: the request id intake looked up by the record's
         key (None: not looked up), and ``answered`` whether that id had an answer."""
         if tp in self._moved or not self.offsets.started(tp, record.offset):
-            return  # revoked while this fetch was being taken in: the next owner replays it
+            # revoked while this fetch was being taken in: the next owner replays it, as a
+            # first delivery where this one was (its counter, counted at intake, released)
+            if deliveries <= 1:
+                self.deliveries.finished([(tp.topic, tp.partition, record.offset)])
+            return
         self.metrics.records["fetched"] += 1
         self._fetched[tp] = record.offset + 1
         self._hold((tp, record.offset), len(record.value or b""), deliveries)
