@@ -39,6 +39,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from plaza import autocomplete_python
 from plaza.errors import ConfigError
 from plaza.modelconfig import BACKEND_PYTHON, DEFAULT_FILENAMES
+from plaza.naming import folder_version
 
 MODEL_FILENAME = "model.onnx"
 PYTHON_FILENAME = DEFAULT_FILENAMES[BACKEND_PYTHON]
@@ -70,9 +71,11 @@ Signature = tuple[list[tuple[str, str, Shape]], list[tuple[str, str, Shape]]]
 
 
 def model_file(folder: Path, filename: str = MODEL_FILENAME) -> Path | None:
-    """``filename`` in the newest numeric version folder that has it, or None."""
-    versions = [p for p in folder.glob(f"[0-9]*/{filename}") if p.parent.name.isdigit()]
-    return max(versions, key=lambda p: int(p.parent.name)) if versions else None
+    """``filename`` in the newest version folder (``plaza.naming.folder_version``) that has
+    it, or None."""
+    found = [(folder_version(p.parent.name), p) for p in folder.glob(f"*/{filename}")]
+    versions = [(v, p) for v, p in found if v is not None]
+    return max(versions)[1] if versions else None
 
 
 def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:

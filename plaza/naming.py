@@ -85,6 +85,16 @@ def check_model_name(name: str) -> str:
     return name
 
 
+_VERSION_FOLDER_RE = re.compile(r"[1-9][0-9]*")
+
+
+def folder_version(name: str) -> int | None:
+    """The model version a subfolder of a model's folder holds, as Triton reads it: its
+    name as a number in ASCII digits with no leading zero (``1``, ``12``); None for any
+    other folder (``0``, ``01``, ``v2``, other scripts' digits), which is ignored."""
+    return int(name) if _VERSION_FOLDER_RE.fullmatch(name) else None
+
+
 def step_request_id(ensemble_request_id: str, step_index: int, branch: int | None = None) -> str:
     """The correlation id of an ensemble request's step: ``<request id>.<step index>``, or
     ``<request id>.<step index>.<branch>`` for a step run once per response of a decoupled

@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from plaza.autocomplete import MODEL_FILENAME, PYTHON_FILENAME, complete, model_file
 from plaza.errors import ConfigError, InvalidInput, ModelNotFound
 from plaza.modelconfig import BACKEND_SIMULATED, ModelSpec, load_model_config, parse_model_config
-from plaza.naming import CONFIG_NAME_PATTERN, check_model_name
+from plaza.naming import CONFIG_NAME_PATTERN, check_model_name, folder_version
 from plaza.settings import PlazaSettings
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -122,9 +122,11 @@ class ModelRepository:
         )
 
     def available_versions(self, name: str) -> list[int]:
-        """Numeric version folders present on disk (others are ignored, as in Triton)."""
+        """Version folders present on disk (``plaza.naming.folder_version``; any other
+        folder is ignored, as in Triton)."""
         folder = self._model_dir(name)
-        return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
+        found = (folder_version(p.name) for p in folder.iterdir() if p.is_dir())
+        return sorted(v for v in found if v is not None)
 
     def served_versions(self, name: str, spec: ModelSpec | None = None) -> list[ModelVersion]:
         """The versions the version policy selects, each with its model file checked."""

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from plaza.autocomplete import model_file
 from plaza.errors import ConfigError, ModelNotFound
 from plaza.modelconfig import parse_model_config
 from plaza.repository import ModelRepository
@@ -175,6 +176,22 @@ def test_repository_versions_and_model_files(tmp_path: Path) -> None:
     assert repo.available_versions("mlp") == [1, 3]
     assert [mv.version for mv in repo.served_versions("mlp")] == [1, 3]
     assert repo.served_versions("mlp")[0].path == tmp_path / "mlp" / "1" / "model.onnx"
+
+
+def test_only_triton_version_folders_count(tmp_path: Path) -> None:
+    """Numbers in ASCII digits with no leading zero; a folder named otherwise is ignored
+    (a ``0``, a ``01`` beside ``1``, other scripts' digits, which ``int`` would misread or
+    refuse), never an error that fails the whole repository."""
+    odd = ["0", "01", "\u00b2", "\u0663", "v2"]
+    folders = {name: "model.onnx" for name in ["1", "3", *odd]}
+    _write_model(tmp_path, "mlp", GOOD, folders)
+    _write_model(tmp_path, "only_odd", GOOD, {name: "model.onnx" for name in odd})
+    repo = ModelRepository(tmp_path)
+    assert repo.available_versions("mlp") == [1, 3]
+    assert [mv.version for mv in repo.served_versions("mlp")] == [1, 3]
+    assert repo.available_versions("only_odd") == []
+    assert model_file(tmp_path / "mlp") == tmp_path / "mlp" / "3" / "model.onnx"
+    assert model_file(tmp_path / "only_odd") is None
 
 
 def test_missing_model_file_names_the_file(tmp_path: Path) -> None:
