@@ -110,17 +110,30 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
     return count
 
 
+_CORRID_MAX = {"INT32": 2**31 - 1, "UINT32": 2**32 - 1, "INT64": 2**63 - 1, "UINT64": 2**64 - 1}
+"""The largest sequence id each CORRID control type holds (the worker's tensor of it)."""
+
+
 def _check_sequence(req: InferRequest, spec: ModelSpec, rows: int) -> None:
     """A stateful model's request: its sequence parameters, one row, an integer id where
     the model takes the id as a CORRID control of an integer type."""
     flags = sequence_flags(req.parameters, spec.name)
     if rows != 1:
         raise InvalidInput(f"a request of sequence {flags.key!r} holds {rows} rows: one at most")
-    if isinstance(flags.key, str) and any(c.kind == CORRID for c in spec.sequence.controls):
-        raise InvalidInput(
-            f"model {spec.name!r} takes the sequence id as a number (its CORRID control): "
-            f"sequence_id {flags.key!r} must be an integer"
-        )
+    for control in spec.sequence.controls:
+        if control.kind != CORRID:
+            continue
+        if isinstance(flags.key, str):
+            raise InvalidInput(
+                f"model {spec.name!r} takes the sequence id as a number (its CORRID control): "
+                f"sequence_id {flags.key!r} must be an integer"
+            )
+        largest = _CORRID_MAX[control.datatype]
+        if flags.key > largest:  # (a sequence id is at least 1: sequence_flags checks it)
+            raise InvalidInput(
+                f"model {spec.name!r} takes the sequence id as {control.datatype} (its CORRID "
+                f"control {control.name!r}): sequence_id {flags.key} is past {largest}"
+            )
 
 
 def _check_classification(req: InferRequest, spec: ModelSpec) -> None:
