@@ -3,9 +3,15 @@
 In mode ``none`` the registry is read once from the repository. In ``explicit`` and
 ``poll`` it follows the deployment's model table (``plaza.model_control``): a load or
 unload made through any gateway is written there, and every gateway re-reads the table
-every ``FOLLOW_INTERVAL_S``, so they all serve the same models. Whoever runs the workers
-watches the same table (model hosts with ``host.follow_model_table``, or ``plaza up``'s
-supervisor with ``--process-per-model``).
+every ``FOLLOW_INTERVAL_S`` and re-reads each model whose generation there differs from the
+one it serves (a load through another gateway, a reload after a config edit or a new version
+folder), so they all serve the same models. Whoever runs the workers watches the same table
+(model hosts with ``host.follow_model_table``, or ``plaza up``'s supervisor with
+``--process-per-model``).
+
+Within one gateway, loads, unloads and the following of one model run one at a time (a lock
+per model), in the order they came: an unload sent while a load reads the model waits for
+it, then unloads. Across gateways the table's own check does it (``ModelControl.mark_loaded``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from plaza.errors import ConfigError, PlazaError, Unavailable
 from plaza.model_control import (
     ALL_MODELS,
     MODEL_CONTROL_DISABLED,
+    DesiredModel,
     LoadedModel,
     ModelControl,
+    check_load,
     dependents,
     read_load,
     read_model,
@@ -62,8 +70,11 @@ class ModelRegistry:
         self.failed: dict[str, str] = {}
         """Models that could not be read, with the reason."""
         self.unloaded: set[str] = set()
-        self._configs: dict[str, str] = {}
-        """The config override each loaded model was loaded with ("" for none)."""
+        self._generations: dict[str, int] = {}
+        """The model table's generation each model is served at (or was dropped or failed
+        at): ``follow`` re-reads a model whose generation in the table differs."""
+        self._locks: dict[str, asyncio.Lock] = {}
+        """One per model: its loads, unloads and following run one at a time."""
         self._seen: dict[str, str] = {}
         """Poll mode: a fingerprint of each model's folder as last read."""
         self._control: ModelControl | None = None
@@ -91,6 +102,24 @@ class ModelRegistry:
         self.models, self.failed = {}, {}
         for name in chosen:
             self._read(name)
+        if self.mode == "explicit":
+            self._read_steps()
+
+    def _read_steps(self) -> None:
+        """Explicit mode: serve the step models of the ensembles served from the start (and
+        theirs), as Triton loads an ensemble's composing models with it."""
+        present = set(self.repo.model_names())
+        while True:
+            steps = {
+                step.model_name
+                for model in self.models.values()
+                for step in model.spec.ensemble_steps
+            }
+            new = sorted((steps & present) - set(self.models) - set(self.failed))
+            if not new:
+                return
+            for name in new:
+                self._read(name)
 
     async def start(self, redis: aioredis.Redis) -> None:
         """Modes explicit and poll: announce the start models in the model table (those
@@ -102,51 +131,77 @@ class ModelRegistry:
         )
         table = await self._control.table.read()
         for name in list(self.models):
-            if name not in table or not table[name].loaded:
-                await self._control.table.load(name)
+            desired = table.get(name)
+            if desired is None or not desired.loaded:
+                desired = await self._control.table.load(name)
+            if desired.config == "":  # as read from the repository just now
+                self._generations[name] = desired.generation
         if self.mode == "poll":
             self._seen = {name: self._fingerprint(name) for name in self.repo.model_names()}
         await self.follow()
 
     # -- following the table ---------------------------------------------------------------
     async def follow(self) -> None:
-        """Serve what the model table says is loaded (loads made through other gateways)."""
+        """Serve what the model table says is loaded, as it says (loads and reloads made
+        through other gateways): a model whose generation there differs from the one served
+        is read again, or dropped when unloaded."""
         if self._control is None:
             return
+        known = dict(self._generations)
         for name, desired in (await self._control.table.read()).items():
-            if desired.loaded and (
-                name not in self.models or self._configs.get(name, "") != desired.config
-            ):
-                await self._read_off_loop(name, desired.config)
-            elif not desired.loaded and name in self.models:
-                self._drop(name)
+            async with self._lock(name):
+                if self._generations.get(name) != known.get(name):
+                    continue  # loaded or unloaded through this gateway since the table was read
+                await self._follow_one(desired)
+
+    async def _follow_one(self, desired: DesiredModel) -> None:
+        name = desired.name
+        if self._generations.get(name) == desired.generation:
+            return
+        if desired.loaded:
+            await self._read_off_loop(name, desired.config)  # a failure: not retried
+        elif name in self.models:
+            self._drop(name)
+        self._generations[name] = desired.generation
 
     # -- load / unload ---------------------------------------------------------------------
     async def load(self, name: str, config: str = "", *, wait: bool = False) -> LoadedModel:
         """Serve ``name`` (with a config override in Triton's JSON form, if given) and load
-        it for the deployment (``ModelControl.load``: the table, its topics and, with
-        ``wait``, a live worker); ModelNotFound or ConfigError when it cannot be read (a
-        model still served keeps its old config)."""
+        it for the deployment (``ModelControl.mark_loaded``: an ensemble's step models not
+        loaded yet, then the model, in the table, with their topics; with ``wait``, a live
+        worker). ModelNotFound or ConfigError when it cannot be read (a model still served
+        keeps its old config); Unavailable when an unload (or another load) of it came
+        through another gateway while it was read (the later request stands)."""
         control = self._changes_allowed()
-        try:
-            model = await asyncio.to_thread(read_load, self.repo, name, config)
-        except ConfigError as exc:
-            if name not in self.models and "reason" in exc.details:
-                self.failed[name] = exc.details["reason"]
-            raise
-        self._serve(name, model, config)
-        log.info("model %s loaded (versions %s)", name, list(model.versions))
-        return await control.load(name, config, model=model, wait=wait)
+        check_load(self.repo, name, config)
+        async with self._lock(name):
+            seen = await control.table.get(name)
+            try:
+                model = await asyncio.to_thread(read_load, self.repo, name, config)
+                marked = await control.mark_loaded(name, config, model, seen)
+            except ConfigError as exc:
+                if name not in self.models and "reason" in exc.details:
+                    self.failed[name] = exc.details["reason"]
+                raise
+            for each in marked:
+                self._serve(each.desired.name, each.model)
+                self._generations[each.desired.name] = each.desired.generation
+                log.info("model %s loaded (versions %s)", each.desired.name, each.model.versions)
+        if wait:
+            await control.wait_served(marked[-1])
+        return model
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """Stop serving ``name`` and mark it unloaded (its workers drain, then stop); with
         ``dependents`` (Triton's ``unload_dependents``), the served ensembles that call it,
         directly or through other ensembles, too."""
         control = self._changes_allowed()
-        specs = self._specs()
-        for model in await control.unload(name, with_dependents=dependents, specs=specs):
-            self._drop(model)
-            log.info("model %s unloaded", model)
+        async with self._lock(name):
+            specs = self._specs()
+            for desired in await control.unload(name, with_dependents=dependents, specs=specs):
+                self._drop(desired.name)
+                self._generations[desired.name] = desired.generation
+                log.info("model %s unloaded", desired.name)
 
     def dependents(self, name: str) -> list[str]:
         """The served ensembles that run ``name`` in a step, or run one that does."""
@@ -195,35 +250,37 @@ class ModelRegistry:
             raise Unavailable(MODEL_CONTROL_DISABLED)
         return self._control
 
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
     def _parse(self, name: str, config: str = "") -> LoadedModel:
         return read_model(self.repo, name, config)
 
-    def _serve(self, name: str, model: LoadedModel, config: str) -> None:
+    def _serve(self, name: str, model: LoadedModel) -> None:
         self.failed.pop(name, None)
         self.unloaded.discard(name)
-        self._configs[name] = config
         self.models[name] = model
 
-    def _read(self, name: str, config: str = "") -> LoadedModel | None:
-        """Serve ``name`` as the repository (or ``config``) says; a failure is recorded."""
+    def _read(self, name: str) -> LoadedModel | None:
+        """Serve ``name`` as the repository says; a failure is recorded."""
         try:
-            model = self._parse(name, config)
+            model = self._parse(name)
         except PlazaError as exc:
             self._not_served(name, exc)
             return None
-        self._serve(name, model, config)
+        self._serve(name, model)
         return model
 
     async def _read_off_loop(self, name: str, config: str = "") -> LoadedModel | None:
-        """``_read`` with the reading on a thread: completing a config may take a while (a
-        Python model's ``auto_complete_config`` runs in a child process), and the loop
-        serves requests meanwhile."""
+        """``_read`` (with the override ``config``) with the reading on a thread: completing
+        a config may take a while (a Python model's ``auto_complete_config`` runs in a child
+        process), and the loop serves requests meanwhile."""
         try:
             model = await asyncio.to_thread(self._parse, name, config)
         except PlazaError as exc:
             self._not_served(name, exc)
             return None
-        self._serve(name, model, config)
+        self._serve(name, model)
         return model
 
     def _not_served(self, name: str, exc: PlazaError) -> None:
@@ -233,7 +290,6 @@ class ModelRegistry:
 
     def _drop(self, name: str) -> None:
         self.models.pop(name, None)
-        self._configs.pop(name, None)
         self.unloaded.add(name)
 
     def _fingerprint(self, name: str) -> str:

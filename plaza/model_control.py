@@ -22,8 +22,12 @@ one field per model ever loaded, so it is bounded by the repository.
 ``ModelControl`` is Triton's load and unload over that table, the one path that both the
 gateway's repository API and a Python model's ``pb_utils.load_model`` / ``unload_model`` /
 ``is_model_ready`` (``workers/backends/pb_model_loader.py``) run: read the model
-(``read_load``), mark it loaded, create its request topics, wait for a live worker (the
-worker registry's heartbeats, ``live_workers``).
+(``read_load``), mark it loaded (an ensemble's step models first, those not loaded yet, as
+Triton's explicit mode loads an ensemble's composing models), create its request topics,
+wait for a live worker (the worker registry's heartbeats, ``live_workers``). The later
+request wins: a load writes its entry only if the model's generation in the table is still
+the one it saw before reading the model (``ModelTable.load_if_unchanged``, one atomic Redis
+script), so an unload sent through any gateway while the load was reading is never undone.
 """
 
 from __future__ import annotations
@@ -56,6 +60,21 @@ FILE_OVERRIDES_REFUSED = (
 must be in the repository every worker reads."""
 LOAD_POLL_S = 0.2
 """How often a load checks whether a worker serves the model yet."""
+
+_LOAD_IF_UNCHANGED = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+local generation = ''
+if current then
+  generation = string.match(current, '"generation": *(%-?%d+)') or '?'
+end
+if generation ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+"""Write a model's field (ARGV[3]) only while its generation is still ARGV[2] ("": no field
+yet). Generations are compared as text: they are nanoseconds, past a Lua number's precision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +136,23 @@ def read_load(repo: ModelRepository, name: str, config: str = "") -> LoadedModel
     before anything is written: ModelNotFound for a model not in the repository; ConfigError
     for an override that is not a JSON object, or a model that cannot be read (naming the
     model; ``details["reason"]`` holds the cause alone)."""
-    if name not in repo.model_names():
-        raise ModelNotFound(f"failed to load '{name}': no such model", model=name)
-    if config:
-        check_config_override(config)
+    check_load(repo, name, config)
     try:
         return read_model(repo, name, config)
     except PlazaError as exc:
         raise ConfigError(
             f"failed to load '{name}': {exc.message}", model=name, reason=exc.message
         ) from exc
+
+
+def check_load(repo: ModelRepository, name: str, config: str = "") -> None:
+    """What a load checks before anything else (the model table included): ModelNotFound
+    for a model not in the repository, ConfigError for an override that is not a JSON
+    object."""
+    if name not in repo.model_names():
+        raise ModelNotFound(f"failed to load '{name}': no such model", model=name)
+    if config:
+        check_config_override(config)
 
 
 def serving_models(name: str, spec: ModelSpec | None) -> list[str]:
@@ -198,6 +224,7 @@ class ModelTable:
     def __init__(self, redis: aioredis.Redis, names: Names) -> None:
         self._redis = redis
         self._key = names.model_table_key()
+        self._load_if_unchanged = redis.register_script(_LOAD_IF_UNCHANGED)
 
     async def read(self) -> dict[str, DesiredModel]:
         """Every model the table knows, loaded or not."""
@@ -224,11 +251,34 @@ class ModelTable:
         await self._redis.hset(self._key, name, desired.encode())
         return desired
 
+    async def load_if_unchanged(
+        self, name: str, seen: DesiredModel | None, config: str = ""
+    ) -> DesiredModel | None:
+        """``load``, in one atomic step with the check that the table still holds ``seen``
+        for ``name`` (its generation; None: nothing yet). None, and nothing written, when a
+        load or unload of ``name`` came in between."""
+        desired = DesiredModel(name, True, time.time_ns(), config)
+        expected = "" if seen is None else str(seen.generation)
+        written = await self._load_if_unchanged(
+            keys=[self._key], args=[name, expected, desired.encode()]
+        )
+        return desired if int(written) == 1 else None
+
     async def unload(self, name: str) -> DesiredModel:
         """Mark ``name`` unloaded: its workers drain and stop."""
         desired = DesiredModel(name, False, time.time_ns())
         await self._redis.hset(self._key, name, desired.encode())
         return desired
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """A model that a load marked loaded in the table."""
+
+    model: LoadedModel
+    """What the load read of it."""
+    desired: DesiredModel
+    """The table's entry the load wrote (or found: the same load, made meanwhile)."""
 
 
 class ModelControl:
@@ -251,31 +301,97 @@ class ModelControl:
         self._kafka = kafka
         self._load_timeout_s = load_timeout_s
 
-    async def load(
-        self, name: str, config: str = "", *, model: LoadedModel | None = None, wait: bool = True
-    ) -> LoadedModel:
+    async def load(self, name: str, config: str = "", *, wait: bool = True) -> LoadedModel:
         """Triton's load of ``name`` (with the override ``config``, Triton's JSON form):
         read it (``read_load``, on a thread: a Python model's ``auto_complete_config`` runs
-        in a child process; or take ``model``, read already), mark it loaded in the table
-        (a new generation: hosts start it, or restart it), create its request topics and,
-        with ``wait``, wait until a live worker serves it. Requests sent meanwhile wait in
-        Kafka. Unavailable when no worker comes within ``load_timeout_s``: the model stays
-        loaded, and is ready when one comes."""
+        in a child process), mark it loaded (``mark_loaded``: an ensemble's steps first) and,
+        with ``wait``, wait until a live worker serves it (``wait_served``). Requests sent
+        meanwhile wait in Kafka."""
+        check_load(self.repo, name, config)
+        seen = await self.table.get(name)
+        model = await asyncio.to_thread(read_load, self.repo, name, config)
+        marked = await self.mark_loaded(name, config, model, seen)
+        if wait:
+            await self.wait_served(marked[-1])
+        return model
+
+    async def mark_loaded(
+        self, name: str, config: str, model: LoadedModel, seen: DesiredModel | None
+    ) -> list[Marked]:
+        """Mark ``name`` loaded in the table (a new generation: hosts start it, or restart
+        it) and create its request topics; ``model`` is what the load read, ``seen`` what
+        the table held for ``name`` before that read.
+
+        An ensemble's steps come first, as Triton's explicit mode loads an ensemble's
+        composing models with it: each step model not loaded yet is read and marked loaded
+        (its own steps first, through nested ensembles); a step that cannot be read fails the
+        load (ConfigError naming the ensemble) before the ensemble is marked.
+
+        The later request wins: when the table's entry for ``name`` moved past ``seen``
+        while the load read it (an unload, or a load with another config, through any
+        gateway or model), nothing is written for ``name`` and the load fails with
+        Unavailable; the steps it marked stay loaded, as Triton's unload leaves them.
+        Returns the models marked, ``name`` last."""
+        return await self._mark(name, config, model, seen, frozenset({name}))
+
+    async def _mark(
+        self,
+        name: str,
+        config: str,
+        model: LoadedModel,
+        seen: DesiredModel | None,
+        chain: frozenset[str],
+    ) -> list[Marked]:
         # Kafka's client is imported here, not above: a Python model's process imports this
         # module for its checks at start, and needs Kafka only if the model loads something.
         from plaza.connections import ensure_topics
 
-        if model is None:
-            model = await asyncio.to_thread(read_load, self.repo, name, config)
-        spec = model.spec
-        await self.table.load(name, config)
-        levels = spec.batching.priority_levels
+        marked = await self._mark_steps(name, model.spec, chain)
+        desired = await self.table.load_if_unchanged(name, seen, config)
+        if desired is None:
+            desired = await self._superseded(name, config)
+        levels = model.spec.batching.priority_levels
         await ensure_topics(self._kafka, self._names.request_topics(name, levels))
-        if wait:
-            await self._wait_served(name, spec)
-        return model
+        return [*marked, Marked(model, desired)]
 
-    async def _wait_served(self, name: str, spec: ModelSpec) -> None:
+    async def _superseded(self, name: str, config: str) -> DesiredModel:
+        """The table's entry for ``name`` when another request changed it during a load:
+        a load of the same config made meanwhile counts as this one; else Unavailable."""
+        now = await self.table.get(name)
+        if now is not None and now.loaded and now.config == config:
+            return now
+        what = "unloaded" if now is None or not now.loaded else "loaded with another config"
+        raise Unavailable(
+            f"failed to load '{name}': it was {what} while this load read it (the later "
+            "request stands)",
+            model=name,
+        )
+
+    async def _mark_steps(self, name: str, spec: ModelSpec, chain: frozenset[str]) -> list[Marked]:
+        """``mark_loaded`` for each step model of the ensemble ``spec`` not loaded yet."""
+        marked: list[Marked] = []
+        for step in dict.fromkeys(s.model_name for s in spec.ensemble_steps):
+            if step in chain:
+                continue  # a cycle: the ensemble's own check refuses it where it runs
+            seen = await self.table.get(step)
+            if seen is not None and seen.loaded:
+                continue
+            try:
+                model = await asyncio.to_thread(read_load, self.repo, step)
+            except PlazaError as exc:
+                reason = f"step model '{step}': {exc.details.get('reason', exc.message)}"
+                raise ConfigError(
+                    f"failed to load '{name}': {reason}", model=name, reason=reason
+                ) from exc
+            marked += await self._mark(step, "", model, seen, chain | {step})
+        return marked
+
+    async def wait_served(self, marked: Marked) -> None:
+        """Wait until a live worker serves the model ``marked`` (an ensemble: a runner and
+        a worker of each step's model). Unavailable when none comes within
+        ``load_timeout_s`` (the model stays loaded, and is ready when one comes), or when
+        the model is unloaded meanwhile."""
+        name, spec = marked.desired.name, marked.model.spec
         deadline = time.monotonic() + self._load_timeout_s
         group = serving_models(name, spec)
         while (await live_workers(self._redis, self._names, [group]))[0] < 1:
@@ -287,6 +403,12 @@ class ModelControl:
                     model=name,
                 )
             await asyncio.sleep(LOAD_POLL_S)
+            now = await self.table.get(name)
+            if now is None or not now.loaded:
+                raise Unavailable(
+                    f"failed to load '{name}': it was unloaded before a worker served it",
+                    model=name,
+                )
 
     async def unload(
         self,
@@ -294,12 +416,13 @@ class ModelControl:
         *,
         with_dependents: bool = False,
         specs: Mapping[str, ModelSpec] | None = None,
-    ) -> list[str]:
+    ) -> list[DesiredModel]:
         """Triton's unload: mark ``name`` unloaded (its workers answer what is queued, then
         stop) and, ``with_dependents``, the loaded ensembles that call it (``dependents``
         among ``specs``, the loaded models' specs; read from the table when not given).
         ModelNotFound for a model neither in the repository nor in the table. Returns the
-        models unloaded, ``name`` first."""
+        table's entries written, ``name``'s first. An ensemble's steps stay loaded (Triton's
+        unload leaves an ensemble's composing models loaded)."""
         table = await self.table.read()
         if name not in table and name not in self.repo.model_names():
             raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
@@ -308,9 +431,7 @@ class ModelControl:
             if specs is None:
                 specs = await asyncio.to_thread(self._specs, table)
             chosen += dependents(name, specs)
-        for model in chosen:
-            await self.table.unload(model)
-        return chosen
+        return [await self.table.unload(model) for model in chosen]
 
     def _specs(self, table: Mapping[str, DesiredModel]) -> dict[str, ModelSpec]:
         """The specs of the models ``table`` says are loaded (one that cannot be read, left

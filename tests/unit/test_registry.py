@@ -109,3 +109,11 @@ def test_a_model_without_a_config_is_served_and_its_file_changes_are_seen(repo: 
     before = reg._fingerprint("made")
     path.write_bytes(path.read_bytes() + b"\0")  # the file changed (size and time)
     assert reg._fingerprint("made") != before
+
+
+def test_explicit_mode_serves_the_steps_of_an_ensemble_named_at_start(repo: Path) -> None:
+    """Triton's ``--load-model`` of an ensemble loads its composing models with it."""
+    _ensemble(repo, "inner", "simulated")
+    _ensemble(repo, "outer", "inner")
+    reg = registry(repo, model_control_mode="explicit", models="outer")
+    assert set(reg.models) == {"outer", "inner", "simulated"}
