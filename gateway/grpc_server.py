@@ -13,18 +13,25 @@ and keeps what Triton's clients use:
 - a context with ``abort``, ``set_code``/``set_details``, ``invocation_metadata`` and
   ``time_remaining``, as the handlers use grpc.aio's;
 - ``grpc-timeout``: past it the handler is cancelled and the call ends DEADLINE_EXCEEDED;
-  a stream the client resets (a cancelled call) or a connection it drops cancels its
-  handlers, as grpc.aio does;
+  a malformed one (not 1 to 8 digits and a unit, as the gRPC spec writes it) ends that
+  call INTERNAL; a stream the client resets (a cancelled call) or a connection it drops
+  cancels its handlers, as grpc.aio does;
 - request messages compressed with ``gzip`` or ``deflate`` (``grpc-encoding``, as
   tritonclient's ``compression_algorithm`` sends them) are inflated, up to the size limit;
   another encoding is UNIMPLEMENTED, and every answer names the accepted ones in
   ``grpc-accept-encoding``; answers are sent uncompressed;
 - a message over ``max_message_bytes``, before or after inflating, is RESOURCE_EXHAUSTED;
-- HTTP/2 flow control both ways: answers wait for the client's window, and a stream's
-  request messages are granted window only as its handler reads them (a streaming client
-  that sends faster than its answers are made is held back by HTTP/2 itself); a client
-  that does not read its answers holds the next ones back (the transport's
-  ``pause_writing``), so they are not queued in memory;
+  a second request message on a unary call is INTERNAL (nothing past the first is kept);
+- HTTP/2 flow control both ways: answers wait for the client's window; a streaming
+  call's complete request messages hold back their bytes of its window until its handler
+  reads them (a client that sends faster than its answers are made is held back by
+  HTTP/2 itself), while the bytes of a message still arriving are given back as they
+  come (a message bigger than the window gets through; the size limit bounds it); a
+  client that does not read its answers holds the next ones back (the transport's
+  ``pause_writing``) and is itself no longer read until it does, so answers of any kind
+  (trailers, resets, acknowledgements) are not queued in memory;
+- an unexpected error in handling one stream's frames ends that call INTERNAL; the
+  connection and its other calls go on;
 - at most ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS);
   a connection whose HTTP/2 preface does not come within ``handshake_s`` is closed;
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
@@ -179,10 +186,17 @@ def _status(code: grpc.StatusCode, details: str) -> bytes:
     return status
 
 
+class _BadTimeout(ValueError):
+    """A ``grpc-timeout`` that is not the gRPC spec's: 1 to 8 ASCII digits and a unit."""
+
+
 def _deadline(headers: list[tuple[bytes, bytes]]) -> float | None:
     for k, v in headers:
-        if k == b"grpc-timeout" and len(v) >= 2 and v[-1:] in _TIMEOUT_UNITS and v[:-1].isdigit():
-            return time.monotonic() + int(v[:-1]) * _TIMEOUT_UNITS[v[-1:]]
+        if k == b"grpc-timeout":
+            digits, unit = v[:-1], v[-1:]
+            if not (0 < len(digits) <= 8 and digits.isdigit() and unit in _TIMEOUT_UNITS):
+                raise _BadTimeout(f"malformed grpc-timeout {v.decode('latin-1')[:32]!r}")
+            return time.monotonic() + int(digits) * _TIMEOUT_UNITS[unit]
     return None
 
 
@@ -190,7 +204,8 @@ class _Call:
     """One stream: its request messages as they arrive, and the task that answers it."""
 
     __slots__ = (
-        "buffer", "context", "headers_sent", "id", "messages", "method", "task", "wbits"
+        "buffer", "context", "headers_sent", "held", "id", "kept", "messages", "method",
+        "received", "task", "wbits",
     )  # fmt: skip
 
     def __init__(self, stream_id: int, method: Method, context: Context, wbits: int | None) -> None:
@@ -199,8 +214,11 @@ class _Call:
         self.context = context
         self.wbits = wbits  # how its compressed messages inflate (None: no grpc-encoding)
         self.buffer = bytearray()
-        # bounded by HTTP/2: a stream's window is given back only as its messages are read
+        # bounded by HTTP/2: a streaming call's queued messages hold back their window
         self.messages: asyncio.Queue[tuple[Message, int] | None] = asyncio.Queue()
+        self.held = 0  # bytes of the queued, unread messages: the window to hold back
+        self.kept = 0  # bytes received and not given back (at most ``held`` once settled)
+        self.received = 0  # request messages so far
         self.task: asyncio.Task[None] | None = None
         self.headers_sent = False
 
@@ -253,10 +271,25 @@ class GrpcProtocol(asyncio.Protocol):
             self.closed.set_result(None)
 
     def pause_writing(self) -> None:
-        self._writable.clear()  # a client that does not read: answers wait (bounded buffer)
+        """A client that does not read: answers wait, and so does what it sends (every
+        frame may make an answer: trailers, a reset, an acknowledgement), so the buffer
+        stays bounded."""
+        self._writable.clear()
+        self.h2.paused = True  # the frames of the bytes already read wait in its buffer
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self._writable.set()
+        self.h2.paused = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+            # the frames left unread, once the transport's callback is over
+            self.server.loop.call_soon(self._read_held)
+
+    def _read_held(self) -> None:
+        if not self.h2.paused and self.transport is not None and not self.transport.is_closing():
+            self.data_received(b"")
 
     def _flush(self) -> None:
         out = self.h2.out
@@ -302,6 +335,12 @@ class GrpcProtocol(asyncio.Protocol):
 
     # -- the connection's stream events (gateway.http2.Handler) ---------------------------
     def on_request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
+        try:
+            self._request(stream_id, headers, ended)
+        except Exception as exc:
+            self._stream_failed(stream_id, exc)
+
+    def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> None:
         if self._going_away:
             self._trailers_only(stream_id, _status(grpc.StatusCode.UNAVAILABLE, "stopping"))
             return
@@ -317,7 +356,12 @@ class GrpcProtocol(asyncio.Protocol):
             why = f"grpc-encoding {text!r} is not served (identity, deflate and gzip are)"
             self._trailers_only(stream_id, _status(grpc.StatusCode.UNIMPLEMENTED, why))
             return
-        context = Context(headers, _deadline(headers))
+        try:
+            deadline = _deadline(headers)
+        except _BadTimeout as exc:  # this call's alone: grpc-core ends it with an error too
+            self._trailers_only(stream_id, _status(grpc.StatusCode.INTERNAL, str(exc)))
+            return
+        context = Context(headers, deadline)
         call = _Call(stream_id, method, context, _WBITS.get(encoding))
         self.calls[stream_id] = call
         call.task = self.server.loop.create_task(self._serve(call))
@@ -325,22 +369,53 @@ class GrpcProtocol(asyncio.Protocol):
             call.messages.put_nowait(None)
 
     def on_data(self, stream_id: int, data: bytes, flow_length: int, ended: bool) -> None:
+        try:
+            self._data(stream_id, data, flow_length, ended)
+        except Exception as exc:
+            self._stream_failed(stream_id, exc)
+
+    def _data(self, stream_id: int, data: bytes, flow_length: int, ended: bool) -> None:
         call = self.calls.get(stream_id)
         if call is None:
             return
-        # A unary call's window is given back at once (its one message is bounded by the
-        # size limit); a stream's as its handler reads each message (``_requests``).
-        streaming = call.method.streaming
-        self.h2.give_back(stream_id, flow_length - len(data) if streaming else flow_length)
+        call.kept += flow_length
         if data:
             self._messages(call, data)
-        if ended and stream_id in self.calls:
+            if stream_id not in self.calls:
+                return  # refused
+        self._give_back(call)
+        if ended:
             call.messages.put_nowait(None)
+
+    def _give_back(self, call: _Call) -> None:
+        """Give back the window the call's queued messages do not hold: a message still
+        arriving, padding, a unary call's message (bounded by the size limit), or a message
+        its handler has read. A message that completes after parts of it went back holds
+        back as much of what comes next (so the queue's bytes stay within about twice the
+        window, however the client cuts its frames)."""
+        spare = call.kept - call.held
+        if spare > 0:
+            call.kept = call.held
+            self.h2.give_back(call.id, spare)
 
     def on_end(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)
         if call is not None:
             call.messages.put_nowait(None)
+
+    def _stream_failed(self, stream_id: int, exc: Exception) -> None:
+        """An unexpected error handling one stream's frames: that call ends INTERNAL and
+        the stream is reset; the connection and its other calls go on."""
+        if isinstance(exc, http2.ConnectionError_):
+            raise exc  # the connection's own: GOAWAY (``data_received``)
+        log.error("gRPC stream %d failed", stream_id, exc_info=exc)
+        details = f"Unexpected {type(exc).__name__}: {exc}"
+        call = self.calls.get(stream_id)
+        if call is not None:
+            self._refuse(call, grpc.StatusCode.INTERNAL, details)
+        elif stream_id in self.h2.streams:
+            self._trailers_only(stream_id, _status(grpc.StatusCode.INTERNAL, details))
+            self.h2.reset(stream_id, http2.NO_ERROR)
 
     def on_reset(self, stream_id: int) -> None:
         call = self.calls.pop(stream_id, None)
@@ -370,7 +445,12 @@ class GrpcProtocol(asyncio.Protocol):
             buf = data
         at, end = 0, len(buf)
         limit = self.server.max_message_bytes
+        streaming = call.method.streaming
         while end - at >= 5:
+            if call.received and not streaming:
+                many = "a unary call sent more than one request message"
+                self._refuse(call, grpc.StatusCode.INTERNAL, many)
+                return
             compressed, length = _PREFIX.unpack_from(buf, at)
             if length > limit:
                 too_big = f"request message of {length} bytes is over the limit of {limit}"
@@ -391,7 +471,12 @@ class GrpcProtocol(asyncio.Protocol):
             except (zlib.error, DecodeError) as exc:
                 self._refuse(call, grpc.StatusCode.INTERNAL, f"could not read the request: {exc}")
                 return
-            call.messages.put_nowait((message, 5 + length if call.method.streaming else 0))
+            call.received += 1
+            if streaming:  # its window comes back as its handler reads it (``_requests``)
+                call.held += 5 + length
+                call.messages.put_nowait((message, 5 + length))
+            else:
+                call.messages.put_nowait((message, 0))
         if buf is call.buffer:
             del call.buffer[:at]
         elif at < end:
@@ -406,6 +491,7 @@ class GrpcProtocol(asyncio.Protocol):
         status = _status(code, details)
         self.h2.send_headers(call.id, status if call.headers_sent else _HEADERS + status, True)
         self.h2.reset(call.id, http2.NO_ERROR)
+        self._flush_if_full()
 
     # -- answering -------------------------------------------------------------------------
     async def _serve(self, call: _Call) -> None:
@@ -460,7 +546,8 @@ class GrpcProtocol(asyncio.Protocol):
     async def _requests(self, call: _Call) -> AsyncIterator[Message]:
         while (got := await call.messages.get()) is not None:
             message, size = got
-            self.h2.give_back(call.id, size)  # the next messages' window, as this one is read
+            call.held -= size  # the next messages' window, as this one is read
+            self._give_back(call)
             self._flush_soon()
             yield message
 
@@ -504,6 +591,14 @@ class GrpcProtocol(asyncio.Protocol):
 
     def _trailers_only(self, stream_id: int, status: bytes) -> None:
         self.h2.send_headers(stream_id, _HEADERS + status, True)
+        self._flush_if_full()
+
+    def _flush_if_full(self) -> None:
+        """Write now once FLUSH_BYTES are pending: answers made while one read's frames
+        are handled (many small calls refused) meet the transport's push-back part way
+        (``pause_writing`` stops the frames after), not after the whole read."""
+        if len(self.h2.out) >= FLUSH_BYTES:
+            self._flush()
 
 
 class _TooBig(Exception):

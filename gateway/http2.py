@@ -16,7 +16,9 @@ gateway's own gRPC server"). This layer does per frame only what the protocol ne
 - flow control both ways: what may be sent is the smaller of the connection's and the
   stream's window; what is received is counted against the windows this side granted
   (a peer past them is a FLOW_CONTROL_ERROR), and given back by ``give_back`` in batches;
-- at most ``max_streams`` open streams (past it a new one is refused, REFUSED_STREAM).
+- at most ``max_streams`` open streams (past it a new one is refused, REFUSED_STREAM);
+- ``paused``: frames received stay unread in the buffer until it is cleared and
+  ``receive`` called again (a server whose writes are held back answers nothing more).
 
 Headers are sent as HPACK literals that never touch the dynamic table (``literal``), so the
 encoder keeps no state, and a response's constant headers are encoded once.
@@ -138,6 +140,9 @@ class Connection:
         self.last_stream_id = 0  # the highest stream the client opened
         self._buffer = bytearray()
         self.started = False  # the client's preface has come
+        self.paused = False
+        """While set, ``receive`` reads no more frames: they wait in the buffer (the user's
+        writes are held back, so that what frames would answer is not queued in memory)."""
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_BLOCK
         self._send_window = DEFAULT_WINDOW  # the connection's, granted by the client
@@ -167,7 +172,8 @@ class Connection:
 
     # -- receiving -----------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
-        """Take bytes from the client; the handler hears of what they complete."""
+        """Take bytes from the client; the handler hears of what they complete (what is
+        left while ``paused`` is read by the next call, ``receive(b"")`` at the least)."""
         buf = self._buffer
         buf += data
         if not self.started:
@@ -181,7 +187,7 @@ class Connection:
             self.started = True
         at = 0
         end = len(buf)
-        while end - at >= 9:
+        while end - at >= 9 and not self.paused:
             head, flags, stream_id = _HEAD.unpack_from(buf, at)
             length, kind = head >> 8, head & 0xFF
             if length > RECEIVE_FRAME:
