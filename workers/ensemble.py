@@ -94,6 +94,7 @@ from plaza.workers.ensemble_responses import (
     StepResponses,
     Waits,
     ordered,
+    until_failed,
 )
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
 from plaza.workers.offsets import OffsetTracker
@@ -515,7 +516,8 @@ class EnsembleRunner:
         fed: Mapping[str, Tensor],
     ) -> AsyncGenerator[tuple[tuple[Tensor, ...], bool], None]:
         """``_responses`` once the decoupled step's inputs are in ``fed`` (empty: they never
-        will be, the steps ``before`` it are done), those steps still running."""
+        will be, the steps ``before`` it are done), those steps still running: one that
+        fails ends the responses with its error at once, and cancels the decoupled step."""
         step = self.streamed
         if step is None or not fed:
             yield self._outputs(req, await before), True  # no step streams (or it cannot run)
@@ -535,8 +537,13 @@ class EnsembleRunner:
             )
 
         try:
-            async with contextlib.aclosing(ordered(reading, branch)) as branches:
-                async for response, tensors in branches:
+            async with (
+                contextlib.aclosing(ordered(reading, branch)) as branches,
+                # a step beside it that fails fails the request at once, not at the
+                # decoupled step's next response (which may be long in coming, or never)
+                contextlib.aclosing(until_failed(branches, before)) as watched,
+            ):
+                async for response, tensors in watched:
                     if tensors is None:
                         return
                     yield self._outputs(req, tensors), response.final

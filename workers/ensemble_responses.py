@@ -19,7 +19,8 @@ one, from wherever they are:
 ``ordered`` runs the branches, at most ``BRANCH_WINDOW`` at once for one ensemble request,
 and hands their results out in the order of the step's responses (a branch that finishes
 early waits for the ones before it), so the ensemble's responses keep the order the step
-gave them.
+gave them. ``until_failed`` ends them as soon as a task beside them (the steps that run
+beside the decoupled one) fails.
 """
 
 from __future__ import annotations
@@ -272,3 +273,28 @@ async def ordered(
                 left[1].cancel()
                 with contextlib.suppress(BaseException):
                     await left[1]
+
+
+async def until_failed(items: AsyncIterator[T], task: asyncio.Task[Any]) -> AsyncGenerator[T, None]:
+    """``items``, while ``task`` runs beside them: should it fail, its exception is raised
+    at once, instead of waiting for the next item (which may never come), and the wait for
+    that item is cancelled. A ``task`` that succeeds changes nothing."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(items))
+            if not task.done():
+                await asyncio.wait((pending, task), return_when=asyncio.FIRST_COMPLETED)
+            if not pending.done():  # the task ended first
+                error = None if task.cancelled() else task.exception()
+                if error is not None:
+                    raise error
+            try:
+                item = await pending
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None:
+            await cancel_and_wait([pending])
