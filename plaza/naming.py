@@ -222,12 +222,14 @@ class Names:
         """Whether ``name`` is a stream a worker may write a request's answer to."""
         return any(name.startswith(p) and len(name) > len(p) for p in self.reply_stream_prefixes())
 
-    def sequence_state_key(self, model: str, sequence_id: int | str) -> str:
+    def sequence_state_key(self, model: str, version: int, sequence_id: int | str) -> str:
         """A stateful model's sequence: its implicit state after its last answered request,
         kept while it runs, so that the next owner of its partition goes on from there
-        (``workers/sequences.py``). An integer id and a string id are different sequences."""
+        (``workers/sequences.py``). Each version of the model has its own sequences, and an
+        integer id and a string id are different sequences."""
         kind = "i" if isinstance(sequence_id, int) else "s"
-        return f"{self.key_prefix}sequence:{check_model_name(model)}:{kind}:{sequence_id}"
+        model = check_model_name(model)
+        return f"{self.key_prefix}sequence:{model}:{version}:{kind}:{sequence_id}"
 
     def answer_state_key(self, correlation_id: str) -> str:
         """On a Redis Cluster, the state a stateful model's request left, stored with its

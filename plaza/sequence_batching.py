@@ -1,9 +1,13 @@
 """Triton's sequence batcher for stateful models: pure logic with an injected clock, as the
 dynamic batcher (``plaza.batching``) is, and the same face to the worker.
 
-A sequence is the requests that share a ``sequence_id``; its first sets ``sequence_start``
-and its last ``sequence_end``. Kafka keeps a sequence's requests in order (the producer core
-sends them all to one partition, ``plaza.producer``), and this batcher keeps them so:
+A sequence is the requests to one model version that share a ``sequence_id``; its first
+sets ``sequence_start`` and its last ``sequence_end``. A model that serves several versions
+batches them in one batcher, and each version has its own sequences, as each version of a
+Triton model has its own sequence batcher: sequence 7 on version 1 and sequence 7 on
+version 2 are two sequences, with their own flags, states and idle times (``SequenceKey``).
+Kafka keeps a sequence's requests in order (the producer core sends them all to one
+partition, ``plaza.producer``), and this batcher keeps them so:
 
 - A sequence runs one request at a time. A batch holds at most one request of each
   sequence, the heads of the sequences waiting longest (Triton's ``oldest`` strategy), up
@@ -39,7 +43,10 @@ from plaza.errors import InvalidInput, PlazaError, QueueFull
 from plaza.sequence_config import SequenceBatching
 
 T = TypeVar("T")
-SequenceKey = int | str
+SequenceId = int | str
+"""A request's ``sequence_id`` parameter: what the model gets as its CORRID control."""
+SequenceKey = tuple[int, SequenceId]
+"""A sequence: the model version its requests run on, and their ``sequence_id``."""
 State = dict[str, np.ndarray[Any, Any]]
 """A sequence's implicit state: each state input's array (one row, the state's dims)."""
 _SWEEP_S = 0.1
@@ -50,20 +57,36 @@ _SWEEP_S = 0.1
 class SequenceFlags:
     """A request's place in its sequence (its ``sequence_*`` parameters)."""
 
-    key: SequenceKey
+    key: SequenceId
+    """Its ``sequence_id``."""
     start: bool = False
     end: bool = False
+    version: int = 0
+    """The model version it runs on: each version has its own sequences."""
+
+    @property
+    def sequence(self) -> SequenceKey:
+        """Its sequence: its version and id."""
+        return (self.version, self.key)
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """What the model gets for one request of a sequence, beside the request's inputs."""
 
-    key: SequenceKey
+    key: SequenceId
+    """Its ``sequence_id`` (the CORRID control's value)."""
     start: bool
     end: bool
     state: State | None
     """The state its sequence carries; None: zeros (a START, or nothing kept yet)."""
+    version: int = 0
+    """The model version it runs on."""
+
+    @property
+    def sequence(self) -> SequenceKey:
+        """Its sequence: its version and id (where Redis keeps its state)."""
+        return (self.version, self.key)
 
 
 @dataclass(slots=True)
@@ -124,12 +147,13 @@ class SequenceBatcher(Generic[T]):
         ``max_sequences``."""
         flags = self._flags_of(item)
         now = self._clock()
-        seq = self._sequences.get(flags.key)
+        key = flags.sequence
+        seq = self._sequences.get(key)
         if seq is None:
             if not flags.start:
-                raise _not_started(flags.key)
+                raise _not_started(key)
             self._check_room()
-            seq = self._sequences[flags.key] = _Sequence(flags.key, item)
+            seq = self._sequences[key] = _Sequence(key, item)
         seq.origin = item
         seq.last = now
         since = now if arrival is None else min(arrival, now)
@@ -237,7 +261,7 @@ class SequenceBatcher(Generic[T]):
         return max(self._next_sweep, now) if self._sequences else None
 
     def holds(self, key: SequenceKey) -> bool:
-        """Whether a sequence of this id is held here (started, not released)."""
+        """Whether sequence ``key`` (version and id) is held here (started, not released)."""
         return key in self._sequences
 
     def resume(self, key: SequenceKey, state: State, item: T) -> None:
@@ -255,17 +279,18 @@ class SequenceBatcher(Generic[T]):
         """The flags and state ``item`` runs with (an item ``decide`` or ``adopt`` gave)."""
         seq, flags = self._running[id(item)]
         state = None if flags.start else seq.state
-        return Step(flags.key, flags.start, flags.end, state)
+        return Step(flags.key, flags.start, flags.end, state, flags.version)
 
     def adopt(self, item: T) -> Step:
         """Run ``item`` outside the batches (a suspect run alone): its sequence must have
         started, unless it starts one. InvalidInput otherwise."""
         flags = self._flags_of(item)
-        seq = self._sequences.get(flags.key)
+        key = flags.sequence
+        seq = self._sequences.get(key)
         if seq is None or (seq.ended and not flags.start):
             if not flags.start:
-                raise _not_started(flags.key)
-            seq = self._sequences[flags.key] = _Sequence(flags.key, item)
+                raise _not_started(key)
+            seq = self._sequences[key] = _Sequence(key, item)
         seq.running = True
         self._running[id(item)] = (seq, flags)
         return self.step(item)
@@ -297,10 +322,11 @@ class SequenceBatcher(Generic[T]):
 PARAM_ID, PARAM_START, PARAM_END = "sequence_id", "sequence_start", "sequence_end"
 
 
-def sequence_flags(params: Mapping[str, Any], model: str) -> SequenceFlags:
+def sequence_flags(params: Mapping[str, Any], model: str, version: int = 0) -> SequenceFlags:
     """A request's ``sequence_id``, ``sequence_start`` and ``sequence_end`` parameters
-    (Triton's, as tritonclient sends them); InvalidInput unless the id is a positive integer
-    or a non-empty string and the flags are booleans."""
+    (Triton's, as tritonclient sends them), for a request to ``version`` of ``model``;
+    InvalidInput unless the id is a positive integer or a non-empty string and the flags
+    are booleans."""
     key = params.get(PARAM_ID)
     if type(key) is int:
         if key <= 0 or key >= 1 << 64:
@@ -316,11 +342,13 @@ def sequence_flags(params: Mapping[str, Any], model: str) -> SequenceFlags:
         if not isinstance(value, bool):
             raise InvalidInput(f"parameter {name!r} must be true or false")
         flags.append(value)
-    return SequenceFlags(key, flags[0], flags[1])
+    return SequenceFlags(key, flags[0], flags[1], version)
 
 
 def _not_started(key: SequenceKey) -> InvalidInput:
+    version, sequence_id = key
     return InvalidInput(
-        f"sequence {key!r} has not started: its first request must set sequence_start "
-        "(or it ended, or was idle past max_sequence_idle_microseconds and was released)"
+        f"sequence {sequence_id!r} of version {version} has not started: its first request "
+        "must set sequence_start (or it ended, or was idle past "
+        "max_sequence_idle_microseconds and was released)"
     )

@@ -8,6 +8,10 @@ After it ran, ``complete`` takes the state outputs out of each answer, keeps the
 sequence's next request, and lets that request become a candidate (``finish``). A request
 that was not run is let go (``release``) so its sequence goes on.
 
+A sequence is one version's (``SequenceKey``: the version and the ``sequence_id``): a
+model that serves several versions has one worker and one batcher for them all, and the
+same id on two versions is two sequences, each with its own state and its own key.
+
 The state also goes to Redis, with each answer (``StateWrite``; the result writer keeps it
 only where the answer is the first written, in the same script call): under the sequence's
 key (``Names.sequence_state_key``) the state after its last answered request and when it
@@ -187,7 +191,7 @@ class SequenceRuns:
         """Each state output, and the state input it feeds the sequence's next request."""
 
     def _flags(self, item: WorkItem) -> SequenceFlags:
-        return sequence_flags(item.request.parameters, self.spec.name)
+        return sequence_flags(item.request.parameters, self.spec.name, item.version)
 
     def prepare(self, batch: Sequence[WorkItem]) -> list[WorkItem]:
         """``batch`` (handed out by the batcher, or adopted) with each request's control and
@@ -198,7 +202,7 @@ class SequenceRuns:
         """``item`` as a sequence of its own (START and END, zero state), outside the
         batcher: a warmup sample."""
         flags = self._flags(item)
-        return self._with_step(item, Step(flags.key, start=True, end=True, state=None))
+        return self._with_step(item, Step(flags.key, True, True, None, flags.version))
 
     def _with_step(self, item: WorkItem, step: Step) -> WorkItem:
         req = item.request
@@ -213,7 +217,7 @@ class SequenceRuns:
     def _control(self, control: SequenceControl, step: Step) -> Tensor:
         value: Any
         if control.kind == CORRID:
-            value = step.key
+            value = step.key  # the sequence_id alone, as Triton gives it
         elif control.kind == START:
             value = control.true_value if step.start else control.false_value
         elif control.kind == END:
@@ -269,29 +273,32 @@ class SequenceRuns:
         self, index: int, step: Step, state: State | None, now: float, item: WorkItem
     ) -> StateWrite:
         kept = None if step.end else encode_state(state, now, item.request.sent_us / 1e6)
-        key = self.state_key(step.key)
+        key = self.state_key(step.sequence)
         return StateWrite(index, key, kept, self.state_ttl_ms)
 
     def key_of(self, item: WorkItem) -> SequenceKey | None:
-        """``item``'s sequence id; None where its parameters name none (the batcher refuses
-        it with the reason)."""
+        """``item``'s sequence (its version and id); None where its parameters name none
+        (the batcher refuses it with the reason)."""
         try:
-            return self._flags(item).key
+            return self._flags(item).sequence
         except PlazaError:
             return None
 
     def needs_state(self, item: WorkItem) -> SequenceKey | None:
-        """The id of ``item``'s sequence when this worker does not hold it and ``item`` does
-        not start it: its state is to be read from Redis (``resume``). None otherwise."""
+        """``item``'s sequence (its version and id) when this worker does not hold it and
+        ``item`` does not start it: its state is to be read from Redis (``resume``). None
+        otherwise."""
         try:
             flags = self._flags(item)
         except PlazaError:
             return None
-        return None if flags.start or self.batcher.holds(flags.key) else flags.key
+        key = flags.sequence
+        return None if flags.start or self.batcher.holds(key) else key
 
     def state_key(self, key: SequenceKey) -> str:
-        """Where Redis keeps the state of sequence ``key``."""
-        return self.names.sequence_state_key(self.spec.name, key)
+        """Where Redis keeps the state of sequence ``key`` (its version and id)."""
+        version, sequence_id = key
+        return self.names.sequence_state_key(self.spec.name, version, sequence_id)
 
     def skipped(self, item: WorkItem) -> None:
         """``item`` was found answered at intake and finished unrun. Where answers carry

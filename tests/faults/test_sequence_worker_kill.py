@@ -82,7 +82,7 @@ async def test_sequences_outlive_their_worker_killed_mid_flight(
                 keys, await asyncio.gather(*(_step(client, k, i) for k in keys)), strict=True
             ):
                 answers[key].append(result)
-    state_keys = [deployment.names.sequence_state_key("accumulate", k) for k in keys]
+    state_keys = [deployment.names.sequence_state_key("accumulate", 1, k) for k in keys]
     kept = await redis_for(deployment.redis_url).exists(*state_keys)
     sums = [[int(r.outputs[0].to_numpy()[0, 0]) for r in run] for run in answers.values()]
     running = [sum(range(1, i + 2)) for i in range(STEPS)]  # 1, 3, 6, 10, 15, 21

@@ -173,7 +173,7 @@ async def test_sequence_states_go_with_their_first_answers_on_a_cluster(
 ) -> None:
     names = cluster_settings.names
     writer = ResultWriter(cluster_client, cluster_settings.redis, names)
-    keys = [names.sequence_state_key("accumulate", i) for i in range(6)]
+    keys = [names.sequence_state_key("accumulate", 1, i) for i in range(6)]
     assert len(nodes_holding(redis_cluster, keys)) > 1  # states on several nodes
     states = [StateWrite(i, key, f"after-{i}".encode(), 60_000) for i, key in enumerate(keys)]
     assert await writer.write([(_result(names, 200 + i), None) for i in range(6)], states) == 6
@@ -281,11 +281,11 @@ async def test_a_sequence_goes_on_from_the_state_stored_with_its_last_answer(
         state = encode_state({"SUM_IN": np.array([8], np.int32)}, time.time(), time.time())
         writer = ResultWriter(cluster_client, settings.redis, names)
         try:  # the answer and its state; the sequence's own key not reached ("elsewhere")
-            elsewhere = names.sequence_state_key("accumulate", "elsewhere")
+            elsewhere = names.sequence_state_key("accumulate", 1, "elsewhere")
             assert await writer.write([(answer, None)], [StateWrite(0, elsewhere, state, 60_000)])
         finally:
             await writer.close()
-        kept = await cluster_client.get(names.sequence_state_key("accumulate", seq))
+        kept = await cluster_client.get(names.sequence_state_key("accumulate", 1, seq))
         assert kept is not None and decode_state(kept)[0]["SUM_IN"].tolist() == [5]  # behind
         end = make_request(
             "accumulate", ints(4), parameters={"sequence_id": seq, "sequence_end": True}

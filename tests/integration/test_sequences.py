@@ -165,7 +165,7 @@ async def test_a_sequence_goes_on_after_its_worker_stops(settings: PlazaSettings
             await _steps(client, answers, steps, range(2))
         async with running_worker(settings, "accumulate") as second:
             await _steps(client, answers, steps, range(2, steps))
-            state_keys = [second.names.sequence_state_key("accumulate", k) for k in answers]
+            state_keys = [second.names.sequence_state_key("accumulate", 1, k) for k in answers]
             kept = await second.redis.exists(*state_keys)
     assert [[total for total, _ in run] for run in answers.values()] == [[1, 3, 6, 10, 15]] * 3
     by = [first.id] * 2 + [second.id] * 3

@@ -101,7 +101,7 @@ async def test_a_sequences_state_goes_with_its_first_answer_only(
     the state it carries; an END drops the kept state."""
     names = settings.names
     writer = ResultWriter(redis_client, settings.redis, names)
-    seq_a, seq_b = names.sequence_state_key("m", 1), names.sequence_state_key("m", "b")
+    seq_a, seq_b = names.sequence_state_key("m", 1, 1), names.sequence_state_key("m", 1, "b")
     first = [(ok("s1"), None), (ok("t1"), None), (ok("plain"), None)]
     states = [StateWrite(0, seq_a, b"after-s1", 60_000), StateWrite(1, seq_b, b"after-t1", 50_000)]
     assert await writer.write(first, states) == 3

@@ -326,22 +326,22 @@ def test_a_sequence_resumed_goes_on_from_the_state_it_left() -> None:
     clock = Clock()
     b = batcher(clock, max_sequences=2)
     nxt = Req(9)
-    assert not b.holds(9)
-    b.resume(9, {"SIN": np.array([4.0, 5.0])}, nxt)
-    assert b.holds(9) and b.active == 1
+    assert not b.holds((0, 9))
+    b.resume((0, 9), {"SIN": np.array([4.0, 5.0])}, nxt)
+    assert b.holds((0, 9)) and b.active == 1
     b.add(nxt)
     (got,) = b.decide().batch
     step = b.step(got)
     assert not step.start and step.state is not None and step.state["SIN"].tolist() == [4.0, 5.0]
-    b.resume(9, {"SIN": np.array([0.0, 0.0])}, Req(9))  # held here: what runs here wins
+    b.resume((0, 9), {"SIN": np.array([0.0, 0.0])}, Req(9))  # held here: what runs here wins
     b.finish(got, {"SIN": np.array([6.0, 7.0])})
     again = Req(9)
     b.add(again)
     b.decide()
     assert b.step(again).state["SIN"].tolist() == [6.0, 7.0]  # type: ignore[index]
-    b.resume(10, {}, Req(10))
+    b.resume((0, 10), {}, Req(10))
     with pytest.raises(QueueFull, match="2 sequences"):
-        b.resume(11, {}, Req(11))
+        b.resume((0, 11), {}, Req(11))
 
 
 def _accumulate_runs() -> tuple[SequenceRuns, ModelSpec]:
@@ -372,7 +372,7 @@ def test_each_answer_carries_its_sequences_state_to_keep() -> None:
     first = _item(3, 5, start=True, sent_us=int(time.time() * 1e6))
     failed, ends = _item("s", 1, start=True), _item(4, 2, end=True)
     kept = encode_state({"SUM_IN": np.array([7], np.int32)}, time.time())
-    assert runs.resume(4, kept, ends, sent=time.time())  # the state Redis kept
+    assert runs.resume((1, 4), kept, ends, sent=time.time())  # the state Redis kept
     for it in (first, failed, ends):
         runs.batcher.add(it)
     batch = runs.batcher.decide().batch
@@ -384,11 +384,11 @@ def test_each_answer_carries_its_sequences_state_to_keep() -> None:
     )
     assert [t.name for t in answers[0].outputs] == ["OUTPUT"]  # the state is not sent back
     by_index = {w.index: w for w in writes}
-    assert by_index[0].key == "t:sequence:accumulate:i:3"
+    assert by_index[0].key == "t:sequence:accumulate:1:i:3"
     state, made, sent = decode_state(by_index[0].state or b"")
     assert state["SUM_IN"].tolist() == [5] and abs(made - time.time()) < 60
     assert sent == first.request.sent_us / 1e6 and sent > 0  # its request's, as stamped
-    assert by_index[1].key == "t:sequence:accumulate:s:s"  # a failed START: zeros next
+    assert by_index[1].key == "t:sequence:accumulate:1:s:s"  # a failed START: zeros next
     assert decode_state(by_index[1].state or b"")[0] == {}
     assert by_index[2].state is None  # its END: the kept state goes
     # kept past the idle time as long as the answers are: a late owner still takes it up
@@ -397,7 +397,8 @@ def test_each_answer_carries_its_sequences_state_to_keep() -> None:
 
 def test_a_failed_step_keeps_the_state_before_it() -> None:
     runs, _ = _accumulate_runs()
-    runs.batcher.resume(6, {"SUM_IN": np.array([3], np.int32)}, _item(6, 1))  # as if from Redis
+    # as if from Redis
+    runs.batcher.resume((1, 6), {"SUM_IN": np.array([3], np.int32)}, _item(6, 1))
     step = _item(6, 1)
     runs.batcher.add(step)
     batch = runs.batcher.decide().batch
@@ -423,11 +424,11 @@ def test_a_sequence_whose_next_request_came_after_its_idle_time_is_not_taken_up(
     runs, spec = _accumulate_runs()
     idle_s = spec.sequence.max_idle_us / 1e6
     kept = encode_state({"SUM_IN": np.array([3], np.int32)}, 1000.0)
-    assert not runs.resume(5, kept, _item(5, 1), sent=1000.0 + idle_s + 0.5)
-    assert not runs.batcher.holds(5)  # refused as not started, as on its own worker
+    assert not runs.resume((1, 5), kept, _item(5, 1), sent=1000.0 + idle_s + 0.5)
+    assert not runs.batcher.holds((1, 5))  # refused as not started, as on its own worker
     # sent in time, taken up however long it then waited in Kafka for a new owner
-    assert runs.resume(5, kept, _item(5, 1), sent=1000.0 + idle_s - 0.5)
-    assert runs.batcher.holds(5)
+    assert runs.resume((1, 5), kept, _item(5, 1), sent=1000.0 + idle_s - 0.5)
+    assert runs.batcher.holds((1, 5))
 
 
 def test_idle_is_judged_by_the_senders_clocks_not_the_workers() -> None:
@@ -438,15 +439,15 @@ def test_idle_is_judged_by_the_senders_clocks_not_the_workers() -> None:
     idle_s = spec.sequence.max_idle_us / 1e6
     assert idle_s < 30
     kept = encode_state({"SUM_IN": np.array([3], np.int32)}, at=970.0, sent=1000.0)
-    assert runs.resume(7, kept, _item(7, 1), sent=1000.4)
-    assert runs.batcher.holds(7)
+    assert runs.resume((1, 7), kept, _item(7, 1), sent=1000.4)
+    assert runs.batcher.holds((1, 7))
     later = encode_state({"SUM_IN": np.array([3], np.int32)}, at=1030.0, sent=1000.0)
-    assert not runs.resume(8, later, _item(8, 1), sent=1000.0 + idle_s + 0.1)
+    assert not runs.resume((1, 8), later, _item(8, 1), sent=1000.0 + idle_s + 0.1)
 
 
 def test_which_requests_need_their_sequences_state() -> None:
     runs, _ = _accumulate_runs()
-    assert runs.needs_state(_item(1, 1)) == 1  # not held here, not a START
+    assert runs.needs_state(_item(1, 1)) == (1, 1)  # not held here, not a START: v1's 1
     assert runs.needs_state(_item(1, 1, start=True)) is None
     runs.batcher.add(_item(2, 1, start=True))
     assert runs.needs_state(_item(2, 1)) is None  # held
@@ -493,19 +494,19 @@ def test_on_a_cluster_a_sequence_is_taken_up_from_its_last_answer_found_at_intak
     spec = ModelRepository(REPOSITORY).spec("accumulate")
     names = Names("t.", "t:")
     runs = SequenceRuns(spec, names, keep_s=60, answer_states=True)
-    own = names.sequence_state_key("accumulate", 5)
-    assert runs.state_keys_for(5) == (own,)
+    own = names.sequence_state_key("accumulate", 1, 5)
+    assert runs.state_keys_for((1, 5)) == (own,)
     runs.skipped(_item(5, 1))
     runs.skipped(_item(5, 2))  # the later answer of the two
-    assert runs.state_keys_for(5) == (names.answer_state_key("5-2"), own)
-    assert runs.state_keys_for(5) == (own,)  # asked once
-    runs.batcher.resume(6, {}, _item(6, 1))
+    assert runs.state_keys_for((1, 5)) == (names.answer_state_key("5-2"), own)
+    assert runs.state_keys_for((1, 5)) == (own,)  # asked once
+    runs.batcher.resume((1, 6), {}, _item(6, 1))
     runs.skipped(_item(6, 3))  # held here: what runs here goes on
-    assert runs.state_keys_for(6) == (names.sequence_state_key("accumulate", 6),)
+    assert runs.state_keys_for((1, 6)) == (names.sequence_state_key("accumulate", 1, 6),)
     moved = _item(7, 1)
     runs.skipped(moved)
     runs.forget({moved.partition})
-    assert runs.state_keys_for(7) == (names.sequence_state_key("accumulate", 7),)
+    assert runs.state_keys_for((1, 7)) == (names.sequence_state_key("accumulate", 1, 7),)
     plain = SequenceRuns(spec, names, keep_s=60)  # standalone Redis: one script, nothing kept
     plain.skipped(_item(5, 1))
-    assert plain.state_keys_for(5) == (own,)
+    assert plain.state_keys_for((1, 5)) == (own,)
