@@ -33,6 +33,7 @@ from plaza.gateway.tracing import Tracer
 from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import LoadedModel, live_workers, serving_models
 from plaza.modelconfig import ModelSpec
+from plaza.naming import folder_version
 from plaza.producer import Producer
 from plaza.results import JobStatus, raise_for_error
 from plaza.settings import PlazaSettings
@@ -216,13 +217,17 @@ class GatewayService:
 
     # -- models --------------------------------------------------------------------------
     def model(self, name: str, version: str = "") -> LoadedModel:
-        """The loaded model (and version, "" for its default); ModelNotFound otherwise."""
+        """The loaded model (and version, "" for its default); ModelNotFound otherwise.
+
+        A version is named as its folder is (``plaza.naming.folder_version``: ``1``, not
+        ``01``), so that one version has one name in the labels, statistics and cache keys
+        that the request's version string goes on to."""
         model = self.models.get(name)
         if model is None:
             reason = self.failed.get(name)
             detail = f" (failed to load: {reason})" if reason else ""
             raise ModelNotFound(f"model {name!r} is not loaded{detail}", model=name)
-        if version and (not version.isdigit() or int(version) not in model.versions):
+        if version and folder_version(version) not in model.versions:
             raise ModelNotFound(f"model {name!r} has no version {version!r} loaded", model=name)
         return model
 

@@ -262,9 +262,10 @@ class ResponseCache:
         here). A Redis failure is a miss: the request is published as without a cache."""
         if spec is None or not spec.response_cache:
             return None
-        version = req.version or self._default_version(spec)
-        if not version or not version.isdigit():  # a version no worker serves: no entry
+        asked = req.version or self._default_version(spec) or ""
+        if not (asked.isascii() and asked.isdigit()):  # a version no worker serves: no entry
             return None
+        version = str(int(asked))  # one name per version: "01" is 1, as a worker reads it
         started = time.monotonic()
         digest = cache_key(req, version)
         entry: object = None

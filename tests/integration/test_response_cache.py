@@ -205,6 +205,9 @@ async def test_bounds_hold_in_redis(
         assert 0 < await redis_client.ttl(key) <= 30
     hit = (await cache.probe(req, spec)).hit  # type: ignore[union-attr]  # the last one
     assert hit is not None and hit.outputs[0].to_numpy().tolist() == [[39.0, 39.0]]
+    # the SDK passes a version as written: "01" is version 1, its entry and its statistics
+    spelled = await cache.probe(replace(req, version="01"), spec)
+    assert spelled is not None and spelled.version == "1" and spelled.hit is not None
 
     big = make_request(CACHED, {"INPUT0": np.zeros((1, 2048), np.float32)})  # 8 KiB answer
     probe = await cache.probe(big, spec)

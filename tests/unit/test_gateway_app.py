@@ -73,10 +73,14 @@ def test_model_metadata_and_config(repository: Path) -> None:
 
 def test_unknown_model_version_and_route_are_json_404s(repository: Path) -> None:
     client = _client(repository)
-    for path in ("/v2/models/nope", "/v2/models/tiny/versions/7", "/v2/models/tiny/versions/x"):
+    # a version is named as its folder: "01" is not "1" (one version, one name in the
+    # labels and statistics), and a digit of another script is none at all (it was a 500)
+    versions = ("7", "x", "01", "%C2%B2", "%D9%A1")
+    for path in ["/v2/models/nope", *(f"/v2/models/tiny/versions/{v}" for v in versions)]:
         response = client.get(path)
-        assert response.status_code == 404
+        assert response.status_code == 404, path
         assert response.json()["code"] == "model_not_found"
+    assert client.get("/v2/models/tiny/versions/01/stats").status_code == 404
     response = client.post("/v2/models/nope/infer", content=b"{}")
     assert response.status_code == 404
     assert client.get("/v3/nothing").json() == {"error": "Not Found", "code": "http_error"}
