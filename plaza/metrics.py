@@ -22,7 +22,13 @@ from types import TracebackType
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from plaza.errors import ConfigError, DeadlineExceeded, ModelExecutionError, QueueFull
+from plaza.errors import (
+    Cancelled,
+    ConfigError,
+    DeadlineExceeded,
+    ModelExecutionError,
+    QueueFull,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +41,18 @@ _POLL_S = 0.1
 # Triton's values of the ``reason`` label of nv_inference_request_failure.
 REASON_REJECTED = "REJECTED"
 REASON_BACKEND = "BACKEND"
+REASON_CANCELED = "CANCELED"
 REASON_OTHER = "OTHER"
 _REASON_BY_CODE = {
     QueueFull.code: REASON_REJECTED,
     DeadlineExceeded.code: REASON_REJECTED,
     ModelExecutionError.code: REASON_BACKEND,
+    Cancelled.code: REASON_CANCELED,
 }
 
 
 def failure_reason(code: str) -> str:
-    """Triton's failure reason for a PlazaError code: REJECTED, BACKEND or OTHER."""
+    """Triton's failure reason for a PlazaError code: REJECTED, BACKEND, CANCELED or OTHER."""
     return _REASON_BY_CODE.get(code, REASON_OTHER)
 
 

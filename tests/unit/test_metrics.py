@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, ModelNotFound, QueueFull
+from plaza.errors import (
+    Cancelled,
+    ConfigError,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelNotFound,
+    QueueFull,
+)
 from plaza.gateway.app import create_app
 from plaza.gateway.metrics import GatewayMetrics, metered, serve_metrics
 from plaza.gateway.service import GatewayService
@@ -79,6 +86,7 @@ def test_failure_reasons_are_tritons() -> None:
     assert failure_reason(QueueFull.code) == "REJECTED"
     assert failure_reason(DeadlineExceeded.code) == "REJECTED"
     assert failure_reason("model_error") == "BACKEND"
+    assert failure_reason(Cancelled.code) == "CANCELED"  # a model's TritonError.CANCELLED
     assert failure_reason(InvalidInput.code) == "OTHER"
     assert failure_reason("something new") == "OTHER"
 
