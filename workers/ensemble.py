@@ -59,7 +59,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -254,7 +254,29 @@ class EnsembleRunner:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Create the topics, start the producer core, join the group; returns once serving."""
+        """Create the topics, start the producer core, join the group; returns once serving.
+        A start that fails gives back what it took (stop() will not run): the consumer
+        leaves the group, the clients close, the metrics leave the process's /metrics."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release_failed_start()
+            raise
+
+    async def _release_failed_start(self) -> None:
+        closes: list[Callable[[], Awaitable[object]]] = [self.lookup.stop]
+        if self._consumer is not None:
+            closes.append(self._consumer.stop)
+        if self._dead_letters is not None:
+            closes.append(self._dead_letters.stop)
+        closes += [self.producer.stop, self.writer.close, lambda: self.metrics.close(self.redis)]
+        for close in closes:
+            with contextlib.suppress(Exception):
+                await close()
+        with contextlib.suppress(Exception):
+            await self.redis.aclose()
+
+    async def _start(self) -> None:
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
         )

@@ -294,7 +294,37 @@ class Worker:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Load the model, create topics, join the group; returns once serving."""
+        """Load the model, create topics, join the group; returns once serving. A start
+        that fails gives back what it took (stop() will not run): the consumer leaves the
+        group, the model is unloaded, the metrics leave the process's /metrics."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._release_failed_start()
+            raise
+
+    async def _release_failed_start(self) -> None:
+        if self._kafka is not None:
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()  # a member that never fetches would hold partitions
+        with contextlib.suppress(Exception):
+            await self.metrics.close(self.redis)
+        for close in (self.writer.close, self.deliveries.close):
+            with contextlib.suppress(Exception):
+                await close()
+        self.device.remove_model(self.model)
+        if self._owns_services:
+            with contextlib.suppress(Exception):
+                await self.services.close()
+        for runner in self.instances:
+            for backend in runner.backends.values():
+                with contextlib.suppress(Exception):
+                    backend.unload()
+            runner.backends.clear()
+        for executor in self._executors:
+            executor.shutdown(wait=False)
+
+    async def _start(self) -> None:
         ws = self.settings.worker
         await self._load_backends(self._repo)
         await ensure_topics(

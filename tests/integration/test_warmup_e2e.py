@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from plaza.client import PlazaClient
+from plaza.connections import kafka_admin
 from plaza.errors import ModelExecutionError
 from plaza.settings import PlazaSettings
 from plaza.workers.worker import Worker
-from tests.support import running_worker, with_model
+from tests.support import running_worker, wait_for, with_model
 
 CONFIG = """
 name: "tally"
@@ -85,3 +86,32 @@ async def test_a_warmup_that_fails_fails_the_start_and_unloads_the_model(
         await worker.start()
     assert all(not runner.backends for runner in worker.instances)
     assert not tally.exists()
+    # nor does it stay on the process's /metrics (a host that loads it again later would
+    # serve the dead one's zeros under the same labels as the live one's counts)
+    assert worker.metrics not in worker.metrics.hub.members
+
+
+async def test_a_start_that_fails_after_joining_the_group_leaves_it(
+    settings: PlazaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer that joined the group and never fetches would hold its partitions for as
+    long as its heartbeats go on: the failed start stops it (its group left empty)."""
+    s = with_model(settings, "identity")
+    worker = Worker(s)
+
+    async def fails_once_assigned() -> None:  # the first heartbeat, Redis away
+        await wait_for(lambda: bool(worker.consumer.assignment()), what="the assignment")
+        raise ConnectionError("Redis away")
+
+    monkeypatch.setattr(worker, "_beat", fails_once_assigned)
+    with pytest.raises(ConnectionError, match="Redis away"):
+        await worker.start()
+    admin = kafka_admin(s.kafka)
+    await admin.start()
+    try:
+        [described] = await admin.describe_consumer_groups([s.names.consumer_group("identity")])
+    finally:
+        await admin.close()
+    (_, _, _, _, _, members, *_) = described.groups[0]
+    assert members == []
+    assert worker.metrics not in worker.metrics.hub.members
