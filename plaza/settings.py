@@ -33,7 +33,7 @@ class KafkaSettings(_Section):
     )
     client_id: str = Field("plaza", description="Kafka client id")
     request_timeout_ms: int = Field(
-        30_000, description="Kafka request timeout; also bounds a publish"
+        30_000, gt=0, description="Kafka request timeout; also bounds a publish"
     )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request record")
     linger_ms: int = Field(
@@ -288,15 +288,17 @@ class GatewaySettings(_Section):
     """The gateway: its HTTP and gRPC fronts."""
 
     host: str = Field("127.0.0.1", description="address the gateway listens on")
-    http_port: int = Field(8000, description="KServe v2 HTTP port")
-    grpc_port: int = Field(8001, description="KServe v2 gRPC port (0: a free one)")
+    http_port: int = Field(8000, ge=0, le=65535, description="KServe v2 HTTP port")
+    grpc_port: int = Field(8001, ge=0, le=65535, description="KServe v2 gRPC port (0: a free one)")
     grpc_server: Literal["plaza", "grpcio"] = Field(
         "plaza",
         description="the gRPC front's server: plaza (the gateway's own, over its own HTTP/2, "
         "gateway/grpc_server.py; chosen by measurement, docs/benchmarks.md) or grpcio "
         "(grpc.aio, serving the same services)",
     )
-    metrics_port: int = Field(8002, description="Prometheus metrics port of the gateway")
+    metrics_port: int = Field(
+        8002, ge=-1, le=65535, description="Prometheus metrics port of the gateway (-1: off)"
+    )
     workers: int = Field(
         1,
         ge=1,

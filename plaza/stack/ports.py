@@ -55,6 +55,9 @@ def ephemeral_low() -> int:
         return 32768
 
 
+MAX_PORT = 65535
+
+
 def ports_free(start: int, count: int = 1) -> bool:
     """Whether ``start .. start + count - 1`` are all bindable on 127.0.0.1."""
     return all(port_free(port) for port in range(start, start + count))
@@ -72,7 +75,11 @@ def port_free(port: int) -> bool:
 
 
 def require_free(ports: Sequence[int], what: str) -> None:
-    """Raise :class:`ServiceError` naming ``what`` if any of ``ports`` is taken."""
+    """Raise :class:`ServiceError` naming ``what`` if any of ``ports`` is taken, or is not
+    a TCP port at all."""
+    wrong = [port for port in ports if not 0 < port <= MAX_PORT]
+    if wrong:
+        raise ServiceError(f"{what}: port(s) {wrong} are not TCP ports (1 to {MAX_PORT})")
     taken = [port for port in ports if not port_free(port)]
     if taken:
         raise ServiceError(f"{what}: port(s) {taken} on {HOST} already in use")
