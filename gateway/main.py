@@ -162,10 +162,15 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 
 def process_settings(settings: PlazaSettings, index: int) -> PlazaSettings:
-    """The settings of gateway process ``index`` of several: one process each, its own
-    metrics port (``metrics_port + index``) and gateway id (its reply stream)."""
+    """The settings of gateway process ``index`` of several: its own metrics port
+    (``metrics_port + index``) and gateway id (its reply stream).
+
+    ``workers`` stays the deployment's count: the service refuses what one process would
+    hold alone (client shared memory, trace settings) by it. A process runs
+    ``_gateway_process``, never ``run_gateway``, so it starts no processes of its own.
+    """
     gw = settings.gateway
-    update: dict[str, object] = {"workers": 1}
+    update: dict[str, object] = {}
     if gw.metrics_port > 0:
         update["metrics_port"] = gw.metrics_port + index
     if gw.gateway_id:
@@ -251,6 +256,7 @@ def _stop_all(procs: list[BaseProcess]) -> None:
 def run_gateway(settings: PlazaSettings) -> int:
     """Serve the gateway, and its metrics on ``metrics_port``, until interrupted
     (``gateway.workers`` > 1: that many processes on shared ports). Returns an exit status."""
+    configure_logging(settings.log_level)
     warning = exposure_warning(settings.gateway)
     if warning is not None:
         log.warning(warning)

@@ -118,6 +118,8 @@ class GatewayService:
         gw = settings.gateway
         # Shared memory regions and trace settings live in one process: with several
         # gateway processes a client's next call may reach another, so both are refused.
+        # gateway.workers is the deployment's count in each of its processes as well
+        # (gateway/main.py, process_settings).
         several = (
             f"gateway.workers is {gw.workers}: each process would hold its own"
             if gw.workers > 1

@@ -35,7 +35,7 @@ from plaza.stack import (
     http_ok,
     wait_for,
 )
-from plaza.stack.ports import require_free
+from plaza.stack.ports import free_port, require_free
 from plaza.stack.supervisor import ModelSupervisor
 from plaza.tasks import cancel_and_wait
 
@@ -61,8 +61,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data-dir", default="var/up", type=Path)
     p.add_argument("--kafka-port", type=int, default=9092)
     p.add_argument("--redis-port", type=int, default=6379)
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001, help="the gateway's KServe v2 gRPC port")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=8000,
+        help="the gateway's KServe v2 HTTP port (0: a free one)",
+    )
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=8001,
+        help="the gateway's KServe v2 gRPC port (0: a free one)",
+    )
     p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
     p.add_argument(
         "--gateway-workers",
@@ -70,7 +80,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="gateway processes sharing the HTTP and gRPC ports (gateway.workers; default 1)",
     )
-    p.add_argument("--models", default="", help="comma-separated subset (default: all)")
+    p.add_argument(
+        "--models",
+        default="",
+        help="mode none: a comma-separated subset to serve (default: all)",
+    )
     p.add_argument(
         "--model-control-mode",
         choices=("none", "explicit", "poll"),
@@ -82,7 +96,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME",
-        help="explicit mode: a model to load at start (repeatable; '*' for all)",
+        help="explicit mode: a model to load at start (repeatable; '*' for all; none: no "
+        "model is loaded until the repository API loads it)",
     )
     p.add_argument("--repository-poll-secs", type=float, default=15.0, help="poll mode")
     p.add_argument("--ready-timeout", type=float, default=180.0)
@@ -95,19 +110,22 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _worker_plan(repo: ModelRepository, only: set[str]) -> list[tuple[str, int]]:
-    """(model, instance count) for every model to serve: ``only`` (every model when
-    empty). ConfigError for a name that is not in the repository."""
+def _worker_plan(
+    repo: ModelRepository, only: set[str] | None, flag: str = "--models"
+) -> list[tuple[str, int]]:
+    """(model, instance count) for every model to serve from the start: ``only`` (None:
+    every model; empty: none). ConfigError, naming ``flag``, for a name that is not in the
+    repository."""
     plan = []
     torch_ok = importlib.util.find_spec("torch") is not None
     present = repo.model_names()
-    unknown = sorted(only - set(present))
+    unknown = sorted((only or set()) - set(present))
     if unknown:
         raise ConfigError(
-            f"--models names {unknown}, not in the repository {repo.root} (it has {present})"
+            f"{flag} names {unknown}, not in the repository {repo.root} (it has {present})"
         )
     for name in present:
-        if only and name not in only:
+        if only is not None and name not in only:
             continue
         spec = repo.spec(name)
         if spec.platform == PLATFORM_TORCH and not torch_ok:
@@ -128,13 +146,50 @@ def _forwarded_settings(dep: Deployment) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("PLAZA_") and k not in own}
 
 
-def _start_models(args: argparse.Namespace) -> set[str]:
-    """The models asked for at start (empty: every model)."""
-    if args.model_control_mode == "none":
-        return set(filter(None, args.models.split(",")))
-    if args.model_control_mode == "poll" or "*" in args.load_model:
-        return set()
+def _start_models(args: argparse.Namespace) -> set[str] | None:
+    """The models served from the start (None: every model), as Triton chooses them.
+
+    Mode none: ``--models`` (default all); explicit: ``--load-model`` (``*``: all; none
+    given: no model); poll: every model. ConfigError for a flag the mode does not read.
+    """
+    mode = args.model_control_mode
+    if args.models and mode != "none":
+        instead = "--load-model NAME" if mode == "explicit" else "every model is served"
+        raise ConfigError(f"--models applies to model control mode none, not {mode} ({instead})")
+    if args.load_model and mode != "explicit":
+        raise ConfigError(f"--load-model applies to model control mode explicit, not {mode}")
+    if mode == "none":
+        return set(filter(None, args.models.split(","))) or None
+    if mode == "poll" or "*" in args.load_model:
+        return None
     return set(args.load_model)
+
+
+def _choose_ports(args: argparse.Namespace) -> None:
+    """``--http-port`` or ``--grpc-port`` 0: a free port, chosen here, so that the wait for
+    readiness and the banner name the port the gateway listens on."""
+    zero = [name for name in ("http_port", "grpc_port") if getattr(args, name) == 0]
+    if zero:
+        first = free_port(count=len(zero))  # both 0: two ports, never the same one twice
+        for offset, name in enumerate(zero):
+            setattr(args, name, first + offset)
+
+
+def _part_settings(
+    dep: Deployment, plan: list[tuple[str, int]], args: argparse.Namespace
+) -> dict[str, str]:
+    """The settings of the workers and the gateway: the operator's, and the model control
+    plaza up was asked for. The gateway serves exactly the plan from the start (a subset,
+    without skipped models; in mode explicit without ``--load-model``, none)."""
+    settings = {
+        **_forwarded_settings(dep),
+        "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan),
+        "PLAZA_GATEWAY__MODEL_CONTROL_MODE": args.model_control_mode,
+        "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
+    }
+    if args.gateway_workers is not None:
+        settings["PLAZA_GATEWAY__WORKERS"] = str(args.gateway_workers)
+    return settings
 
 
 def _start_parts(
@@ -144,15 +199,7 @@ def _start_parts(
     model), then the gateway. Modes explicit and poll: one host following the model table
     (or, ``--process-per-model``, nothing here: the supervisor starts the workers the
     table asks for), then the gateway. Returns the gateway."""
-    # The gateway serves exactly what gets workers (a subset, or without skipped models).
-    settings = {
-        **_forwarded_settings(dep),
-        "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan),
-        "PLAZA_GATEWAY__MODEL_CONTROL_MODE": args.model_control_mode,
-        "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
-    }
-    if args.gateway_workers is not None:
-        settings["PLAZA_GATEWAY__WORKERS"] = str(args.gateway_workers)
+    settings = _part_settings(dep, plan, args)
     if args.model_control_mode == "none":
         _start_workers(dep, plan, group, settings, per_model=args.process_per_model)
     elif not args.process_per_model:
@@ -269,11 +316,13 @@ def run_up(argv: list[str]) -> int:
             args.model_config_name,
             auto_complete=not args.disable_auto_complete_config,
         )
-        plan = _worker_plan(repository, _start_models(args))
+        flag = "--load-model" if args.model_control_mode == "explicit" else "--models"
+        plan = _worker_plan(repository, _start_models(args), flag)
         if not plan and args.model_control_mode == "none":
             raise ConfigError(f"no model to serve in {args.repository}")
-        gateway_ports = [args.http_port, args.grpc_port, args.metrics_port]
-        require_free([p for p in gateway_ports if p > 0], "the gateway")
+        _choose_ports(args)
+        metrics = [args.metrics_port] if args.metrics_port > 0 else []  # 0: free, < 0: off
+        require_free([args.http_port, args.grpc_port, *metrics], "the gateway")
     except PlazaError as exc:
         print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
         return 1
@@ -333,7 +382,7 @@ def _print_banner(base: str, grpc: str, kafka: str, redis: str, models: list[str
     print(
         f"""
 Plaza is up.
-  HTTP (KServe v2):  {base}/v2          models: {", ".join(models)}
+  HTTP (KServe v2):  {base}/v2          models: {", ".join(models) or "none loaded"}
   gRPC (KServe v2):  {grpc}   (tritonclient.grpc.InferenceServerClient("{grpc}"))
   health:            {base}/v2/health/ready
   Kafka:             {kafka}   (topics plaza.infer.<model>)

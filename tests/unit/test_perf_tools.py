@@ -134,7 +134,7 @@ def test_the_worker_settings_reach_the_onnx_backend() -> None:
 def test_each_gateway_process_gets_its_metrics_port_and_id() -> None:
     settings = PlazaSettings(gateway=GatewaySettings(workers=3, metrics_port=9002, gateway_id="gw"))
     second = process_settings(settings, 2).gateway
-    assert (second.workers, second.metrics_port, second.gateway_id) == (1, 9004, "gw-2")
+    assert (second.workers, second.metrics_port, second.gateway_id) == (3, 9004, "gw-2")
     assert second.http_port == settings.gateway.http_port
     off = PlazaSettings(gateway=GatewaySettings(workers=2, metrics_port=-1))
     first = process_settings(off, 1).gateway
