@@ -7,12 +7,14 @@ the version policy and the instance count. Errors name the file and the field.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza import reshape as reshaping
@@ -179,11 +181,62 @@ class ModelSpec:
         return next((t for t in self.outputs if t.name == name), None)
 
     def config_json(self) -> dict[str, Any]:
-        """The config as Triton's model-config endpoint returns it (JSON, field names)."""
-        out: dict[str, Any] = json_format.MessageToDict(
-            self.config, preserving_proto_field_name=True
-        )
-        return out
+        """The config as Triton's model-config endpoint returns it (``config_to_json``)."""
+        return config_to_json(self.config)
+
+
+_PRINT_DEFAULTS = (
+    "always_print_fields_with_no_presence"
+    if "always_print_fields_with_no_presence"
+    in inspect.signature(json_format.MessageToDict).parameters
+    else "including_default_value_fields"
+)
+"""protobuf's name for printing fields at their default (renamed in protobuf 5.26)."""
+_INT64_TYPES = frozenset(
+    {
+        FieldDescriptor.TYPE_INT64,
+        FieldDescriptor.TYPE_UINT64,
+        FieldDescriptor.TYPE_SINT64,
+        FieldDescriptor.TYPE_FIXED64,
+        FieldDescriptor.TYPE_SFIXED64,
+    }
+)
+
+
+def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
+    """``config`` in Triton's JSON form (its ``ModelConfigToJson``): field names as in
+    config.pbtxt, every primitive field printed even at its default (``max_batch_size: 0``,
+    an input's ``format``), and 64-bit integers as JSON numbers, not protobuf's strings
+    (map keys stay strings, as JSON's keys are). ``json_format.Parse`` reads it back."""
+    doc: dict[str, Any] = json_format.MessageToDict(
+        config, preserving_proto_field_name=True, **{_PRINT_DEFAULTS: True}
+    )
+    _int64_as_numbers(doc, config.DESCRIPTOR)
+    return doc
+
+
+def _int64_as_numbers(doc: dict[str, Any], descriptor: Descriptor) -> None:
+    """Turn the 64-bit integer fields of ``doc`` (a message of type ``descriptor`` as
+    ``MessageToDict`` prints it), repeated, in messages or map values, into numbers."""
+    for fd in descriptor.fields:
+        if fd.name not in doc:
+            continue
+        value = doc[fd.name]
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            inner = fd.message_type.fields_by_name["value"]
+            doc[fd.name] = {key: _as_number(item, inner) for key, item in value.items()}
+        elif isinstance(value, list):
+            doc[fd.name] = [_as_number(item, fd) for item in value]
+        else:
+            doc[fd.name] = _as_number(value, fd)
+
+
+def _as_number(value: Any, fd: FieldDescriptor) -> Any:
+    if fd.type in _INT64_TYPES:
+        return int(value)
+    if fd.message_type is not None:
+        _int64_as_numbers(value, fd.message_type)
+    return value
 
 
 Completion = Callable[[mc.ModelConfig], None]

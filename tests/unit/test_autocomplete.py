@@ -66,7 +66,8 @@ def test_a_model_whose_first_dims_are_free_batches(tmp_path: Path) -> None:
         ("ids", "INT64", (-1,)),
     ]
     assert [(t.name, t.dims) for t in spec.outputs] == [("y", (4,)), ("ids_out", (-1,))]
-    assert spec.config_json()["dynamic_batching"] == {}
+    batching = spec.config_json()["dynamic_batching"]  # added, every field at its default
+    assert (batching["max_queue_delay_microseconds"], batching["preferred_batch_size"]) == (0, [])
     assert [mv.path.name for mv in repo.served_versions("ranker")] == ["model.onnx"]
 
 

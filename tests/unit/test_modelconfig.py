@@ -54,7 +54,7 @@ def test_good_config_parses_every_block() -> None:
     assert s.batching.queue_policy(1).max_queue_size == 8
     assert s.version_policy.select([1, 2, 3]) == [2, 3]
     assert s.parameters == {"intra_op_thread_count": "2"}
-    assert s.config_json()["dynamic_batching"]["max_queue_delay_microseconds"] == "2000"
+    assert s.config_json()["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
 
 
 def test_defaults_name_from_folder_and_latest_one() -> None:

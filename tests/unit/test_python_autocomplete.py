@@ -101,10 +101,11 @@ def test_a_folder_with_only_model_py_is_a_model_completed_by_its_hook(tmp_path: 
     ]
     assert [(t.name, t.datatype, t.dims) for t in spec.outputs] == [("OUTPUT0", "FP32", (4,))]
     config = spec.config_json()
-    assert (config["name"], config["backend"], config["dynamic_batching"]) == (
+    batching = config["dynamic_batching"]  # added, every field at its default
+    assert (config["name"], config["backend"], batching["max_queue_delay_microseconds"]) == (
         "made",
         "python",
-        {},
+        0,
     )
     assert [mv.path.name for mv in repo.served_versions("made")] == ["model.py"]
 
