@@ -305,7 +305,13 @@ class GatewayService:
         result = await self._require(self._producer).infer(req, spec, wait_s)
         if traced:
             self.tracer.record(
-                req.model, result.version, req.id, started_ns, time.time_ns(), result.trace_ns
+                req.model,
+                result.version,
+                req.id,
+                started_ns,
+                time.time_ns(),
+                result.trace_ns,
+                trace_file=traced,  # the file set when it came (it may change meanwhile)
             )
         return raise_for_error(result)
 
@@ -336,7 +342,13 @@ class GatewayService:
                         end_ns = time.time_ns()
                         stages = trace.stages()
                         self.tracer.record(
-                            req.model, trace.version, req.id, trace.start_ns, end_ns, stages
+                            req.model,
+                            trace.version,
+                            req.id,
+                            trace.start_ns,
+                            end_ns,
+                            stages,
+                            trace_file=traced,
                         )
                 yield result
 

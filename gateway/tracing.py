@@ -13,7 +13,9 @@ A traced request carries ``trace`` in its envelope; its worker stamps its stages
 (``InferResult.trace_ns``: QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END,
 COMPUTE_OUTPUT_START, COMPUTE_END) and the gateway adds REQUEST_START and REQUEST_END. Each
 trace is one JSON line, appended to ``gateway.trace_dir`` / ``trace_file``: the file is
-named by its bare name (a client picks no path on the gateway's host). Timestamps are Unix
+named by its bare name (a client picks no path on the gateway's host), and it is the one set
+when the request was sampled (``sample`` answers it, ``record`` takes it), whatever was set
+by the time it ended. Timestamps are Unix
 epoch nanoseconds of each process's clock, so across hosts they are as close as the hosts'
 clocks. Settings and files belong to one gateway process; with ``gateway.workers`` above 1
 changing them is refused, as for shared memory.
@@ -49,8 +51,16 @@ MAX_BUFFERED = 10_000
 MAX_QUEUED = 100_000
 """Traces handed to the writer thread and not yet written, at most."""
 _FILE = re.compile(r"[A-Za-z0-9._-]{1,255}")
-_NUMBERS = {"trace_rate": 1, "trace_count": -1, "log_frequency": 0}
-"""The settings that are numbers, and the least value each takes."""
+_NUMBERS = {
+    "trace_rate": (1, 2**32 - 1),
+    "trace_count": (-1, 2**31 - 1),
+    "log_frequency": (0, 2**32 - 1),
+}
+"""The settings that are numbers, and the least and greatest value each takes (Triton's
+ranges: a uint32 rate and log frequency, an int32 count)."""
+_INTEGER = re.compile(r"-?[0-9]+")
+"""A number's text: ASCII digits only (``str.isdigit`` also takes "²", which ``int`` does
+not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +123,18 @@ def parse_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _number(name: str, value: Any) -> int:
-    text = (
-        str(value).strip() if isinstance(value, str | int) and not isinstance(value, bool) else ""
-    )
-    if not text.lstrip("-").isdigit():
-        raise InvalidInput(f"trace setting {name!r} must be an integer, got {value!r}")
-    number = int(text)
-    if number < _NUMBERS[name]:
-        raise InvalidInput(f"trace setting {name!r} must be >= {_NUMBERS[name]}, got {number}")
+    """A number setting's value (Triton sends them as strings; a JSON integer is taken too),
+    checked against its range; InvalidInput for anything else."""
+    low, high = _NUMBERS[name]
+    if isinstance(value, int) and not isinstance(value, bool):
+        number: int | None = value
+    elif isinstance(value, str) and _INTEGER.fullmatch(text := value.strip()):
+        # Past 10 significant digits it is out of range (and int() refuses 4,300 digits).
+        number = int(text) if len(text.lstrip("-").lstrip("0")) <= 10 else None
+    else:
+        raise InvalidInput(f"trace setting {name!r} must be an integer, got {value!r:.40}")
+    if number is None or not low <= number <= high:
+        raise InvalidInput(f"trace setting {name!r} must be >= {low} and <= {high}")
     return number
 
 
@@ -173,15 +187,17 @@ class Tracer:
             self.flush()  # what was traced so far goes to the file it was traced for
         return self.settings(model)
 
-    def sample(self, model: str) -> bool:
+    def sample(self, model: str) -> str:
         """Whether to trace this request of ``model`` (one in ``trace_rate``, while
-        ``trace_count`` lasts; counted down where it was set)."""
+        ``trace_count`` lasts; counted down where it was set): the trace file its trace
+        goes to, or "" (falsy) for a request not traced. Pass it to ``record``: the trace
+        is the file's that was set when the request came, whatever is set when it ends."""
         settings = self.settings(model)
         if not settings.on:
-            return False
+            return ""
         seen = self._seen[model] = self._seen.get(model, 0) + 1
         if seen % settings.trace_rate:
-            return False
+            return ""
         if settings.trace_count > 0:
             own = self._models.get(model)
             if own is not None and "trace_count" in own:
@@ -190,7 +206,7 @@ class Tracer:
                 self._global = dataclasses.replace(
                     self._global, trace_count=settings.trace_count - 1
                 )
-        return True
+        return settings.trace_file
 
     def record(
         self,
@@ -200,9 +216,15 @@ class Tracer:
         start_ns: int,
         end_ns: int,
         worker_ns: Mapping[str, int],
+        trace_file: str | None = None,
     ) -> None:
-        """Keep one trace (its stages in time order) for the model's trace file."""
+        """Keep one trace (its stages in time order) for ``trace_file``, the file ``sample``
+        chose (None: the model's trace file now). A trace with no file to go to (tracing
+        turned off by clearing the file since) is not kept."""
         settings = self.settings(model)
+        trace_file = settings.trace_file if trace_file is None else trace_file
+        if not trace_file:
+            return
         self._traces += 1
         stamps = {"REQUEST_START": start_ns, **worker_ns, "REQUEST_END": end_ns}
         line = orjson.dumps(
@@ -216,7 +238,7 @@ class Tracer:
                 ],
             }
         )
-        self._buffer.append((settings.trace_file, line))
+        self._buffer.append((trace_file, line))
         every = settings.log_frequency
         if (every and len(self._buffer) >= every) or len(self._buffer) >= MAX_BUFFERED:
             self.flush()
@@ -249,16 +271,24 @@ class Tracer:
             self._writer = None
 
     def _write(self, lines: list[tuple[str, bytes]]) -> None:
+        """Append ``lines`` to their files, each file on its own: one that cannot be written
+        loses its own traces only."""
+        by_file: dict[str, list[bytes]] = {}
+        for name, line in lines:
+            by_file.setdefault(name, []).append(line)
         try:
             self.trace_dir.mkdir(parents=True, exist_ok=True)
-            by_file: dict[str, list[bytes]] = {}
-            for name, line in lines:
-                by_file.setdefault(name, []).append(line)
             for name, chunk in by_file.items():
-                with (self.trace_dir / name).open("ab") as f:
-                    f.write(b"\n".join(chunk) + b"\n")
+                self._append(name, chunk)
         except OSError as exc:
             log.warning("could not write %d traces to %s: %s", len(lines), self.trace_dir, exc)
         finally:
             with self._queued_lock:
                 self._queued -= len(lines)
+
+    def _append(self, name: str, chunk: list[bytes]) -> None:
+        try:
+            with (self.trace_dir / name).open("ab") as f:
+                f.write(b"\n".join(chunk) + b"\n")
+        except OSError as exc:
+            log.warning("could not write %d traces to %s: %s", len(chunk), name, exc)

@@ -34,6 +34,8 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """Every Plaza process's log line."""
 ISO8601 = "%Y-%m-%dT%H:%M:%SZ"
 _OFF = logging.CRITICAL + 10
+MAX_VERBOSE_LEVEL = 2**32 - 1
+"""The largest ``log_verbose_level``: gRPC's ``LogSettings`` carries it as a uint32."""
 LogFormat = Literal["default", "ISO8601"]
 
 
@@ -70,7 +72,8 @@ class LogSettings:
 
     def changed(self, changes: Mapping[str, Any]) -> LogSettings:
         """These settings with ``changes`` (a log settings request) applied; InvalidInput
-        for an unknown name, a value of the wrong type, or a log file."""
+        for an unknown name, a value of the wrong type or out of its range (a
+        ``log_verbose_level`` past ``MAX_VERBOSE_LEVEL``), or a log file."""
         fields = {f.name: f for f in dataclasses.fields(self)}
         updates: dict[str, Any] = {}
         for name, value in changes.items():
@@ -81,8 +84,11 @@ class LogSettings:
                 kind = {bool: "true or false", int: "an integer"}.get(type(default), "a string")
                 raise InvalidInput(f"log setting {name!r} must be {kind}, got {value!r}")
             updates[name] = value
-        if updates.get("log_verbose_level", 0) < 0:
-            raise InvalidInput("log setting 'log_verbose_level' must be >= 0")
+        if not 0 <= updates.get("log_verbose_level", 0) <= MAX_VERBOSE_LEVEL:
+            raise InvalidInput(
+                f"log setting 'log_verbose_level' must be >= 0 and <= {MAX_VERBOSE_LEVEL} "
+                "(gRPC carries it as a uint32)"
+            )
         if updates.get("log_format", "default") not in ("default", "ISO8601"):
             raise InvalidInput("log setting 'log_format' must be 'default' or 'ISO8601'")
         if updates.get("log_file", ""):

@@ -31,6 +31,7 @@ def test_the_start_level_and_what_each_setting_means() -> None:
         ({"log_info": 1}, "must be true or false"),
         ({"log_verbose_level": True}, "must be an integer"),
         ({"log_verbose_level": -1}, ">= 0"),
+        ({"log_verbose_level": 2**32}, "<= 4294967295"),  # gRPC's uint32_param
         ({"log_format": "json"}, "'default' or 'ISO8601'"),
         ({"log_file": "/tmp/x.log"}, "not supported"),
     ],
@@ -38,6 +39,12 @@ def test_the_start_level_and_what_each_setting_means() -> None:
 def test_bad_changes_are_refused(changes: dict[str, object], words: str) -> None:
     with pytest.raises(InvalidInput, match=words):
         LogSettings().changed(changes)
+
+
+def test_the_verbose_level_takes_every_uint32() -> None:
+    """gRPC's front answers it in a uint32_param: the largest one is taken, no more."""
+    loudest = LogSettings().changed({"log_verbose_level": 2**32 - 1})
+    assert LogSettings.from_json(loudest.to_json()).log_verbose_level == 2**32 - 1
 
 
 def test_settings_round_trip_through_their_stored_form() -> None:

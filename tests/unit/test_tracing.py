@@ -52,9 +52,10 @@ def test_a_models_settings_lie_on_the_global_ones(tmp_path: Path) -> None:
     tracer.update("m", {"trace_rate": ["1"], "trace_count": "2"})
     assert tracer.settings("m").trace_rate == 1 and tracer.settings("m").trace_file == "t.jsonl"
     assert tracer.settings("other").trace_rate == 2
-    assert [tracer.sample("m") for _ in range(4)] == [True, True, False, False]  # count 2
+    traced = "t.jsonl"  # sample answers the file a trace goes to, "" for none
+    assert [tracer.sample("m") for _ in range(4)] == [traced, traced, "", ""]  # count 2
     assert tracer.settings("m").trace_count == 0 and tracer.settings().trace_count == -1
-    assert [tracer.sample("other") for _ in range(4)] == [False, True, False, True]  # 1 in 2
+    assert [tracer.sample("other") for _ in range(4)] == ["", traced, "", traced]  # 1 in 2
     tracer.update("m", {"trace_count": None, "trace_rate": None})  # back to the global ones
     assert tracer.settings("m") == tracer.settings()
     tracer.update("", {"trace_level": None})  # Triton's default: OFF
