@@ -6,8 +6,9 @@ over two pipes (``python_channel``). The worker's runner hands a batch over as i
 (``execute_requests``), so ``TritonPythonModel.execute`` sees one ``InferenceRequest`` per
 Plaza request, as in Triton. Isolation: the call blocks the worker's executor thread, never
 its event loop; a model that raises answers its batch with ``model_error``; a child that dies
-(``os._exit``, a segfault, out of memory) answers its batch with ``model_error`` too and is
-started again for the next batch; one that overruns ``execute_timeout_s`` (a config
+(``os._exit``, a segfault, out of memory; seen by its exit, not only its pipes' close, which
+a process it forked may hold off) answers its batch with ``model_error`` too and is started
+again for the next batch; one that overruns ``execute_timeout_s`` (a config
 parameter, 0 = no limit) is killed and treated the same. A decoupled model's batch
 (``execute_decoupled``) hands each response on as its frame arrives, and the limit covers
 the batch until its last request is closed. While any batch runs, ``running`` names its
@@ -184,7 +185,21 @@ class PythonBackend:
     def _responses(
         self, requests: Sequence[InferRequest], send: Send, deadline: float | None
     ) -> dict[str, Any]:
-        """The batch's response frames handed to ``send``; returns its closing frame."""
+        """The batch's response frames handed to ``send``; returns its closing frame.
+
+        Anything that escapes before that frame (a bad frame, a ``send`` that fails even to
+        close its request) kills the process: its batch's later frames are never read by
+        the next batch as its own."""
+        try:
+            return self._read_responses(requests, send, deadline)
+        except BaseException:
+            self._stop(kill=True)
+            raise
+
+    def _read_responses(
+        self, requests: Sequence[InferRequest], send: Send, deadline: float | None
+    ) -> dict[str, Any]:
+        failed: set[int] = set()  # closed by a response's error: their later ones dropped
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             frame = self._exchange(partial(Channel.recv, timeout_s=left), "execute_timeout_s")
@@ -193,8 +208,17 @@ class PythonBackend:
             i, raw = int(frame["response"]), frame.get("result")
             if not 0 <= i < len(requests):
                 raise ModelExecutionError(f"the model process sent a response for {i}")
+            if i in failed:
+                continue
             answer = None if raw is None else self._answer(requests[i], raw)
-            send(i, answer, bool(frame.get("final")))
+            try:
+                send(i, answer, bool(frame.get("final")))
+            except Exception as exc:  # this request's alone: its batch-mates go on
+                failed.add(i)
+                log.warning(
+                    "%s: request %s: its response failed: %s", self.spec.name, requests[i].id, exc
+                )
+                send(i, ModelExecutionError(f"model {self.spec.name!r} failed: {exc}"), True)
 
     def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
         """A whole stacked batch as one request (the profiler's and raw ceiling's path)."""
@@ -272,7 +296,9 @@ class PythonBackend:
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
-        self._channel = Channel(from_child_r, to_child_w)
+        # Its liveness, not only its pipe's close: a process it forked (multiprocessing,
+        # os.fork) holds the pipe open after it died.
+        self._channel = Channel(from_child_r, to_child_w, alive=partial(_runs, self._process))
 
     def _ask(self, message: dict[str, Any], timeout_s: float | None, limit: str) -> dict[str, Any]:
         """Send a frame, await the answer; a dead or overdue process becomes a
@@ -365,6 +391,10 @@ class PythonBackend:
             )
         outputs = tuple(given[n] for n in wanted)
         return Response(outputs, result.parameters) if result.parameters else outputs
+
+
+def _runs(process: subprocess.Popen[bytes]) -> bool:
+    return process.poll() is None
 
 
 def _frames_of(ids: Sequence[str]) -> Iterator[list[str]]:

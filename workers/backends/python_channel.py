@@ -9,17 +9,22 @@ when the model asks (``readable``: without waiting); the worker sends one only w
 pipe has room (``writable``), so a model that never asks cannot stall it. A frame is
 written whole under a lock: any thread may send.
 A closed pipe (the other process exited) is ``ChannelClosed``; a wait past its limit is
-``ChannelTimeout``.
+``ChannelTimeout``. A pipe's close alone does not tell the worker that its model's process
+died: a process that process forked keeps the pipes open as long as it lives. So the worker's
+end waits on its pipes in slices of ``LIVENESS_SLICE_S`` and asks between them whether the
+process is alive (``alive``); a dead one is ``ChannelClosed`` too, once what it wrote is read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -28,6 +33,8 @@ HEADER = struct.Struct("<Q")
 MAX_FRAME_BYTES = 1 << 32
 """The largest frame either side accepts (a batch's tensors, and their answers)."""
 _CHUNK = 1 << 20
+LIVENESS_SLICE_S = 0.2
+"""How long a wait on the pipes goes between two looks at the other process's liveness."""
 
 
 class ChannelClosed(Exception):
@@ -41,11 +48,17 @@ class ChannelTimeout(Exception):
 class Channel:
     """One end: frames are written to ``write_fd`` and read from ``read_fd``."""
 
-    def __init__(self, read_fd: int, write_fd: int) -> None:
+    def __init__(
+        self, read_fd: int, write_fd: int, alive: Callable[[], bool] | None = None
+    ) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self._alive = alive
+        """Whether the other process still runs (None: its pipe's close tells)."""
         self._writing = threading.Lock()
         """One frame at a time on the write end, whichever thread sends it."""
+        if alive is not None:  # a full pipe is then waited on in slices, never in os.write
+            os.set_blocking(write_fd, False)
 
     def send(self, message: dict[str, Any]) -> None:
         data = msgpack.packb(message, use_bin_type=True)
@@ -55,7 +68,11 @@ class Channel:
         try:
             with self._writing:
                 while view:
-                    written = os.write(self.write_fd, view[:_CHUNK])
+                    try:
+                        written = os.write(self.write_fd, view[:_CHUNK])
+                    except BlockingIOError:  # full: the other process reads, or is gone
+                        self._wait(self.write_fd, select.POLLOUT, None)
+                        continue
                     view = view[written:]
         except (BrokenPipeError, OSError) as exc:
             raise ChannelClosed(f"pipe closed while writing: {exc}") from exc
@@ -103,13 +120,26 @@ class Channel:
         return buf
 
     def _wait_readable(self, deadline: float | None) -> None:
-        if deadline is None:
-            return
-        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        if deadline is not None or self._alive is not None:
+            self._wait(self.read_fd, select.POLLIN, deadline)
+
+    def _wait(self, fd: int, event: int, deadline: float | None) -> None:
+        """Until ``fd`` is ready (or closed); ChannelTimeout past ``deadline``,
+        ChannelClosed once the other process is dead and ``fd`` still not ready."""
         poller = select.poll()  # not select.select: it fails on descriptors past 1024
-        poller.register(self.read_fd, select.POLLIN)
-        if not poller.poll(left_ms):
-            raise ChannelTimeout("no answer within the time limit")
+        poller.register(fd, event)
+        while True:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self._alive is not None:
+                wait = LIVENESS_SLICE_S if wait is None else min(wait, LIVENESS_SLICE_S)
+            if poller.poll(None if wait is None else math.ceil(wait * 1000)):
+                return
+            if self._alive is not None and not self._alive():
+                if poller.poll(0):  # what it wrote before it exited is read first
+                    return
+                raise ChannelClosed("the other process exited (a process it forked holds its pipe)")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ChannelTimeout("no answer within the time limit")
 
     def close(self) -> None:
         for fd in (self.read_fd, self.write_fd):
