@@ -1,8 +1,9 @@
 """A worker's metrics: Triton's per model version counters, batch sizes, consumer lag, GPU.
 
 The worker feeds one ``WorkerMetrics`` at three points and nothing else:
-- ``executed(items, results)``: the runner's observer, once per backend execution
-  (inference and execution counts, batch sizes, per batch size compute times);
+- ``executed(items, results)``: the runner's observer, once per backend execution that ran
+  (each half of a failed batch retried in halves that ran is one; the calls that raised
+  are none): inference and execution counts, batch sizes, per batch size compute times;
 - ``answered(answers)``: after the writer made a batch of answers durable (request success
   and failure, queue and compute times per request);
 - ``responded(item, result, timing)``: a decoupled model's runner, once per response as the
@@ -211,7 +212,9 @@ class WorkerMetrics:
         self.records[outcome] += n
 
     def executed(self, items: Sequence[WorkItem], results: Sequence[InferResult]) -> None:
-        """One backend execution (the runner's observer). Failed executions count nothing."""
+        """One backend execution that ran (the runner's observer; each half of a failed
+        batch that ran again is one). An execution that answered no request successfully
+        counts nothing."""
         ok = [r for r in results if r.error is None]
         if not ok:
             return
@@ -219,11 +222,15 @@ class WorkerMetrics:
         stats = self.version(ok[0].version)
         stats.execution_count += 1
         stats.inference_count += rows
-        timing = ok[-1].timing_us  # one execution: the same input and infer times for all
         batch = stats.batch(rows)
-        batch.compute_input.add(timing.get("compute_input", 0) * _NS_PER_US)
-        batch.compute_infer.add(timing.get("compute_infer", 0) * _NS_PER_US)
-        batch.compute_output.add(max(r.timing_us.get("compute_output", 0) for r in ok) * _NS_PER_US)
+        # Each phase's longest: the execution's. A batch's requests share their input and
+        # infer times; a decoupled batch's run until its last final response.
+        for phase, duration in (
+            ("compute_input", batch.compute_input),
+            ("compute_infer", batch.compute_infer),
+            ("compute_output", batch.compute_output),
+        ):
+            duration.add(max(r.timing_us.get(phase, 0) for r in ok) * _NS_PER_US)
 
     def answered(self, answers: Iterable[Answer]) -> None:
         """Answers now durable in Redis: success with its phases, or failure by reason.

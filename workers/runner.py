@@ -42,7 +42,11 @@ from plaza.workers.response_statistics import ResponseTiming
 
 log = logging.getLogger(__name__)
 ExecutionObserver = Callable[[Sequence["WorkItem"], list[InferResult]], None]
-"""Told of every backend execution: its requests and their results (worker metrics)."""
+"""Told of every backend execution that returned: its requests and their results (worker
+metrics). A failed batch retried in halves is each half that ran, on its own; a call that
+raised is no execution."""
+Execution = tuple[Sequence["WorkItem"], list[InferResult]]
+"""One backend execution that returned: its requests and their results."""
 ResponseSink = Callable[["WorkItem", InferResult], None]
 """Takes a decoupled model's responses before the final ones, as they come, on the
 executor thread that runs the batch (it may block it: that is the back-pressure)."""
@@ -161,9 +165,13 @@ class BatchRunner:
         results: list[InferResult | None] = [None] * len(items)
         for indices in groups.values():
             group = [items[i] for i in indices]
-            done = await loop.run_in_executor(self.executor, self.run_group, group, responses, True)
-            if self.observer is not None:
-                self.observer(group, done)
+            ran: list[Execution] = []
+            done = await loop.run_in_executor(
+                self.executor, self.run_group, group, responses, True, ran
+            )
+            if self.observer is not None:  # on the event loop, as the metrics' other feeds
+                for executed, outcome in ran:
+                    self.observer(executed, outcome)
             for i, res in zip(indices, done, strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
@@ -182,33 +190,46 @@ class BatchRunner:
         items: Sequence[WorkItem],
         responses: ResponseSink | None = None,
         observed: bool = False,
+        ran: list[Execution] | None = None,
     ) -> list[InferResult]:
         """Run requests that share shapes and a version as one backend call (blocking);
-        ``observed``: a decoupled model's responses go to ``response_observer``.
+        ``observed``: a decoupled model's responses go to ``response_observer``; ``ran``:
+        each backend execution that returned is added to it, with its results.
 
         When the call fails, the group is split in halves and each half runs again, down
         to single requests: one culprit costs about 2*log2(n) extra calls, and only the
         requests that fail on their own get a ``model_error`` (which is final: first write
-        wins), never their innocent batch-mates.
+        wins), never their innocent batch-mates. Each half that runs is an execution of
+        its own (in ``ran``); the calls that raised are none.
         """
         if self.spec.decoupled:  # never split: its responses may be out already
             observe = self.response_observer if observed else None
-            return self._execute_decoupled(items, responses, observe)
-        try:
-            return self._execute(items)
-        except Exception as exc:
-            if len(items) == 1:
-                log.exception("%s: request %s failed", self.spec.name, items[0].request.id)
-                err = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
-                return [self._error(items[0], err)]
-            log.warning(
-                "%s: batch of %d failed (%s); retrying it in halves to isolate the culprit",
-                self.spec.name,
-                len(items),
-                exc,
-            )
+            results = self._execute_decoupled(items, responses, observe)
+        else:
+            try:
+                results = self._execute(items)
+            except Exception as exc:
+                return self._retry_in_halves(items, exc, ran)
+        if ran is not None:
+            ran.append((items, results))
+        return results
+
+    def _retry_in_halves(
+        self, items: Sequence[WorkItem], exc: Exception, ran: list[Execution] | None
+    ) -> list[InferResult]:
+        """After a failed call: a lone request's ``model_error``, or each half run again."""
+        if len(items) == 1:
+            log.error("%s: request %s failed", self.spec.name, items[0].request.id, exc_info=exc)
+            err = ModelExecutionError(f"model {self.spec.name!r} failed: {exc}")
+            return [self._error(items[0], err)]
+        log.warning(
+            "%s: batch of %d failed (%s); retrying it in halves to isolate the culprit",
+            self.spec.name,
+            len(items),
+            exc,
+        )
         half = len(items) // 2
-        return self.run_group(items[:half]) + self.run_group(items[half:])
+        return self.run_group(items[:half], ran=ran) + self.run_group(items[half:], ran=ran)
 
     def _execute_decoupled(
         self,
@@ -221,7 +242,8 @@ class BatchRunner:
         each request still open with that error, as its next response; a request whose
         earlier responses went out keeps them (first write wins per response). Each
         response, from the request's previous one (or the batch's start) on, is timed for
-        ``observe``."""
+        ``observe``; each one's ``timing_us`` (an empty final's too) is its request's: queued
+        until the batch started, computing from there to its send."""
         backend = self.backends[items[0].version]
         if not streams_responses(backend):
             err = ModelExecutionError(f"model {self.spec.name!r}: its backend cannot stream")
@@ -234,8 +256,8 @@ class BatchRunner:
         def send(i: int, answer: Answer | None, final: bool) -> None:
             it = items[i]
             t_sent = time.monotonic()
-            if answer is None:
-                result = InferResult(it.request.id, self.spec.name, str(it.version), empty=True)
+            if answer is None:  # timed as any final: the request's statistics count it
+                result = msgspec.structs.replace(self._ok(it, (), t0, t0, t_sent), empty=True)
             else:
                 result = self._answered(it, self._answer_to_client(answer), t0, t_sent)
             result = msgspec.structs.replace(result, index=sent[i], final=final)
