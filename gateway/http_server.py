@@ -12,8 +12,9 @@ keeps what an inference front needs and nothing else:
   once more than ``MAX_PIPELINED`` wait behind the one being answered, reading pauses (the
   read that passed the mark is parsed whole: httptools cannot stop inside one, so a single
   read of many small requests queues them all, each still answered in its turn);
-- ``Expect: 100-continue`` (the 100 is sent only when no earlier request awaits its
-  answer, which it would precede, and never to HTTP/1.0: RFC 9110 §10.1.1), chunked
+- ``Expect: 100-continue`` (the 100 is sent once no earlier request awaits its answer,
+  which it would otherwise precede, unless the body has come meanwhile; never to HTTP/1.0:
+  RFC 9110 §10.1.1), chunked
   request bodies (httptools decodes them; their trailers are dropped, never merged into the
   headers: RFC 9110 §6.5.1), HTTP/1.0;
 - ``Upgrade`` is ignored (RFC 9110 §7.8): the request is answered as any other and the
@@ -151,6 +152,7 @@ class HttpProtocol(asyncio.Protocol):
         self._receiving = False
         self._in_body = False  # past the headers: a header now is a trailer
         self._in_head = False  # where a read that ends here counts against max_head_bytes
+        self._continue_owed = False  # a 100 Continue to send once the answers ahead are out
         self._head_bytes = 0
         self._replay: bytes | None = None  # an Upgrade request's head, without the Upgrade
         self._last_data = 0.0
@@ -255,15 +257,17 @@ class HttpProtocol(asyncio.Protocol):
             else:  # it is sending the body: read it to its end, unkept, then answer
                 self._rejected = _payload_too_large(limit)
             return
-        if expects and self._transport and not self._busy:
-            # only with no answer still to come ahead of it: the 100 would precede that
-            # answer, and the client waiting for it would take it as its own
-            self._transport.write(_CONTINUE)
+        if expects and self._transport:
+            if self._busy:  # an answer is still to come ahead of it: the 100 goes after it
+                self._continue_owed = True
+            else:
+                self._transport.write(_CONTINUE)
 
     def on_chunk_header(self) -> None:
         self._in_head = True  # a chunk's size line, or the trailers after the last one
 
     def on_body(self, body: bytes) -> None:
+        self._continue_owed = False  # the body comes without it
         self._in_head = False
         self._head_bytes = 0  # what was counted was a chunk's size line, not trailers
         if self._rejected is not None or self._broken:
@@ -276,7 +280,7 @@ class HttpProtocol(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._receiving = self._in_body = self._in_head = False
+        self._receiving = self._in_body = self._in_head = self._continue_owed = False
         self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
             return
@@ -351,8 +355,12 @@ class HttpProtocol(asyncio.Protocol):
             self._busy = False
         if self._closing and self._transport is not None:
             self._transport.close()
-        else:
-            self._arm_idle()
+            return
+        if self._continue_owed and self._transport is not None:
+            # the answers ahead of a request that waits for its 100 are out: its turn
+            self._continue_owed = False
+            self._transport.write(_CONTINUE)
+        self._arm_idle()
 
     async def _writable(self) -> bool:
         """Wait until the transport takes writes again; False when it closed meanwhile."""

@@ -199,16 +199,29 @@ async def test_expect_100_continue_gets_the_interim_answer_first() -> None:
         writer.close()
 
 
-async def test_100_continue_is_not_sent_ahead_of_an_earlier_answer() -> None:
+async def test_100_continue_comes_after_an_earlier_answer_not_ahead_of_it() -> None:
     async with server() as (_, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         head = b"POST /e HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
         writer.write(post("/first?delay=0.2", b"") + head)  # /e comes while /first is answered
         status, _, body = await read_response(reader)
         assert (status, body) == (200, b"POST /first 0 b''")  # not a 100 meant for /e
-        writer.write(b"data")  # as a client does once it tires of waiting for a 100
+        continued = b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert await reader.readexactly(len(continued)) == continued  # /e's turn: its 100
+        writer.write(b"data")
         status, _, body = await read_response(reader)
-        assert (status, body) == (200, b"POST /e 4 b'data'")  # and no 100 came before it
+        assert (status, body) == (200, b"POST /e 4 b'data'")
+        writer.close()
+
+
+async def test_no_100_continue_once_the_body_came_without_it() -> None:
+    async with server() as (_, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head = b"POST /e HTTP/1.1\r\nhost: t\r\ncontent-length: 4\r\nexpect: 100-continue\r\n\r\n"
+        # a client that tired of waiting: the body comes before /first is answered
+        writer.write(post("/first?delay=0.2", b"") + head + b"data")
+        assert (await read_response(reader))[::2] == (200, b"POST /first 0 b''")
+        assert (await read_response(reader))[::2] == (200, b"POST /e 4 b'data'")  # no 100
         writer.close()
 
 
