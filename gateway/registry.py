@@ -294,17 +294,20 @@ class ModelRegistry:
 
     def _fingerprint(self, name: str) -> str:
         """What poll mode compares: the config text (none for a model whose config is made
-        from its ONNX file) and the version folders' contents."""
+        from its ONNX file) and every file of the model's folder at any depth (a version's
+        model file, a label file beside the config, a module a model.py imports), by size
+        and time; Python's bytecode caches are left out (loading a model writes them)."""
         folder = self.repo.root / name
         digest = hashlib.sha256()
         try:
             config = self.repo.config_path(folder)
             digest.update(config.read_bytes() if config.exists() else b"no config")
-            for item in sorted(folder.glob("*/*")):
+            for item in sorted(folder.rglob("*")):
+                relative = item.relative_to(folder)
+                if "__pycache__" in relative.parts or not item.is_file():
+                    continue
                 stat = item.stat()
-                digest.update(
-                    f"{item.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-                )
+                digest.update(f"{relative}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         except OSError:
             digest.update(b"unreadable")
         return digest.hexdigest()

@@ -111,6 +111,30 @@ def test_a_model_without_a_config_is_served_and_its_file_changes_are_seen(repo: 
     assert reg._fingerprint("made") != before
 
 
+def test_poll_mode_sees_every_file_of_a_model_but_bytecode(repo: Path) -> None:
+    """A label file beside the config, or a module a model.py imports deeper in its version
+    folder, is part of the model: poll mode reloads it when one changes. The bytecode Python
+    writes when it loads model.py is not."""
+    from onnx import TensorProto
+
+    from tests.unit.test_autocomplete import tensor, write_model
+
+    x, y = tensor("x", TensorProto.FLOAT, ["b", 2]), tensor("y", TensorProto.FLOAT, ["b", 2])
+    write_model(repo / "made", [x], [y])
+    reg = registry(repo)
+    (repo / "made" / "labels.txt").write_text("a\n")
+    (repo / "made" / "1" / "utils").mkdir()
+    (repo / "made" / "1" / "utils" / "helper.py").write_text("X = 1\n")
+    seen = reg._fingerprint("made")
+    (repo / "made" / "1" / "__pycache__").mkdir()
+    (repo / "made" / "1" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    assert reg._fingerprint("made") == seen
+    for changed in (repo / "made" / "labels.txt", repo / "made" / "1" / "utils" / "helper.py"):
+        changed.write_text(changed.read_text() + "more\n")
+        assert reg._fingerprint("made") != seen, changed
+        seen = reg._fingerprint("made")
+
+
 def test_explicit_mode_serves_the_steps_of_an_ensemble_named_at_start(repo: Path) -> None:
     """Triton's ``--load-model`` of an ensemble loads its composing models with it."""
     _ensemble(repo, "inner", "simulated")
