@@ -316,6 +316,11 @@ class Worker:
         if self._owns_services:
             with contextlib.suppress(Exception):
                 await self.services.close()
+        self._unload_backends()
+
+    def _unload_backends(self) -> None:
+        """Unload every instance's backends and shut their executors (a failed load or
+        start: nothing stays loaded)."""
         for runner in self.instances:
             for backend in runner.backends.values():
                 with contextlib.suppress(Exception):
@@ -408,13 +413,7 @@ class Worker:
                             executor, warmup.run, runner, mv.version, samples, alone
                         )
         except BaseException:  # a failed load or warmup: nothing stays loaded (stop() won't run)
-            for runner in self.instances:
-                for backend in runner.backends.values():
-                    with contextlib.suppress(Exception):
-                        backend.unload()
-                runner.backends.clear()
-            for executor in self._executors:
-                executor.shutdown(wait=False)
+            self._unload_backends()
             raise
 
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
