@@ -135,7 +135,11 @@ class Host:
         """Load every model and join every group; on a failure, stop what started.
         Following the table: connect to it and run the first round."""
         if self.follows:
-            await self._start_following()
+            try:
+                await self._start_following()
+            except BaseException:  # the units the first round started are stopped too
+                await self.stop()
+                raise
             return
         try:
             for worker in self.workers:

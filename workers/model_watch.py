@@ -150,7 +150,11 @@ class ModelFollower:
                 continue
             if self.state.given_up.get(name) == desired.generation:
                 continue
-            await self._consider(name, desired)
+            try:
+                await self._consider(name, desired)
+            except Exception:  # one model's failure must not stop the round for the others
+                log.exception("host: model %s not loaded", name)
+                self.state.given_up[name] = desired.generation
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
 
@@ -168,6 +172,7 @@ class ModelFollower:
             return
         on_demand = is_lazy(spec) or name in self.state.evicted
         if on_demand and not await self._waiting_requests(name, spec):
+            self.state.waiting.pop(name, None)  # demand that comes back waits afresh
             return
         if not self.budget.fits_alone(need):
             log.error(
@@ -216,10 +221,10 @@ class ModelFollower:
         self.budget.add(name, need)  # reserved while it loads
         self._sample()
         before = self._meter.used()
-        unit = self._host.make_unit(name, desired.config)
         try:
+            unit = self._host.make_unit(name, desired.config)
             await unit.start()
-        except Exception as exc:
+        except Exception as exc:  # given up until its next load (a new generation)
             log.error("host: model %s failed to load: %s", name, exc)
             self.budget.remove(name)
             self._sample()

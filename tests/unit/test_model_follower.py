@@ -219,3 +219,43 @@ async def test_an_unloaded_model_is_stopped_and_a_new_generation_restarts(
     await follower.close()  # waits for the background drain
     assert follower.state.running == {} and host.units[1].stopped
     assert follower.metrics.unloads == {"a": 2} and follower.metrics.loads == {"a": 2}
+
+
+async def test_a_unit_that_cannot_be_made_is_given_up_and_the_round_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Making a unit can fail before it starts (a model asking more of a rate-limiter
+    resource than the host has): its reserved bytes go back, it is given up until its next
+    load, and the models after it in the round still load."""
+    from plaza.errors import ConfigError
+
+    follower, host, _, _ = make(tmp_path, {"a": 100, "b": 100, "c": 100}, 250)
+    made = host.make_unit
+
+    def refuses_b(model: str, config: str = "") -> FakeUnit:
+        if model == "b":
+            raise ConfigError("model 'b' needs 2 of resource 'R'; the host has 1")
+        return made(model, config)
+
+    host.make_unit = refuses_b  # type: ignore[method-assign]
+    await follower.step()
+    assert sorted(follower.state.running) == ["a", "c"]
+    assert follower.budget.held == {"a": 100, "c": 100}
+    assert follower.state.given_up == {"b": 1}
+    await follower.step()  # given up: not tried again, the round as before
+    assert sorted(follower.state.running) == ["a", "c"]
+
+
+async def test_demand_that_goes_away_ends_the_wait_for_room(tmp_path: Path) -> None:
+    """A lazy model that waited for room and whose requests were then served elsewhere
+    waits afresh when demand comes back (an old start of its wait gave it up at once)."""
+    follower, _, _, probe = make(tmp_path, {"a": 100, "b": 100, "c": 100}, 200, lazy=True)
+    probe.queued = {"a": 1, "b": 1}
+    await follower.step()
+    probe.queued = {"a": 1, "b": 1, "c": 1}
+    await follower.step()  # c waits: a and b are busy
+    assert "c" in follower.state.waiting
+    probe.queued = {"a": 1, "b": 1}  # c's requests served by another host of the group
+    await follower.step()
+    assert "c" not in follower.state.waiting
+    assert "c" not in follower.state.given_up
