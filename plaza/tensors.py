@@ -62,16 +62,21 @@ class Tensor(msgspec.Struct, frozen=True):
         if datatype == "BYTES":
             return cls(name, datatype, tuple(array.shape), serialize_bytes(array))
         dtype = to_numpy_dtype(datatype)
-        arr = np.ascontiguousarray(array, dtype=dtype)
+        arr = np.asarray(array, dtype=dtype, order="C")  # (ascontiguousarray makes 0-d 1-d)
         # flat first: a memoryview with a zero in its shape (an empty tensor) cannot be cast
         return cls(name, datatype, tuple(arr.shape), arr.reshape(-1).data.cast("B"))
 
 
 def serialize_bytes(array: np.ndarray[Any, Any]) -> bytes:
-    """Triton's BYTES layout: per element, uint32 LE length then the bytes."""
+    """Triton's BYTES layout: per element, uint32 LE length then the bytes. An element that
+    is not bytes is its text in UTF-8, as Triton's clients serialise it (``5`` is ``b"5"``:
+    ``bytes(5)`` would be five zero bytes)."""
     parts: list[bytes] = []
     for item in array.reshape(-1):
-        raw = item.encode() if isinstance(item, str) else bytes(item)
+        if isinstance(item, bytes | bytearray | memoryview):
+            raw = bytes(item)
+        else:
+            raw = str(item).encode()
         parts.append(struct.pack("<I", len(raw)))
         parts.append(raw)
     return b"".join(parts)

@@ -112,6 +112,25 @@ def test_bytes_tensor_round_trip(values) -> None:
     assert list(back.to_numpy()) == expected
 
 
+def test_a_bytes_element_that_is_not_bytes_is_its_text() -> None:
+    """As Triton's clients serialise an object array: ``str(item)`` in UTF-8 (``bytes(22)``
+    would have been 22 zero bytes, sent without a word)."""
+    arr = np.array([1, np.int64(22), 1.5, "abc", b"raw"], dtype=object)
+    back = Tensor.from_numpy("s", arr).to_numpy()
+    assert list(back) == [b"1", b"22", b"1.5", b"abc", b"raw"]
+
+
+@pytest.mark.parametrize(
+    "scalar",
+    [np.array(5, np.int64), np.float32(2.5), np.array(True), np.array("x", dtype=object)],
+    ids=["0-d int64", "numpy scalar", "0-d bool", "0-d bytes"],
+)
+def test_a_scalar_keeps_its_empty_shape(scalar: Any) -> None:
+    tensor = Tensor.from_numpy("s", scalar)
+    assert tensor.shape == ()  # it was (1,) for every type but BYTES
+    assert tensor.to_numpy().shape == ()
+
+
 def test_decode_is_zero_copy_over_the_message() -> None:
     arr = np.arange(1000, dtype=np.float32)
     back = decode_request(
