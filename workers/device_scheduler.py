@@ -18,7 +18,10 @@ one:
 - **Rate limiter.** An instance group's ``rate_limiter.resources`` are taken from the
   host's budget while one of its executions runs; an execution starts only when all of its
   resources are free. A resource's budget is the host setting ``resources`` (``R:4,...``),
-  else the largest count any served model asks for (Triton's default).
+  else the largest count any served model asks for (Triton's default). Head of line, as
+  Triton's rate limiter serves the head of its queue: the fairest model that waits for
+  resources (or a slot) holds the resources it asks for, and no model behind it takes one
+  of them until it has started; models using none of them run on meanwhile.
 - **Fair share.** Among the models that could start now, the one with the least *virtual
   time* goes first; ties go to the one granted longest ago (round robin). A grant charges
   the model its expected device time (the running mean of its executions) times its
@@ -176,6 +179,7 @@ class DeviceScheduler:
     def remove_model(self, name: str) -> None:
         """Stop serving ``name`` (its waiting tickets are dropped, unanswered)."""
         self._models.pop(name, None)
+        self.dispatch()  # the resources it waited for (``_next``) are no longer held for it
 
     @property
     def slots(self) -> int:
@@ -256,28 +260,40 @@ class DeviceScheduler:
             raise ConfigError(f"model {name!r} is not on this host") from None
 
     def _next(self, budget: Mapping[str, int], *, slot_free: bool) -> tuple[_Model, int] | None:
-        best: tuple[float, int, _Model, int] | None = None
-        for m in self._models.values():
-            if not m.waiting or len(m.busy) >= m.cap or (m.device_slot and not slot_free):
-                continue
-            instance = self._free_instance(m, budget)
-            if instance is None:
-                continue
-            key = (m.vtime, m.last_grant)
-            if best is None or key < best[:2]:
-                best = (m.vtime, m.last_grant, m, instance)
-        return None if best is None else (best[2], best[3])
+        """The fairest model that can start now, and the free instance it starts on.
 
-    def _free_instance(self, m: _Model, budget: Mapping[str, int]) -> int | None:
-        for i, spec in enumerate(m.instances):
-            if i in m.busy:
-                continue
-            if all(
-                self._in_use.get(res, 0) + count <= budget.get(res, 0)
-                for res, count in spec.resources.items()
-            ):
-                return i
+        Head of line for resources, as Triton's rate limiter serves the head of its queue: a
+        model that cannot start for want of resources or of a device slot holds the resources
+        its free instances ask for (``held``), and no model behind it may take one of them.
+        Else a flooded model whose executions overlap would keep a resource always partly in
+        use, and a fairer model asking for more of it would never start. A model blocked by
+        its own cap or busy instances holds nothing, nor does one waiting behind another's
+        hold, so models using none of the held resources still run.
+        """
+        held: set[str] = set()
+        for m in sorted(self._ready(), key=lambda m: (m.vtime, m.last_grant)):
+            clear = [
+                i
+                for i, spec in enumerate(m.instances)
+                if i not in m.busy and held.isdisjoint(spec.resources)
+            ]
+            fits = [i for i in clear if self._fits(m.instances[i], budget)]
+            if fits and (slot_free or not m.device_slot):
+                return m, fits[0]
+            for i in clear:
+                held.update(m.instances[i].resources)
         return None
+
+    def _ready(self) -> list[_Model]:
+        """The models with a ticket waiting and an execution left under their cap."""
+        return [m for m in self._models.values() if m.waiting and len(m.busy) < m.cap]
+
+    def _fits(self, spec: InstanceSpec, budget: Mapping[str, int]) -> bool:
+        """Whether all of an execution's resources are free now."""
+        return all(
+            self._in_use.get(res, 0) + count <= budget.get(res, 0)
+            for res, count in spec.resources.items()
+        )
 
     def _grant(self, m: _Model, instance: int) -> Grant:
         spec = m.instances[instance]

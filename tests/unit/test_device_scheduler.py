@@ -175,15 +175,103 @@ def test_an_execution_starts_only_when_its_resources_are_free() -> None:
     s.add_model("small", instance_specs([InstanceGroup(count=2, resources=r1)]))
     assert s.budget() == {"R": 2}
     s.submit("small")
-    first = s.dispatch()
-    assert [g.model for g in first] == ["small"]
-    s.submit("big")  # needs 2, only 1 free
     s.submit("small")
-    assert [g.model for g in s.dispatch()] == ["small"]  # R now 2 of 2
+    first, second = s.dispatch()  # R now 2 of 2
+    assert [first.model, second.model] == ["small", "small"]
+    s.submit("big")
     assert s.dispatch() == []
-    s.release(first[0], 1.0)
+    s.release(first, 1.0)
     assert s.dispatch() == []  # 1 free still: big waits
     assert s.waiting("big") == 1
+    s.release(second, 1.0)
+    assert [g.model for g in s.dispatch()] == ["big"]
+
+
+def test_a_fairer_model_holds_the_resources_it_waits_for() -> None:
+    """The reviewer's starvation: a's two instances take R:1 each and always overlap, b asks
+    for R:2, the whole budget. Were b skipped while R is partly in use, a would take it again
+    at every end and b would never start. b, the fairest, holds R: a waits, b starts as soon
+    as a's running executions end, and c, which uses no R, runs on meanwhile."""
+    r1 = (RateLimitResource("R", 1),)
+    r2 = (RateLimitResource("R", 2),)
+    s = DeviceScheduler(slots=8)
+    s.add_model("a", instance_specs([InstanceGroup(count=2, resources=r1)]))
+    s.add_model("b", instance_specs([InstanceGroup(resources=r2)]))
+    s.add_model("c", ONE)
+    flooded = {"a": s.submit("a"), "c": s.submit("c")}
+    running = s.dispatch()
+    order: list[str] = []
+
+    def step() -> None:  # the oldest execution ends; a flooded model asks again at once
+        s.release(running.pop(0), 1.0)
+        for _ in range(2):
+            granted = s.dispatch()
+            running.extend(granted)
+            order.extend(g.model for g in granted)
+            for name, ticket in flooded.items():
+                if ticket.grant is not None:
+                    flooded[name] = s.submit(name)
+
+    for _ in range(6):
+        step()
+    assert s.running("a") == 2 and s.waiting("a") == 1
+    order.clear()
+    s.submit("b")
+    while "b" not in order:
+        step()
+        assert len(order) < 10  # bounded: b does not wait out the flood
+    assert order[: order.index("b")].count("a") == 0  # a took no R meanwhile
+    assert "c" in order[: order.index("b")]  # ... and c kept running
+
+
+def test_a_model_waiting_for_its_own_instance_holds_no_resource() -> None:
+    """Only a want of resources (or of a slot) holds them: the fairest model, waiting for
+    its one busy instance, does not keep another model off the R it left free."""
+    r1 = (RateLimitResource("R", 1),)
+    s = DeviceScheduler(slots=8, budget={"R": 2})
+    s.add_model("x", instance_specs([InstanceGroup(resources=r1)]))
+    s.add_model("y", instance_specs([InstanceGroup(resources=r1)]))
+    for name, cost in (("y", 5.0), ("x", 1.0)):  # vtimes: y 5, x 1
+        s.submit(name)
+        s.release(s.dispatch()[0], cost)
+    s.submit("x")
+    (running,) = s.dispatch()
+    s.submit("x")  # x, the fairest still, waits for its busy instance
+    s.submit("y")
+    assert [g.model for g in s.dispatch()] == ["y"]
+    s.release(running, 1.0)
+    assert [g.model for g in s.dispatch()] == ["x"]
+
+
+def test_a_model_waiting_for_a_slot_holds_its_resources() -> None:
+    """b waits for the device's one slot (d holds it) and for R. A Python model (no slot)
+    taking R must not keep it from b, or whenever d's slot came free R might be in use."""
+    r1 = (RateLimitResource("R", 1),)
+    s = DeviceScheduler(slots=1, budget={"R": 1})
+    s.add_model("d", ONE)
+    s.add_model("b", instance_specs([InstanceGroup(resources=r1)]))
+    s.add_model("py", instance_specs([InstanceGroup(resources=r1)]), device_slot=False)
+    s.submit("d")
+    (slot,) = s.dispatch()
+    s.submit("b")
+    s.submit("py")
+    assert s.dispatch() == []  # b is fairer than py: R is b's once d's slot comes free
+    s.release(slot, 1.0)
+    assert [g.model for g in s.dispatch()] == ["b"]
+
+
+def test_removing_a_model_lets_go_of_what_it_waited_for() -> None:
+    r1 = (RateLimitResource("R", 1),)
+    s = DeviceScheduler(slots=8, budget={"R": 2})
+    s.add_model("a", instance_specs([InstanceGroup(count=2, resources=r1)]))
+    s.add_model("b", instance_specs([InstanceGroup(resources=(RateLimitResource("R", 2),))]))
+    s.submit("a")
+    s.dispatch()
+    s.submit("b")
+    queued = s.submit("a")
+    assert s.dispatch() == []  # b holds R
+    s.remove_model("b")
+    assert queued.grant is not None and queued.grant.model == "a"
 
 
 def test_a_resource_budget_from_settings() -> None:
