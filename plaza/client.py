@@ -26,6 +26,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from concurrent.futures import CancelledError
 from concurrent.futures import Future as ConcurrentFuture
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -34,12 +35,13 @@ import numpy as np
 
 from plaza.connections import redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar, new_correlation_id
-from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError
+from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError, Unavailable
 from plaza.modelconfig import ModelSpec
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ack_entry, consume_stream, raise_for_error
 from plaza.settings import PlazaSettings
+from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 
 T = TypeVar("T")
@@ -106,7 +108,12 @@ class PlazaClient:
         self._specs: dict[str, ModelSpec | None] = {}
 
     async def start(self) -> None:
-        await self.producer.start()
+        """Connect; a start that fails closes what it opened (its producer, its Redis pool)."""
+        try:
+            await self.producer.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         await self.producer.stop()
@@ -230,24 +237,40 @@ class PlazaClient:
 
 
 class SyncPlazaClient:
-    """A blocking wrapper: the async client runs on a private event loop thread."""
+    """A blocking wrapper: the async client runs on a private event loop thread.
+
+    Its calls may come from several threads. ``close`` ends the calls still waiting, in any
+    thread, with Unavailable; a call after it raises Unavailable at once."""
 
     def __init__(self, settings: PlazaSettings | None = None) -> None:
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, daemon=True, name="plaza-client"
         )
         self._thread.start()
-        self._client = self._call(self._make(settings))
-        self._call(self._client.start())
+        try:
+            self._client = self._call(self._make(settings))
+            self._call(self._client.start())
+        except BaseException:  # no loop thread left behind by a client that did not start
+            self._stop_loop()
+            raise
 
     @staticmethod
     async def _make(settings: PlazaSettings | None) -> PlazaClient:
         return PlazaClient(settings)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise Unavailable("the client is closed")
         fut: ConcurrentFuture[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return fut.result()
+        try:
+            return fut.result()
+        except CancelledError:
+            if self._closed:  # ended by close(), from another thread
+                raise Unavailable("the client was closed before the call ended") from None
+            raise
 
     def infer(self, model: str, inputs: Inputs, **options: Any) -> InferResult:
         return self._call(self._client.infer(model, inputs, **options))
@@ -277,7 +300,16 @@ class SyncPlazaClient:
         return self._call(self._client.result(job_id, **options))
 
     def close(self) -> None:
-        self._call(self._client.stop())
+        """Stop the client: the calls still waiting end (Unavailable), then its loop."""
+        if self._closed:
+            return
+        stop = self._client.stop()
+        self._closed = True  # from here on, a call is refused
+        asyncio.run_coroutine_threadsafe(_stop_all(stop), self._loop).result()
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._closed = True
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._loop.close()
@@ -287,6 +319,14 @@ class SyncPlazaClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _stop_all(stop: Coroutine[Any, Any, None]) -> None:
+    """Run ``stop`` (a client's), then cancel every other task of the loop and wait for
+    them: a call polling a job, or publishing, would otherwise wait on a loop that stops."""
+    await stop
+    current = asyncio.current_task()
+    await cancel_and_wait([t for t in asyncio.all_tasks() if t is not current])
 
 
 async def _step(responses: AsyncGenerator[T, None]) -> tuple[bool, T | None]:
