@@ -211,11 +211,11 @@ def config_to_json(config: mc.ModelConfig) -> dict[str, Any]:
     doc: dict[str, Any] = json_format.MessageToDict(
         config, preserving_proto_field_name=True, **{_PRINT_DEFAULTS: True}
     )
-    _int64_as_numbers(doc, config.DESCRIPTOR)
+    int64_as_numbers(doc, config.DESCRIPTOR)
     return doc
 
 
-def _int64_as_numbers(doc: dict[str, Any], descriptor: Descriptor) -> None:
+def int64_as_numbers(doc: dict[str, Any], descriptor: Descriptor) -> None:
     """Turn the 64-bit integer fields of ``doc`` (a message of type ``descriptor`` as
     ``MessageToDict`` prints it), repeated, in messages or map values, into numbers."""
     for fd in descriptor.fields:
@@ -235,7 +235,7 @@ def _as_number(value: Any, fd: FieldDescriptor) -> Any:
     if fd.type in _INT64_TYPES:
         return int(value)
     if fd.message_type is not None:
-        _int64_as_numbers(value, fd.message_type)
+        int64_as_numbers(value, fd.message_type)
     return value
 
 

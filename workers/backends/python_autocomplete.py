@@ -24,9 +24,9 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from plaza.modelconfig import int64_as_numbers
 from plaza.workers.backends import pb_utils
 from plaza.workers.backends.pb_model_config import ModelConfig
-from plaza.workers.backends.python_backend import int64_as_numbers
 from plaza.workers.backends.python_stub import MODULE_NAME, load_module
 
 HOOK = "auto_complete_config"

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pydantic import SecretStr
 
 import plaza
@@ -41,6 +40,7 @@ from plaza.client import make_request
 from plaza.codec import decode_result, encode_request
 from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_from_wire
+from plaza.modelconfig import int64_as_numbers
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.base import Answer, Arrays, Response, Send
@@ -55,13 +55,6 @@ LOAD_TIMEOUT_S = 300.0
 """How long ``initialize`` may take (model.py may load weights)."""
 FINALIZE_TIMEOUT_S = 10.0
 """How long ``finalize`` may take before the process is killed."""
-_INT64_TYPES = {
-    FieldDescriptor.TYPE_INT64,
-    FieldDescriptor.TYPE_UINT64,
-    FieldDescriptor.TYPE_SINT64,
-    FieldDescriptor.TYPE_FIXED64,
-    FieldDescriptor.TYPE_SFIXED64,
-}
 
 
 class PythonBackend:
@@ -442,24 +435,6 @@ def triton_config_json(mv: ModelVersion) -> dict[str, Any]:
     for entry in (*body["input"], *body["output"]):
         entry.setdefault("dims", [])
     return body
-
-
-def int64_as_numbers(body: dict[str, Any], descriptor: Descriptor) -> None:
-    for fd in descriptor.fields:
-        if fd.name not in body:
-            continue
-        value = body[fd.name]
-        if fd.message_type is not None:
-            if fd.message_type.GetOptions().map_entry:
-                inner = fd.message_type.fields_by_name["value"]
-                if inner.message_type is not None:
-                    for item in value.values():
-                        int64_as_numbers(item, inner.message_type)
-            else:
-                for item in value if isinstance(value, list) else [value]:
-                    int64_as_numbers(item, fd.message_type)
-        elif fd.type in _INT64_TYPES:
-            body[fd.name] = [int(v) for v in value] if isinstance(value, list) else int(value)
 
 
 def _execute_timeout(mv: ModelVersion) -> float | None:
