@@ -19,9 +19,11 @@ partition, ``plaza.producer``), and this batcher keeps them so:
 - A request whose sequence has not started (no START came, or its END ran, or it was idle
   past ``max_sequence_idle_microseconds`` and released) is refused; so is a new sequence
   beyond ``max_candidate_sequences`` (``queue_full``). Both are clear errors, where serving
-  them would give the model a state that is not theirs. A sequence that ran on another
-  worker (its partition moved here) is taken up with the state it left there (``resume``:
-  the worker reads it from Redis first, ``workers/sequences.py``).
+  them would give the model a state that is not theirs. The limit is each version's, as
+  each Triton version's sequence batcher has its own: with 2, versions 1 and 2 hold two
+  sequences each. A sequence that ran on another worker (its partition moved here) is
+  taken up with the state it left there (``resume``: the worker reads it from Redis
+  first, ``workers/sequences.py``).
 - ``oldest.max_queue_delay_microseconds`` lets a batch wait that long after its oldest
   request for more sequences to fill it (0: run at once); with
   ``oldest.preferred_batch_size``, the largest preferred size the waiting sequences fill
@@ -126,6 +128,8 @@ class SequenceBatcher(Generic[T]):
         self._flags_of = flags_of
         self._clock = clock
         self._sequences: dict[SequenceKey, _Sequence[T]] = {}
+        self._held: dict[int, int] = {}
+        """By version: its sequences in ``_sequences`` (each version has its own limit)."""
         self._running: dict[int, tuple[_Sequence[T], SequenceFlags]] = {}
         """By ``id(item)``: the requests handed out, not finished or released yet."""
         self._count = 0
@@ -144,7 +148,7 @@ class SequenceBatcher(Generic[T]):
         """Queue ``item`` behind its sequence's earlier requests (``size`` and ``priority``
         are the dynamic batcher's: a sequence's request is one row, and sequences have no
         priority levels). InvalidInput if its sequence has not started, QueueFull past
-        ``max_sequences``."""
+        ``max_sequences`` of its version."""
         flags = self._flags_of(item)
         now = self._clock()
         key = flags.sequence
@@ -152,20 +156,39 @@ class SequenceBatcher(Generic[T]):
         if seq is None:
             if not flags.start:
                 raise _not_started(key)
-            self._check_room()
-            seq = self._sequences[key] = _Sequence(key, item)
+            self._check_room(flags.version)
+            seq = self._hold(_Sequence(key, item))
         seq.origin = item
         seq.last = now
         since = now if arrival is None else min(arrival, now)
         seq.queue.append(_Queued(item, flags, since, deadline))
         self._count += 1
 
-    def _check_room(self) -> None:
-        if len(self._sequences) >= self.policy.max_sequences:
+    def _check_room(self, version: int) -> None:
+        limit = self.policy.max_sequences
+        if self._held.get(version, 0) >= limit:
             raise QueueFull(
-                f"{self.policy.max_sequences} sequences are active on this worker "
+                f"{limit} sequences of version {version} are active on this worker "
                 "(sequence_batching.oldest.max_candidate_sequences); end one first"
             )
+
+    def _hold(self, seq: _Sequence[T]) -> _Sequence[T]:
+        """Hold ``seq``, in place of one of the same key if any; ``seq`` back."""
+        if seq.key not in self._sequences:
+            version = seq.key[0]
+            self._held[version] = self._held.get(version, 0) + 1
+        self._sequences[seq.key] = seq
+        return seq
+
+    def _drop(self, key: SequenceKey) -> None:
+        """Let go of sequence ``key``, which is held."""
+        del self._sequences[key]
+        version = key[0]
+        left = self._held[version] - 1
+        if left:
+            self._held[version] = left
+        else:
+            del self._held[version]  # a version no longer served leaves no entry behind
 
     def __len__(self) -> int:
         """Requests waiting (not handed out)."""
@@ -173,7 +196,7 @@ class SequenceBatcher(Generic[T]):
 
     @property
     def active(self) -> int:
-        """Sequences held (started, not ended or released)."""
+        """Sequences held (started, not ended or released), of all versions."""
         return len(self._sequences)
 
     def remove_if(self, predicate: Callable[[T], bool]) -> list[T]:
@@ -192,7 +215,7 @@ class SequenceBatcher(Generic[T]):
             self._count -= len(seq.queue) - len(kept)
             seq.queue = kept
             if whole:
-                del self._sequences[key]
+                self._drop(key)
         return removed
 
     # -- scheduling ------------------------------------------------------------------------
@@ -252,7 +275,7 @@ class SequenceBatcher(Generic[T]):
         idle_s = self.policy.max_idle_us / 1e6
         for key, seq in list(self._sequences.items()):
             if not seq.running and not seq.queue and now - seq.last >= idle_s:
-                del self._sequences[key]
+                self._drop(key)
         self._next_sweep = now + min(_SWEEP_S, idle_s)
 
     def _wake(self, now: float) -> float | None:
@@ -267,11 +290,11 @@ class SequenceBatcher(Generic[T]):
     def resume(self, key: SequenceKey, state: State, item: T) -> None:
         """Take up a sequence that ran elsewhere (its partition was another worker's), with
         the state it left, ``item`` its request that asked for it; QueueFull past
-        ``max_sequences``. A sequence held here already is left as it is."""
+        ``max_sequences`` of its version. A sequence held here already is left as it is."""
         if key in self._sequences:
             return
-        self._check_room()
-        seq = self._sequences[key] = _Sequence(key, item, state=state)
+        self._check_room(key[0])
+        seq = self._hold(_Sequence(key, item, state=state))
         seq.last = self._clock()
 
     # -- running ---------------------------------------------------------------------------
@@ -290,7 +313,7 @@ class SequenceBatcher(Generic[T]):
         if seq is None or (seq.ended and not flags.start):
             if not flags.start:
                 raise _not_started(key)
-            seq = self._sequences[key] = _Sequence(key, item)
+            seq = self._hold(_Sequence(key, item))
         seq.running = True
         self._running[id(item)] = (seq, flags)
         return self.step(item)
@@ -304,7 +327,7 @@ class SequenceBatcher(Generic[T]):
         if flags.end:
             seq.state, seq.ended = None, True
             if not seq.queue and self._sequences.get(seq.key) is seq:
-                del self._sequences[seq.key]
+                self._drop(seq.key)
             return
         seq.ended = False
         if state is not None:

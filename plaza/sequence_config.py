@@ -31,7 +31,8 @@ DEFAULT_IDLE_US = 1_000_000
 """Triton's default ``max_sequence_idle_microseconds``: a sequence with no request for this
 long is released (its state dropped)."""
 DEFAULT_MAX_SEQUENCES = 1024
-"""Sequences one worker keeps at once where ``oldest.max_candidate_sequences`` is not set."""
+"""Sequences one worker keeps at once for each version it serves, where
+``oldest.max_candidate_sequences`` is not set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,9 @@ class SequenceBatching:
     """``oldest.preferred_batch_size``, increasing: a batch of one of these runs before the
     queue delay is out."""
     max_sequences: int = DEFAULT_MAX_SEQUENCES
+    """``oldest.max_candidate_sequences``: the sequences a worker holds at once for each
+    version (each version of a Triton model has its own sequence batcher); a new one past
+    it is refused (``queue_full``)."""
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
 

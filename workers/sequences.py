@@ -10,7 +10,8 @@ that was not run is let go (``release``) so its sequence goes on.
 
 A sequence is one version's (``SequenceKey``: the version and the ``sequence_id``): a
 model that serves several versions has one worker and one batcher for them all, and the
-same id on two versions is two sequences, each with its own state and its own key.
+same id on two versions is two sequences, each with its own state and its own key. Each
+version may hold ``max_candidate_sequences`` of them at once.
 
 The state also goes to Redis, with each answer (``StateWrite``; the result writer keeps it
 only where the answer is the first written, in the same script call): under the sequence's
@@ -335,7 +336,7 @@ class SequenceRuns:
         up, when that request was sent more than the idle time after the request that made
         the state: the sequence went idle. Both are senders' clocks; only a state whose
         request's send time is not known is judged by when it was made (a worker's clock).
-        QueueFull past ``max_candidate_sequences``."""
+        QueueFull past its version's ``max_candidate_sequences``."""
         state, made, made_sent = decode_state(stored)
         if sent - (made_sent or made) > self.idle_s:
             return False

@@ -3,7 +3,8 @@ with ``version_policy { all {} }``, one worker and one batcher for both versions
 clients each running a sequence with the same ``sequence_id``, one on each version. As in
 Triton, where each version has its own sequence batcher, they are two sequences: a START
 on one does not reset the other, an END on one does not end the other, and Redis keeps
-each one's state under its own key."""
+each one's state under its own key; and each version holds its own
+``max_candidate_sequences``."""
 
 from __future__ import annotations
 
@@ -13,19 +14,24 @@ import numpy as np
 import pytest
 
 from plaza.client import PlazaClient
-from plaza.errors import InvalidInput
+from plaza.errors import InvalidInput, QueueFull
 from plaza.settings import PlazaSettings
 from tests.support import REPOSITORY, running_worker
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _two_versions(root: Path) -> Path:
-    """A repository holding accumulate's model as its versions 1 and 2, both served."""
+def _two_versions(root: Path, max_sequences: int = 0) -> Path:
+    """A repository holding accumulate's model as its versions 1 and 2, both served
+    (``max_sequences``: its ``max_candidate_sequences`` instead of the sample's)."""
     (root / "accumulate").mkdir()
     for version in ("1", "2"):
         (root / "accumulate" / version).symlink_to(REPOSITORY / "accumulate" / "1")
     config = (REPOSITORY / "accumulate" / "config.pbtxt").read_text()
+    if max_sequences:
+        sample = "max_candidate_sequences: 256"
+        assert sample in config
+        config = config.replace(sample, f"max_candidate_sequences: {max_sequences}")
     (root / "accumulate" / "config.pbtxt").write_text(config + "\nversion_policy { all { } }\n")
     return root
 
@@ -58,3 +64,24 @@ async def test_the_same_sequence_id_on_two_versions_is_two_sequences(
     assert x == [10, 11, 13]
     assert y == [1000, 1005]
     assert kept == (1, 0)  # X's state under version 1's key; Y's END dropped only its own
+
+
+async def test_each_version_holds_its_own_max_candidate_sequences(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """With ``max_candidate_sequences: 2``, one worker holds two sequences of version 1 and
+    two of version 2 at once; a third new one on either is ``queue_full``."""
+    settings = settings.model_copy(update={"repository": _two_versions(tmp_path, 2)})
+    async with running_worker(settings, "accumulate"), PlazaClient(settings) as client:
+
+        async def start(version: str, key: int) -> int:
+            params = {"sequence_id": key, "sequence_start": True}
+            x = {"INPUT": np.array([[key]], np.int32)}
+            result = await client.infer("accumulate", x, version=version, parameters=params)
+            return int(result.outputs[0].to_numpy()[0, 0])
+
+        sums = [await start(v, key) for v in ("1", "2") for key in (1, 2)]
+        for version in ("1", "2"):
+            with pytest.raises(QueueFull, match=f"2 sequences of version {version}"):
+                await start(version, 3)
+    assert sums == [1, 2, 1, 2]
