@@ -35,8 +35,16 @@ import numpy as np
 
 from plaza.connections import redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar, new_correlation_id
-from plaza.errors import DeadlineExceeded, JobNotFound, PlazaError, Unavailable
+from plaza.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    JobNotFound,
+    ModelNotFound,
+    PlazaError,
+    Unavailable,
+)
 from plaza.modelconfig import ModelSpec
+from plaza.naming import check_model_name
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ack_entry, consume_stream, raise_for_error
@@ -89,8 +97,10 @@ class PlazaClient:
 
     Producing goes through ``plaza.producer.Producer``, the same core the gateway uses.
     The client reads model configs from ``settings.repository`` when it can (priority
-    levels, max_queue_size); without them a request goes to its model's base topic with
-    its priority as given, and the worker settles it.
+    levels, max_queue_size); without them (no such folder) a request goes to its model's
+    base topic with its priority as given, and the worker settles it. A model that a
+    readable repository does not hold is refused (ModelNotFound) before publishing:
+    nothing would ever answer it.
     """
 
     def __init__(self, settings: PlazaSettings | None = None, *, name: str = "") -> None:
@@ -127,16 +137,23 @@ class PlazaClient:
         await self.stop()
 
     async def _spec(self, model: str) -> ModelSpec | None:
-        """The model's config when ``settings.repository`` has it; None otherwise. Read
-        once per model, on a thread: completing a config may take a while (a Python
-        model's ``auto_complete_config`` runs in a child process)."""
+        """The model's config when ``settings.repository`` has it; None when there is no
+        repository folder to read (or the model's config does not read: its worker answers).
+        InvalidInput for a bad model name; ModelNotFound when the repository folder is there
+        but holds no such model (not remembered: the model may be added later). Read once
+        per model, on a thread: completing a config may take a while (a Python model's
+        ``auto_complete_config`` runs in a child process)."""
         if model not in self._specs:
-            self._specs[model] = await asyncio.to_thread(self._read_spec, model)
+            self._specs[model] = await asyncio.to_thread(self._read_spec, check_model_name(model))
         return self._specs[model]
 
     def _read_spec(self, model: str) -> ModelSpec | None:
         try:
             return self._repository.spec(model)
+        except ModelNotFound:
+            if self._repository.root.is_dir():
+                raise
+            return None  # no repository here: the worker is the judge
         except PlazaError:
             return None
 
@@ -189,10 +206,32 @@ class PlazaClient:
         return await self.producer.submit(req, await self._spec(model))
 
     async def publish_many(self, requests: Iterable[InferRequest]) -> list[str]:
-        """Send many requests, letting the producer batch them; waits for every ack."""
+        """Send many requests, letting the producer batch them; waits for every ack.
+
+        Each request is answered on the ``reply_stream`` it names (``results_stream``), or
+        on its result key alone when it names none. The whole batch is checked before any
+        of it is published: InvalidInput for a reply stream that workers refuse to write
+        (one not made by ``results_stream``), ModelNotFound for a model that the
+        repository does not hold; either way nothing of the batch is sent."""
         batch = list(requests)
-        specs = {model: await self._spec(model) for model in {req.model for req in batch}}
+        for req in batch:
+            self._check_reply_stream(req)
+        specs = {model: await self._spec(model) for model in dict.fromkeys(r.model for r in batch)}
         return await self.producer.publish_many((req, specs[req.model]) for req in batch)
+
+    def _check_reply_stream(self, req: InferRequest) -> None:
+        """InvalidInput (the code a worker answers with) for a reply stream that no worker
+        writes to: a pipeline consuming it would wait for ever."""
+        stream = req.reply.stream
+        if stream is None or self.names.is_reply_stream(stream):
+            return
+        raise InvalidInput(
+            f"reply_stream {stream[:200]!r} of request {req.id} is not a stream workers "
+            f"answer on: make it with results_stream(name) (it must start with "
+            f"{self.names.results_stream('')!r}), or name none to poll the result",
+            model=req.model,
+            reply_stream=stream[:200],
+        )
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result; a decoupled model's job with every response,

@@ -305,15 +305,17 @@ class Producer:
         included), letting the Kafka producer batch them; waits for every ack. No job
         markers: pipelines read results from the streams they name.
 
-        When the next request would pass the byte budget, the ones sent so far are
-        acknowledged first, freeing their bytes: a long pipeline waits, it is not refused.
+        Every request is prepared (validated, its topic chosen) before the first is sent:
+        one invalid request fails the call with nothing of it published. When the next
+        request would pass the byte budget, the ones sent so far are acknowledged first,
+        freeing their bytes: a long pipeline waits, it is not refused.
         """
+        batch = [(self._prepare(req, spec), spec) for req, spec in requests]
         ids: list[str] = []
         acks: list[asyncio.Future[Any]] = []
         held = contextlib.ExitStack()
         try:
-            for req, spec in requests:
-                ready = self._prepare(req, spec)
+            for ready, spec in batch:
                 await self._check_queue(spec, ready.level)
                 nbytes = request_bytes(ready.req)
                 if acks and not self.inflight.fits(nbytes):
