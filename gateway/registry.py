@@ -5,7 +5,10 @@ In mode ``none`` the registry is read once from the repository. In ``explicit`` 
 unload made through any gateway is written there, and every gateway re-reads the table
 every ``FOLLOW_INTERVAL_S`` and re-reads each model whose generation there differs from the
 one it serves (a load through another gateway, a reload after a config edit or a new version
-folder), so they all serve the same models. Whoever runs the workers watches the same table
+folder), so they all serve the same models. A model that cannot be read then (its folder
+still being copied to a shared disk, say) is read again on later rounds, at growing intervals,
+until it is read or its generation changes; meanwhile it keeps the config it was served
+with (if any) and is reported failed. Whoever runs the workers watches the same table
 (model hosts with ``host.follow_model_table``, or ``plaza up``'s supervisor with
 ``--process-per-model``).
 
@@ -19,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -44,6 +49,10 @@ log = logging.getLogger(__name__)
 FOLLOW_INTERVAL_S = 1.0
 """How often a gateway re-reads the model table (loads made through other gateways)."""
 
+FOLLOW_RETRY_MAX_S = 30.0
+"""The longest wait before a model that could not be read as the table says is read again
+(the wait doubles from ``FOLLOW_INTERVAL_S`` after each failed read)."""
+
 
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
@@ -56,10 +65,26 @@ class IndexEntry:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class FollowRetry:
+    """A model whose generation in the table could not be read: when to read it again."""
+
+    generation: int
+    """The table's generation that failed (a new one is read at once)."""
+    error: str
+    """The last failure's message (a new message is logged, a repeated one is not)."""
+    delay_s: float
+    """The wait after the last failure; doubled after the next one, up to the maximum."""
+    due: float
+    """When (``time.monotonic``) the next read may be made."""
+
+
 class ModelRegistry:
     """What one gateway serves; loads and unloads in modes ``explicit`` and ``poll``."""
 
-    def __init__(self, settings: PlazaSettings) -> None:
+    def __init__(
+        self, settings: PlazaSettings, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.mode = settings.gateway.model_control_mode
         self.repo = ModelRepository.of(settings)
         self._names = settings.names
@@ -68,13 +93,18 @@ class ModelRegistry:
         self._start_names = settings.gateway.model_names()
         self.models: dict[str, LoadedModel] = {}
         self.failed: dict[str, str] = {}
-        """Models that could not be read, with the reason."""
+        """Models that could not be read, with the reason (one still served at an older
+        config included, when the table's newer one could not be read)."""
         self.unloaded: set[str] = set()
         self._generations: dict[str, int] = {}
-        """The model table's generation each model is served at (or was dropped or failed
-        at): ``follow`` re-reads a model whose generation in the table differs."""
+        """The model table's generation each model is served at (or was dropped at):
+        ``follow`` re-reads a model whose generation in the table differs (one that failed
+        is not recorded here, but in ``_retries``)."""
         self._locks: dict[str, asyncio.Lock] = {}
         """One per model: its loads, unloads and following run one at a time."""
+        self._retries: dict[str, FollowRetry] = {}
+        """Models whose generation in the table could not be read (``follow`` backs off)."""
+        self._clock = clock
         self._seen: dict[str, str] = {}
         """Poll mode: a fingerprint of each model's folder as last read."""
         self._control: ModelControl | None = None
@@ -135,7 +165,7 @@ class ModelRegistry:
             if desired is None or not desired.loaded:
                 desired = await self._control.table.load(name)
             if desired.config == "":  # as read from the repository just now
-                self._generations[name] = desired.generation
+                self._followed(name, desired.generation)
         if self.mode == "poll":
             self._seen = {name: self._fingerprint(name) for name in self.repo.model_names()}
         await self.follow()
@@ -155,14 +185,54 @@ class ModelRegistry:
                 await self._follow_one(desired)
 
     async def _follow_one(self, desired: DesiredModel) -> None:
-        name = desired.name
-        if self._generations.get(name) == desired.generation:
+        name, generation = desired.name, desired.generation
+        served = self._generations.get(name)
+        if served == generation:
             return
-        if desired.loaded:
-            await self._read_off_loop(name, desired.config)  # a failure: not retried
-        elif name in self.models:
-            self._drop(name)
-        self._generations[name] = desired.generation
+        if not desired.loaded:
+            if name in self.models or name in self._retries:
+                self._drop(name)
+            self._followed(name, generation)
+            return
+        retry = self._retries.get(name)
+        if retry is not None and retry.generation == generation and self._clock() < retry.due:
+            return  # it failed a moment ago: wait before reading it again
+        try:
+            # On a thread: completing a config may take a while (a Python model's
+            # auto_complete_config runs in a child process), and the loop serves meanwhile.
+            model = await asyncio.to_thread(self._parse, name, desired.config)
+        except PlazaError as exc:
+            if self._generations.get(name) == served:
+                self._follow_failed(desired, exc.message, retry)
+            return
+        if self._generations.get(name) != served:
+            return  # a load or unload through this gateway wrote it meanwhile: it stands
+        self._serve(name, model)
+        self._followed(name, generation)
+
+    def _follow_failed(self, desired: DesiredModel, error: str, retry: FollowRetry | None) -> None:
+        """Record that ``desired`` could not be read: a model served keeps its config (as a
+        failed load leaves it), and is read again after a wait that doubles each time."""
+        name = desired.name
+        if retry is not None and retry.generation != desired.generation:
+            retry = None  # a new load: its failure is news, and its wait starts short
+        delay = FOLLOW_INTERVAL_S if retry is None else min(retry.delay_s * 2, FOLLOW_RETRY_MAX_S)
+        if retry is None or retry.error != error:
+            kept = " (its previous config still served)" if name in self.models else ""
+            log.error(
+                "model %s could not be read as the model table loads it (generation %d)%s; "
+                "reading it again at growing intervals: %s",
+                name, desired.generation, kept, error,
+            )  # fmt: skip
+        self._retries[name] = FollowRetry(desired.generation, error, delay, self._clock() + delay)
+        self.failed[name] = error
+
+    def _followed(self, name: str, generation: int) -> None:
+        """``name`` is served (or dropped) at the table's ``generation``: no retry is due."""
+        self._generations[name] = generation
+        if self._retries.pop(name, None) is not None:
+            self.failed.pop(name, None)
+            log.info("model %s follows the model table again (generation %d)", name, generation)
 
     # -- load / unload ---------------------------------------------------------------------
     async def load(self, name: str, config: str = "", *, wait: bool = False) -> LoadedModel:
@@ -185,7 +255,7 @@ class ModelRegistry:
                 raise
             for each in marked:
                 self._serve(each.desired.name, each.model)
-                self._generations[each.desired.name] = each.desired.generation
+                self._followed(each.desired.name, each.desired.generation)
                 log.info("model %s loaded (versions %s)", each.desired.name, each.model.versions)
         if wait:
             await control.wait_served(marked[-1])
@@ -200,7 +270,7 @@ class ModelRegistry:
             specs = self._specs()
             for desired in await control.unload(name, with_dependents=dependents, specs=specs):
                 self._drop(desired.name)
-                self._generations[desired.name] = desired.generation
+                self._followed(desired.name, desired.generation)
                 log.info("model %s unloaded", desired.name)
 
     def dependents(self, name: str) -> list[str]:
@@ -235,6 +305,8 @@ class ModelRegistry:
             if model is not None:
                 state = "READY" if live.get(name, 0) > 0 else "LOADING"
                 reason = "" if state == "READY" else "no worker serves it yet"
+                if name in self.failed:  # the table's newer config could not be read here
+                    reason = f"serves its previous config; the new one failed: {self.failed[name]}"
                 rows += [IndexEntry(name, str(v), state, reason) for v in model.versions]
             elif name in self.failed:
                 rows.append(IndexEntry(name, "", "UNAVAILABLE", self.failed[name]))
@@ -265,18 +337,6 @@ class ModelRegistry:
         """Serve ``name`` as the repository says; a failure is recorded."""
         try:
             model = self._parse(name)
-        except PlazaError as exc:
-            self._not_served(name, exc)
-            return None
-        self._serve(name, model)
-        return model
-
-    async def _read_off_loop(self, name: str, config: str = "") -> LoadedModel | None:
-        """``_read`` (with the override ``config``) with the reading on a thread: completing
-        a config may take a while (a Python model's ``auto_complete_config`` runs in a child
-        process), and the loop serves requests meanwhile."""
-        try:
-            model = await asyncio.to_thread(self._parse, name, config)
         except PlazaError as exc:
             self._not_served(name, exc)
             return None
