@@ -195,3 +195,17 @@ def test_every_pod_has_resources_and_the_gpu_host_a_gpu() -> None:
     assert host_models(gpu) and host_models(named("Deployment", "plaza-host"))
     cpu_limits = container(named("Deployment", "plaza-host"))["resources"]["limits"]
     assert "nvidia.com/gpu" not in cpu_limits
+
+
+def test_the_gateway_serves_the_models_the_hosts_serve() -> None:
+    """Readiness needs a live worker for every model the gateway serves: a model it serves
+    that no host does would keep every gateway out of its Service."""
+    served = configmap().get("PLAZA_GATEWAY__MODELS", "")
+    assert served, "the gateway would serve the whole repository, hosts serve a few models"
+    hosts = {
+        m
+        for d in of_kind("Deployment")
+        if "host.models" in str(container(d)["command"])
+        for m in host_models(d)
+    }
+    assert sorted(served.split(",")) == sorted(hosts)
