@@ -765,6 +765,71 @@ class TritonPythonModel:
             f.write(error_of(lambda: pb_utils.load_model("add_sub")))
 '''
 
+FORKING_CONFIG = """
+name: "forking"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+HASTY_FORKING_CONFIG = (
+    FORKING_CONFIG.replace('name: "forking"', 'name: "hasty_forking"')
+    + """
+parameters [ { key: "execute_timeout_s" value: { string_value: "2" } } ]
+"""
+)
+
+STUBBORN_FORKING_CONFIG = (
+    FORKING_CONFIG.replace('name: "forking"', 'name: "stubborn_forking"')
+    + """
+parameters [ { key: "helper_ignores_sigterm" value: { string_value: "yes" } } ]
+"""
+)
+
+FORKING_MODEL = '''
+import json
+import os
+import signal
+import time
+
+import triton_python_backend_utils as pb_utils
+
+EXIT = -2.0
+HANG = -4.0
+
+
+class TritonPythonModel:
+    """Forks a helper that sleeps 600 s (its pid appended to <model folder>/helpers; it
+    ignores SIGTERM with the parameter helper_ignores_sigterm); echoes INPUT0, -2 ends the
+    process at once, -4 never returns."""
+
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        stubborn = "helper_ignores_sigterm" in parameters
+        pid = os.fork()
+        if pid == 0:
+            if stubborn:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(600)
+            os._exit(0)
+        with open(os.path.join(args["model_repository"], "helpers"), "a") as pids:
+            pids.write(f"{pid}\\n")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if value[0] == EXIT:
+                os._exit(3)
+            if value[0] == HANG:
+                time.sleep(3600)
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", value)])
+            )
+        return responses
+'''
+
 
 MODELS = {
     "add_sub": (ADD_SUB_CONFIG, ADD_SUB_MODEL),
@@ -784,6 +849,9 @@ MODELS = {
     "annotated_stream": (ANNOTATED_STREAM_CONFIG, ANNOTATED_STREAM_MODEL),
     "loader": (LOADER_CONFIG, LOADER_MODEL),
     "refusals": (REFUSALS_CONFIG, REFUSALS_MODEL),
+    "forking": (FORKING_CONFIG, FORKING_MODEL),
+    "hasty_forking": (HASTY_FORKING_CONFIG, FORKING_MODEL),
+    "stubborn_forking": (STUBBORN_FORKING_CONFIG, FORKING_MODEL),
 }
 
 

@@ -5,14 +5,19 @@ them and live in a repository under tmp_path. add_sub answers through a batching
 BLS model calls add_sub through its Kafka topic; a model whose execute raises, and one that
 kills its own process, answer an error and the worker serves the next request; over HTTP
 the gateway answers a Python model as it answers any model; a caller that cancels its call
-stops a running request of a model that is not decoupled (``is_cancelled()``).
+stops a running request of a model that is not decoupled (``is_cancelled()``). A helper
+process that model.py forked ends with the model's process: when that process dies, overruns
+its limit, is unloaded (SIGKILL for a helper that ignores SIGTERM) or loses its worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -22,8 +27,11 @@ import redis.asyncio as aioredis
 
 from plaza.client import PlazaClient, make_request, new_correlation_id
 from plaza.codec import decode_result
+from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+from plaza.workers.backends import create_backend
 from plaza.workers.backends.python_backend import PythonBackend
+from plaza.workers.device import CPU
 from plaza.workers.worker import Worker
 from tests.integration.test_gateway_http import http
 from tests.metrics_support import samples, value
@@ -267,3 +275,119 @@ async def test_a_cancelled_call_stops_a_running_request_of_a_model_that_is_not_d
     assert status.result.error.message != "patient: stopped"  # the caller's, not the model's
     raw = await redis_client.get(settings.names.result_key(rid))
     assert raw is not None and decode_result(raw).error == status.result.error
+
+
+Helpers = Callable[[str], list[int]]
+
+
+@pytest.fixture
+def helpers(tmp_path: Path) -> Iterator[Helpers]:
+    """``helpers(model)``: the pids of the helpers that model's processes forked so far (in
+    the repository under tmp_path); at the end every one still running is killed."""
+    root = tmp_path / "repository"
+
+    def pids(model: str) -> list[int]:
+        listed = root / model / "helpers"
+        return [int(pid) for pid in listed.read_text().split()] if listed.exists() else []
+
+    try:
+        yield pids
+    finally:
+        for model in ("forking", "hasty_forking", "stubborn_forking"):
+            for pid in pids(model):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie that its reaper has not reaped yet counts)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return True
+    return state == "Z"
+
+
+async def _helper_ends(pid: int) -> None:
+    await wait_for(lambda: _gone(pid), 30, f"the forked helper {pid} to end")
+
+
+async def test_a_helper_a_python_model_forked_ends_when_its_process_dies(
+    settings: PlazaSettings, helpers: Helpers
+) -> None:
+    """-2 ends the model's process; its helper (SIGTERM) ends too, and so does the next
+    process's helper when the worker stops."""
+    x = {"INPUT0": np.array([-2.0], np.float32)}
+    async with running_worker(settings, "forking"), PlazaClient(settings) as client:
+        (first,) = helpers("forking")
+        died = await client.infer("forking", x, raise_on_error=False)
+        assert died.error is not None and "exited (status 3)" in died.error.message
+        await _helper_ends(first)
+        after = await client.infer("forking", {"INPUT0": np.array([4.0], np.float32)})
+        assert after.output("OUTPUT0").to_numpy().tolist() == [4.0]
+        (second,) = helpers("forking")[1:]
+        assert not _gone(second)
+    await _helper_ends(second)
+
+
+async def test_a_helper_a_python_model_forked_ends_when_its_process_is_killed(
+    settings: PlazaSettings, helpers: Helpers
+) -> None:
+    """-4 hangs past execute_timeout_s (2 s): the process is killed, its group with it."""
+    x = {"INPUT0": np.array([-4.0], np.float32)}
+    async with running_worker(settings, "hasty_forking"), PlazaClient(settings) as client:
+        (helper,) = helpers("hasty_forking")
+        hung = await client.infer("hasty_forking", x, raise_on_error=False)
+        assert hung.error is not None and "execute_timeout_s" in hung.error.message
+        await _helper_ends(helper)
+
+
+async def test_a_helper_that_ignores_sigterm_is_killed_once_its_model_is_unloaded(
+    settings: PlazaSettings, helpers: Helpers
+) -> None:
+    mv = ModelRepository(settings.repository).served_versions("stubborn_forking")[0]
+    backend = create_backend(mv, CPU)
+    assert isinstance(backend, PythonBackend)
+    backend.load()
+    try:
+        (helper,) = helpers("stubborn_forking")
+        assert not _gone(helper)
+    finally:
+        backend.unload()  # its SIGTERM ignored: SIGKILL after FINALIZE_TIMEOUT_S
+    await _helper_ends(helper)
+
+
+WORKER_SCRIPT = """
+import sys
+from plaza.repository import ModelRepository
+from plaza.workers.backends import create_backend
+from plaza.workers.device import CPU
+
+backend = create_backend(ModelRepository(sys.argv[1]).served_versions("forking")[0], CPU)
+backend.load()
+open(sys.argv[2], "w").close()
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+async def test_a_helper_a_python_model_forked_ends_when_its_worker_dies(
+    settings: PlazaSettings, helpers: Helpers
+) -> None:
+    """A process that loaded the model (as a worker does) is killed: its model's process
+    sees its parent go and takes its group with it."""
+    loaded = settings.repository / "loaded"
+    worker = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", WORKER_SCRIPT, str(settings.repository), str(loaded)),
+        stdin=asyncio.subprocess.PIPE,  # no pipe the model's processes could hold open
+        cwd=Path(__file__).parents[2],
+    )
+    try:
+        await wait_for(loaded.exists, 60, "the model to load")
+        (helper,) = helpers("forking")
+        assert not _gone(helper)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            worker.kill()
+        await worker.wait()
+    await _helper_ends(helper)

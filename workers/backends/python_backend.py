@@ -9,7 +9,10 @@ its event loop; a model that raises answers its batch with ``model_error``; a ch
 (``os._exit``, a segfault, out of memory; seen by its exit, not only its pipes' close, which
 a process it forked may hold off) answers its batch with ``model_error`` too and is started
 again for the next batch; one that overruns ``execute_timeout_s`` (a config
-parameter, 0 = no limit) is killed and treated the same. A decoupled model's batch
+parameter, 0 = no limit) is killed and treated the same. The process leads a process group
+(a session) of its own, the worker outside it: whatever the model forked ends with it
+(``_stop``: SIGTERM once it has exited, SIGKILL after ``FINALIZE_TIMEOUT_S``; SIGKILL at
+once where it is killed). A decoupled model's batch
 (``execute_decoupled``) hands each response on as its frame arrives, and the limit covers
 the batch until its last request is closed. While any batch runs, ``running`` names its
 requests and ``cancel`` tells the model's process of those whose callers went away
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -54,7 +58,10 @@ STUB_MODULE = "plaza.workers.backends.python_stub"
 LOAD_TIMEOUT_S = 300.0
 """How long ``initialize`` may take (model.py may load weights)."""
 FINALIZE_TIMEOUT_S = 10.0
-"""How long ``finalize`` may take before the process is killed."""
+"""How long ``finalize`` may take before the process is killed; and how long what it forked
+has after SIGTERM, once it exited, before SIGKILL."""
+GROUP_POLL_S = 0.05
+"""How often a stop looks whether the process's group still has a process."""
 
 
 class PythonBackend:
@@ -228,7 +235,7 @@ class PythonBackend:
             proc = self._process
             if proc is not None:
                 log.warning("%s: a batch still runs at unload: killing it", self.spec.name)
-                proc.kill()  # the running batch sees the pipe close and cleans up
+                _signal_group(proc.pid, signal.SIGKILL)  # its batch sees it and cleans up
             return
         try:
             if self._channel is not None:
@@ -278,7 +285,9 @@ class PythonBackend:
         argv = [sys.executable, "-m", STUB_MODULE, str(to_child_r), str(from_child_w)]
         try:
             # No preexec_fn (unsafe in a threaded parent): the child watches for the
-            # worker's exit itself; its own session keeps a terminal's ^C for the worker.
+            # worker's exit itself. Its own session keeps a terminal's ^C for the worker,
+            # and makes it the leader of a group that holds whatever model.py forks (and
+            # not the worker): ``_stop`` ends that group.
             self._process = subprocess.Popen(
                 [*argv, str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w),
@@ -334,11 +343,14 @@ class PythonBackend:
             self.custom_metrics = metrics
 
     def _stop(self, kill: bool = False) -> int | None:
-        """Close the pipes and end the process (at once with ``kill``; else it gets
-        FINALIZE_TIMEOUT_S to exit); its exit status (None if none ran)."""
+        """Close the pipes and end the process and its group (at once with ``kill``; else
+        it gets FINALIZE_TIMEOUT_S to exit, then what it forked gets as long after
+        SIGTERM); its exit status (None if none ran)."""
         proc, self._process = self._process, None
         if kill and proc is not None:
-            proc.kill()  # first: a cancel frame stuck on its full pipe then fails at once
+            # First: a cancel frame stuck on its full pipe then fails at once (what the
+            # process forked holds that pipe too).
+            _signal_group(proc.pid, signal.SIGKILL)
         with self._cancels:  # a cancel frame going out finishes first: its descriptors
             channel, self._channel = self._channel, None  # are never written once closed
         if channel is not None:
@@ -346,10 +358,14 @@ class PythonBackend:
         if proc is None:
             return None
         try:
-            return proc.wait(FINALIZE_TIMEOUT_S)
+            status = proc.wait(FINALIZE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+            kill = True
+            _signal_group(proc.pid, signal.SIGKILL)
+            status = proc.wait()
+        if not kill:  # killed: SIGKILL reached its whole group already
+            _end_group(proc.pid, self.spec.name)
+        return status
 
     def _initialize_message(self) -> dict[str, Any]:
         return {
@@ -388,6 +404,40 @@ class PythonBackend:
 
 def _runs(process: subprocess.Popen[bytes]) -> bool:
     return process.poll() is None
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """``signum`` to every process of the group; False when none is left (or none is ours
+    any more). The group outlives its leader while a member runs, so this reaches what the
+    model's process forked after that process has exited and been reaped."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of the group is left. Members this worker must reap (it is their
+    reaper as PID 1 of a container, say) are reaped first: a zombie is not left."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    return _signal_group(pgid, 0)  # signal 0: only looks
+
+
+def _end_group(pgid: int, model: str) -> None:
+    """End what the model's process (the group's leader, exited) left in its group:
+    SIGTERM, then SIGKILL for what still runs after FINALIZE_TIMEOUT_S."""
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + FINALIZE_TIMEOUT_S
+    while _group_runs(pgid):
+        if time.monotonic() >= deadline:
+            log.warning("%s: a process model.py forked outlived SIGTERM: killing it", model)
+            _signal_group(pgid, signal.SIGKILL)
+            return
+        time.sleep(GROUP_POLL_S)
 
 
 def _frames_of(ids: Sequence[str]) -> Iterator[list[str]]:

@@ -53,6 +53,9 @@ BLS_DEFAULT_TIMEOUT_S = 30.0
 """How long a BLS call waits for its answer when the request sets no ``timeout``."""
 PARENT_CHECK_S = 0.5
 """How often the process checks that the worker that started it still runs."""
+PARENT_EXIT_S = 0.2
+"""How long the process, its pipe closed by the worker, looks whether the worker is exiting
+(its group is then this process's to end) before it exits (the worker ends its group)."""
 
 
 class ModelHost:
@@ -430,9 +433,30 @@ def _exit_with_parent(parent_pid: int) -> None:
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_CHECK_S)
-        os._exit(0)
+        _end_orphaned_group()
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _end_orphaned_group() -> None:
+    """The worker is gone: SIGKILL to this process's group, this process included, so that
+    what model.py forked ends with it (no worker is left to end it). Only as the group's
+    leader (the worker starts this process in a session of its own)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(0)
+
+
+def _closed_by(parent_pid: int) -> None:
+    """The worker closed its end of the pipe: it stops this process (and then ends its group
+    itself), or it is exiting: its descriptors close a moment before this process is
+    handed to another parent, so that is waited for (PARENT_EXIT_S at most)."""
+    deadline = time.monotonic() + PARENT_EXIT_S
+    while os.getppid() == parent_pid:
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(PARENT_EXIT_S / 20)
+    _end_orphaned_group()
 
 
 def main(argv: Sequence[str]) -> int:
@@ -447,6 +471,7 @@ def main(argv: Sequence[str]) -> int:
         try:
             message = channel.recv()
         except ChannelClosed:
+            _closed_by(parent_pid)
             return 0  # the worker closed its end: nothing is left to answer
         if message.get("op") == "cancel":
             continue  # for a batch that ended before it came, or whose model never asked
