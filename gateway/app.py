@@ -43,6 +43,8 @@ from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"
 """Health endpoints answer without an API key (probes carry none)."""
+CHALLENGE = ("WWW-Authenticate", "Bearer")
+"""The header every 401 carries (RFC 7235): the scheme the gateway asks for."""
 EXTENSIONS = (
     "classification",
     "binary_tensor_data",
@@ -82,7 +84,7 @@ def tensor_response(body: kserve.EncodedBody, status_code: int = 200) -> Respons
 
 def error_response(error: PlazaError) -> Response:
     status, body = http_error(error)
-    return JSONBody(body, status)
+    return JSONBody(body, status, dict([CHALLENGE]) if isinstance(error, Unauthorized) else None)
 
 
 # -- request bodies -------------------------------------------------------------------------
@@ -131,19 +133,39 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 # -- auth -----------------------------------------------------------------------------------
 
 
+def bearer_matches(credentials: bytes, api_key: bytes) -> bool:
+    """``credentials`` (an Authorization value) are ``Bearer <api_key>``: the scheme in any
+    case (RFC 7235), one or more spaces after it, the key compared in constant time."""
+    scheme, _, token = credentials.strip(b" \t").partition(b" ")
+    matches = hmac.compare_digest(token.lstrip(b" "), api_key)
+    return scheme.lower() == b"bearer" and matches
+
+
+def is_health_path(path: str) -> bool:
+    """Paths open without an API key, as Triton's HEALTH category: server live and ready, and
+    a model's (or version's) ready, ``/v2/models/{m}[/versions/{v}]/ready`` by segments
+    (``/v2/models/ready`` is the metadata of a model named ready, and stays guarded)."""
+    if path.startswith(HEALTH_PREFIX):
+        return True
+    parts = path.split("/")  # '', 'v2', 'models', model, ['versions', version,] 'ready'
+    if parts[:3] != ["", "v2", "models"] or parts[-1] != "ready" or not parts[3]:
+        return False
+    return len(parts) == 5 or (len(parts) == 7 and parts[4] == "versions" and bool(parts[5]))
+
+
 class BearerAuth:
     """Requires ``Authorization: Bearer <api_key>`` on every path but the health ones."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        self._key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(HEALTH_PREFIX):
+        if scope["type"] != "http" or is_health_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self._expected):
+        if bearer_matches(given, self._key):
             await self.app(scope, receive, send)
             return
         response = error_response(Unauthorized("missing or wrong API key (Authorization: Bearer)"))

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import hmac
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -46,7 +45,7 @@ from plaza import __version__
 from plaza.contract import new_correlation_id
 from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Unsupported
 from plaza.gateway import grpc_codec, grpc_health
-from plaza.gateway.app import EXTENSIONS
+from plaza.gateway.app import EXTENSIONS, bearer_matches
 from plaza.gateway.errors import grpc_status
 from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of
 from plaza.gateway.requests import load_config
@@ -97,15 +96,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     def __init__(self, service: GatewayService) -> None:
         self.service = service
         key = service.settings.gateway.api_key
-        self._expected = None if key is None else f"Bearer {key.get_secret_value()}".encode()
+        self._key = None if key is None else key.get_secret_value().encode()
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        if self._expected is None:
+        if self._key is None:
             return
         metadata = context.invocation_metadata() or ()
         given = next((v for k, v in metadata if k == "authorization"), "")
         given_bytes = given.encode() if isinstance(given, str) else bytes(given)
-        if not hmac.compare_digest(given_bytes, self._expected):
+        if not bearer_matches(given_bytes, self._key):
             raise Unauthorized("missing or wrong API key (authorization: Bearer metadata)")
 
     # -- health (open, like the HTTP health routes) ----------------------------------------

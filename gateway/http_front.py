@@ -14,7 +14,6 @@ passed on as it comes, a chunk at a time (``HttpResponse.stream``), at most
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import AsyncGenerator, MutableMapping
 from typing import Any
@@ -24,7 +23,7 @@ from starlette.applications import Starlette
 
 from plaza.errors import PlazaError, Unauthorized
 from plaza.gateway import kserve
-from plaza.gateway.app import Endpoints, decoded_body
+from plaza.gateway.app import CHALLENGE, Endpoints, bearer_matches, decoded_body
 from plaza.gateway.errors import http_error
 from plaza.gateway.http_server import HttpRequest, HttpResponse
 
@@ -44,7 +43,7 @@ class HttpFront:
         self.endpoints: Endpoints = app.state.endpoints
         self.service = self.endpoints.service
         self.max_body = self.service.settings.gateway.max_body_bytes
-        self._expected = f"Bearer {api_key}" if api_key is not None else None
+        self._key = api_key.encode() if api_key is not None else None
         self._scheme = scheme
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
@@ -69,10 +68,10 @@ class HttpFront:
         return HttpResponse(200, encoded.content, encoded.content_type, headers)
 
     def _authorize(self, request: HttpRequest) -> None:
-        if self._expected is None:
+        if self._key is None:
             return
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode("latin-1"), self._expected.encode()):
+        if not bearer_matches(given.encode("latin-1"), self._key):
             raise Unauthorized("missing or wrong API key (Authorization: Bearer)")
 
     async def _bridge(self, request: HttpRequest) -> HttpResponse:
@@ -189,6 +188,7 @@ def _unquoted(text: str) -> str:
 
 
 def error(exc: PlazaError) -> HttpResponse:
-    """The JSON error answer of ``exc`` (the same status and body as the app's handler)."""
+    """The JSON error answer of ``exc`` (the same status, body and headers as the app's)."""
     status, body = http_error(exc)
-    return HttpResponse(status, kserve.encode_json(body), _JSON)
+    headers = [CHALLENGE] if isinstance(exc, Unauthorized) else []
+    return HttpResponse(status, kserve.encode_json(body), _JSON, headers)

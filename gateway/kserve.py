@@ -11,6 +11,11 @@ still). Anything malformed raises ``InvalidInput``.
 Responses use binary for outputs that ask for it (``parameters.binary_data``, or the
 request's ``binary_data_output``) and JSON data otherwise.
 
+As Triton's JSON (rapidjson with its NaN and Inf flags), float data may hold the tokens
+``NaN``, ``Infinity`` and ``-Infinity``, both ways: a body orjson refuses for one of them
+is read again by the stdlib's parser, and a float output that holds one is written with
+them (orjson would write null, which a client reads as NaN).
+
 Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
 parameters name a registered region is read from it, and an output requested into one is
 written there and answered without data.
@@ -18,7 +23,9 @@ written there and answered without data.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +65,12 @@ _INT_KINDS = "iu"
 _FLOAT_KINDS = "iuf"
 _PACK_CODES = {"FP16": "e", "FP32": "f", "FP64": "d"}
 """``struct``'s little-endian codes of the float datatypes (each rounds a double to nearest)."""
+_NON_FINITE_TOKENS = ("NaN", "Infinity", "-Infinity")
+"""JSON's non-finite float values as Triton reads and writes them (rapidjson's NaN/Inf flags)."""
+_NON_FINITE_OUT = (b"NaN", b"Infinity", b"-Infinity")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+"""The integers orjson reads as integers; it reads a literal past them as a float."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +187,49 @@ def _load_json(data: memoryview) -> dict[str, Any]:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+        if not _at_non_finite_token(exc):
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+        doc = _load_json_non_finite(exc.doc)
     if not isinstance(doc, dict):
         raise InvalidInput(f"request body must be a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def _at_non_finite_token(exc: orjson.JSONDecodeError) -> bool:
+    """orjson stopped at ``NaN``, ``Infinity`` or ``-Infinity`` (at the sign, or after it)."""
+    text, pos = exc.doc, exc.pos
+    return isinstance(text, str) and text.startswith(_NON_FINITE_TOKENS, pos)
+
+
+def _load_json_non_finite(text: str) -> Any:
+    """A body with ``NaN``, ``Infinity`` or ``-Infinity`` values, which Triton reads (rapidjson's
+    kParseNanAndInfFlag) and orjson refuses: read by the stdlib's parser, every other number
+    as orjson reads it (a literal past a double's range refused, an integer past 64 bits a
+    float). The slow path: only a body that holds such a token comes here."""
+    try:
+        doc = json.loads(text, parse_float=_finite_float, parse_int=_json_int)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+    if _SURROGATE_ESCAPE.search(text):
+        # The stdlib reads a lone surrogate escape into a str that cannot be encoded again
+        # (orjson refuses it): let orjson's encoder judge the strings.
+        try:
+            orjson.dumps(doc)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+    return doc
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:32]} is infinity when parsed as double")
+    return value
+
+
+def _json_int(text: str) -> int | float:
+    value = int(text)
+    return value if _INT64_MIN <= value <= _UINT64_MAX else _finite_float(text)
 
 
 def _client_id(value: Any) -> str | None:
@@ -388,11 +440,12 @@ def _numeric_array(name: str, datatype: str, data: list[Any]) -> np.ndarray[Any,
     _check_kind(name, datatype, arr, "b" if dtype.kind == "b" else _FLOAT_KINDS)
     if dtype.kind == "b":
         return np.ascontiguousarray(arr, dtype=dtype)
-    # JSON numbers are finite (orjson refuses 1e400), so an inf after the cast is an
-    # overflow of the narrower type: Triton refuses it rather than computing with inf.
+    # A finite number that turns inf in the cast (1e300 for FP32) overflowed the narrower
+    # type: Triton refuses it rather than computing with inf. NaN, Infinity and -Infinity
+    # tokens are values (a literal past a double's range is refused when parsed).
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=dtype)
-    if not np.isfinite(out).all():
+    if not np.isfinite(out).all() and (np.isinf(out) & np.isfinite(arr)).any():
         raise _out_of_range(name, datatype)
     return out
 
@@ -543,15 +596,30 @@ def result_doc(result: InferResult, response_id: str) -> dict[str, Any]:
 
 def _json_output(tensor: Tensor) -> dict[str, Any]:
     arr = tensor.to_numpy().reshape(-1)
-    data: Any = (
-        [b.decode("utf-8", errors="replace") for b in arr] if tensor.datatype == "BYTES" else arr
-    )
+    data: Any = arr
+    if tensor.datatype == "BYTES":
+        data = [b.decode("utf-8", errors="replace") for b in arr]
+    elif arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        data = _non_finite_data(arr)
     return {
         "name": tensor.name,
         "datatype": tensor.datatype,
         "shape": list(tensor.shape),
         "data": data,
     }
+
+
+def _non_finite_data(arr: np.ndarray[Any, Any]) -> orjson.Fragment:
+    """A float output holding NaN or inf as JSON text with Triton's tokens for them (rapidjson's
+    kWriteNanAndInfFlag) where orjson writes null: orjson writes the finite values (their
+    shortest digits, as elsewhere), then each null, in order, becomes its value's token."""
+    odd = arr[~np.isfinite(arr)]
+    kinds = np.where(np.isnan(odd), 0, np.where(odd > 0, 1, 2)).tolist()
+    parts = orjson.dumps(arr, option=_NUMPY_OPTS).split(b"null")
+    out = [parts[0]]
+    for kind, part in zip(kinds, parts[1:], strict=True):
+        out += (_NON_FINITE_OUT[kind], part)
+    return orjson.Fragment(b"".join(out))
 
 
 def encode_json(doc: Any) -> bytes:

@@ -24,7 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import JobNotFound, ModelNotFound, Unavailable
+from plaza.errors import InvalidInput, JobNotFound, ModelNotFound, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
@@ -46,8 +46,26 @@ KAFKA_CHECK_TTL_S = 1.0
 """How long a Kafka health answer is reused (readiness probes come often)."""
 CHECK_TIMEOUT_S = 2.0
 """A health check that takes longer than this counts as failed."""
+MAX_VERSION = 2**63 - 1
+"""The largest version Triton parses (a 64-bit ``std::stol``); past it, as a malformed one,
+INVALID_ARG."""
 
 T = TypeVar("T")
+
+
+def check_version(version: str, model: str) -> None:
+    """InvalidInput unless ``version`` is a non-negative integer in ASCII digits: Triton's
+    INVALID_ARG for ``abc`` or ``-1`` (and here for ``1.5``, whose leading digits Triton's
+    ``std::stol`` would take). ``0`` and ``01`` are integers, so a version not loaded:
+    ModelNotFound, as Triton's NOT_FOUND."""
+    significant = version.lstrip("0")
+    if not (version.isascii() and version.isdigit()) or (
+        len(significant) > len(str(MAX_VERSION)) or int(significant or "0") > MAX_VERSION
+    ):
+        raise InvalidInput(
+            f"invalid model version {version!r}: a version should be an integral value > 0",
+            model=model,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +241,10 @@ class GatewayService:
 
         A version is named as its folder is (``plaza.naming.folder_version``: ``1``, not
         ``01``), so that one version has one name in the labels, statistics and cache keys
-        that the request's version string goes on to."""
+        that the request's version string goes on to. A version that is no integer at all
+        is InvalidInput, as Triton's (before the model is looked up)."""
+        if version:
+            check_version(version, name)
         model = self.models.get(name)
         if model is None:
             reason = self.failed.get(name)

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from plaza.errors import ConfigError, InvalidInput, PayloadTooLarge
-from plaza.gateway.app import HEALTH_PREFIX, create_app, decompress
+from plaza.gateway.app import create_app, decompress, is_health_path
 from plaza.gateway.main import exposure_warning
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
@@ -74,8 +74,8 @@ def test_model_metadata_and_config(repository: Path) -> None:
 def test_unknown_model_version_and_route_are_json_404s(repository: Path) -> None:
     client = _client(repository)
     # a version is named as its folder: "01" is not "1" (one version, one name in the
-    # labels and statistics), and a digit of another script is none at all (it was a 500)
-    versions = ("7", "x", "01", "%C2%B2", "%D9%A1")
+    # labels and statistics); "0" is an integer too, a version Triton has not loaded either
+    versions = ("7", "01", "0", "9223372036854775807")
     for path in ["/v2/models/nope", *(f"/v2/models/tiny/versions/{v}" for v in versions)]:
         response = client.get(path)
         assert response.status_code == 404, path
@@ -84,6 +84,42 @@ def test_unknown_model_version_and_route_are_json_404s(repository: Path) -> None
     response = client.post("/v2/models/nope/infer", content=b"{}")
     assert response.status_code == 404
     assert client.get("/v3/nothing").json() == {"error": "Not Found", "code": "http_error"}
+
+
+# Triton's INVALID_ARG: "version should be an integral value > 0" (a digit of another
+# script is none at all: it was a 500, then a 404); past int64 as Triton's std::stol
+_BAD_VERSIONS = (
+    "x",
+    "abc",
+    "-1",
+    "1.5",
+    "1e3",
+    "+1",
+    "%201",
+    "%C2%B2",
+    "%D9%A1",
+    "1" * 5000,
+    "9223372036854775808",
+)
+
+
+def test_a_malformed_version_is_400_on_every_route_that_takes_one(repository: Path) -> None:
+    client = _client(repository)
+    for version in _BAD_VERSIONS:
+        for model in ("tiny", "nope"):  # judged before the model, as Triton parses it first
+            base = f"/v2/models/{model}/versions/{version}"
+            for method, path in [
+                ("GET", base),
+                ("GET", f"{base}/ready"),
+                ("GET", f"{base}/config"),
+                ("GET", f"{base}/stats"),
+                ("POST", f"{base}/infer"),
+                ("POST", f"{base}/jobs"),
+            ]:
+                response = client.request(method, path, content=b"{}")
+                assert response.status_code == 400, (method, path)
+                assert response.json()["code"] == "invalid_input"
+                assert "integral value > 0" in response.json()["error"]
 
 
 def test_bad_body_is_400_before_anything_is_published(repository: Path) -> None:
@@ -124,25 +160,42 @@ def _every_route(app: Starlette) -> list[tuple[str, str]]:
     return calls
 
 
+_OPEN_PATHS = {
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/v2/models/tiny/ready",
+    "/v2/models/tiny/versions/1/ready",
+}
+"""Triton's HEALTH category: server live and ready, a model's ready and a version's."""
+_REFUSED_CREDENTIALS = ("", "Bearer nope", "s3cret", "Basic s3cret", "Bearers3cret", "Bearer")
+
+
 def test_api_key_guards_every_route_but_health(repository: Path) -> None:
     client = _client(repository, api_key="s3cret")
     calls = _every_route(cast(Starlette, client.app))
-    guarded = [(m, p) for m, p in calls if not p.startswith(HEALTH_PREFIX)]
+    assert {p for _, p in calls if is_health_path(p)} == _OPEN_PATHS
+    guarded = [(m, p) for m, p in calls if p not in _OPEN_PATHS]
     # The enumeration really covers the data plane, the jobs, statistics and metadata.
     for expected in ("/infer", "/jobs", "/v2/jobs/abc", "/stats", "/config", "/v2"):
         assert any(p.endswith(expected) for _, p in guarded), expected
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "s3cret"}):
+    # a model named "ready": its metadata, and a version named so, are no health paths
+    guarded += [("GET", "/v2/models/ready"), ("GET", "/v2/models/tiny/versions/ready")]
+    for credentials in _REFUSED_CREDENTIALS:
+        headers = {"Authorization": credentials} if credentials else {}
         for method, path in guarded:
             response = client.request(method, path, headers=headers, content=b"{}")
             assert response.status_code == 401, (method, path, headers)
             assert response.json()["code"] == "unauthorized"
-    good = {"Authorization": "Bearer s3cret"}
-    for method, path in guarded:
-        response = client.request(method, path, headers=good, content=b"{}")
-        assert response.status_code not in (401, 500), (method, path)
-    for method, path in calls:
-        if path.startswith(HEALTH_PREFIX):  # probes carry no key
-            assert client.request(method, path).status_code != 401, path
+            assert response.headers["WWW-Authenticate"] == "Bearer"  # RFC 7235
+    # the scheme is case-insensitive (RFC 7235), with one or more spaces before the token
+    for credentials in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
+        for method, path in guarded[:-2]:
+            response = client.request(
+                method, path, headers={"Authorization": credentials}, content=b"{}"
+            )
+            assert response.status_code not in (401, 500), (method, path, credentials)
+    for path in _OPEN_PATHS:  # probes carry no key
+        assert client.get(path).status_code != 401, path
 
 
 @pytest.mark.parametrize("key", ["", "  "])

@@ -122,6 +122,62 @@ def test_a_float_input_of_booleans_alone_is_refused_and_after_a_number_is_read()
     assert tensor.to_numpy().tolist() == [0.5, 1.0]
 
 
+_NON_FINITE = [1.5, np.nan, np.inf, -np.inf, 0.1, -0.0]
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("shape", [[6], [2, 3]], ids=["flat", "nested"])
+def test_json_nan_and_infinity_tokens_are_float_values(datatype: str, shape: list[int]) -> None:
+    """Triton reads NaN, Infinity and -Infinity (rapidjson's kParseNanAndInfFlag), and
+    tritonclient writes them for such values: they were 400 (orjson refuses them)."""
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
+    values = np.array(_NON_FINITE, dtype=dtype).reshape(shape)
+    client_input = httpclient.InferInput("X", shape, datatype)
+    client_input.set_data_from_numpy(values, binary_data=False)
+    raw, length = _triton_body([client_input], None)
+    assert b"NaN" in raw and b"-Infinity" in raw
+    (tensor,) = kserve.decode_infer_request(raw, length).inputs
+    np.testing.assert_array_equal(tensor.to_numpy(), values)
+    assert np.signbit(tensor.to_numpy()).tolist() == np.signbit(values).tolist()
+
+
+_NON_FINITE_BAD: list[tuple[str, bytes, str]] = [
+    ("fp64 literal past a double", b"[NaN, 1e400]", "1e400 is infinity when parsed as double"),
+    ("fp32 overflow", b"[Infinity, 1e300]", "out of range for FP32"),
+    ("fp32 overflow first", b"[1e300, -Infinity]", "out of range for FP32"),
+    ("lowercase", b"[1, nan]", "not valid JSON"),
+    ("minus NaN", b"[-NaN, 1]", "not valid JSON"),
+    ("Inf", b"[Inf, 1]", "not valid JSON"),
+    ("string", b'[NaN, "a"]', "string values, not FP32"),
+    ("trailing garbage", b"[NaN, 1]]", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "data", "message"), _NON_FINITE_BAD, ids=[c[0] for c in _NON_FINITE_BAD]
+)
+def test_non_finite_tokens_leave_bad_values_refused(case: str, data: bytes, message: str) -> None:
+    """Only the three tokens are new: a literal past a double's range, a finite value past
+    FP32's and anything else malformed stay 400 on the slow path too."""
+    raw = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": %s}]}' % data
+    with pytest.raises(InvalidInput, match=re.escape(message)) as info:
+        kserve.decode_infer_request(raw)
+    assert info.value.code == "invalid_input"
+
+
+def test_the_slow_json_path_reads_strings_and_integers_as_orjson_does() -> None:
+    head = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [NaN, '
+    big = kserve.decode_infer_request(head + b"1" + b"0" * 30 + b"]}]}")  # a float, as orjson
+    assert big.inputs[0].to_numpy()[1] == np.float32(1e30)
+    paired = kserve.decode_infer_request(head + b'1]}], "id": "\\ud83d\\ude00"}')
+    assert paired.client_id == "\U0001f600"
+    with pytest.raises(InvalidInput, match="surrogates not allowed"):
+        kserve.decode_infer_request(head + b'1]}], "id": "\\ud800"}')
+    deep = head + b"[" * 5000 + b"]" * 5000 + b"]}]}"
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        kserve.decode_infer_request(deep)
+
+
 def test_json_bytes_are_strings_in_tritons_layout() -> None:
     body = kserve.decode_infer_request(
         _json_body({"inputs": [_input("T", "BYTES", [2, 1], data=[["héllo"], [""]])]})
@@ -237,6 +293,26 @@ def test_json_response_round_trips_through_tritonclient() -> None:
     assert doc["outputs"][1]["data"] == ["x", "ü"]
     result = _as_triton(body)
     np.testing.assert_array_equal(result.as_numpy("F"), f)
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_non_finite_outputs_are_written_as_tokens(datatype: str) -> None:
+    """Triton writes NaN, Infinity and -Infinity (rapidjson's kWriteNanAndInfFlag); orjson
+    wrote null for all three, which tritonclient reads as NaN: +inf came back as NaN."""
+    dtype = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[datatype]
+    values = np.array(_NON_FINITE, dtype=dtype).reshape(2, 3)
+    finite = np.array([[0.1, 2.5]], dtype=dtype)
+    result = _result(Tensor.from_numpy("F", values), Tensor.from_numpy("G", finite))
+    body = kserve.encode_infer_response(result, response_id="r", binary=lambda _: False)
+    assert b"null" not in body.content
+    # the finite values keep orjson's digits (its shortest form of each width's 0.1)
+    digits = orjson.dumps(np.array([0.1], dtype), option=orjson.OPT_SERIALIZE_NUMPY)[1:-1]
+    assert b'"data":[1.5,NaN,Infinity,-Infinity,%s,-0.0]' % digits in body.content
+    read = _as_triton(body)
+    np.testing.assert_array_equal(read.as_numpy("F"), values)
+    np.testing.assert_array_equal(read.as_numpy("G"), finite)
+    polled = kserve.encode_json(kserve.result_doc(result, "j"))  # a decoupled job's answer
+    assert b'"data":[1.5,NaN,Infinity,-Infinity,' in polled
 
 
 def test_binary_response_round_trips_through_tritonclient() -> None:
