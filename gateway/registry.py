@@ -198,9 +198,7 @@ class ModelRegistry:
         if retry is not None and retry.generation == generation and self._clock() < retry.due:
             return  # it failed a moment ago: wait before reading it again
         try:
-            # On a thread: completing a config may take a while (a Python model's
-            # auto_complete_config runs in a child process), and the loop serves meanwhile.
-            model = await asyncio.to_thread(self._parse, name, desired.config)
+            model = await self._parse_off_loop(name, desired.config)
         except PlazaError as exc:
             if self._generations.get(name) == served:
                 self._follow_failed(desired, exc.message, retry)
@@ -342,6 +340,11 @@ class ModelRegistry:
             return None
         self._serve(name, model)
         return model
+
+    async def _parse_off_loop(self, name: str, config: str = "") -> LoadedModel:
+        """``_parse`` on a thread: completing a config may take a while (a Python model's
+        ``auto_complete_config`` runs in a child process), and the loop serves meanwhile."""
+        return await asyncio.to_thread(self._parse, name, config)
 
     def _not_served(self, name: str, exc: PlazaError) -> None:
         log.error("model %s is not served: %s", name, exc.message)

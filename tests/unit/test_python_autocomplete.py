@@ -320,7 +320,7 @@ async def test_the_gateway_and_the_sdk_read_a_slow_hook_off_their_loop(tmp_path:
 
     write_python_model(tmp_path, "slow", SLOW_HOOK, 'backend: "python"')
     settings = PlazaSettings(repository=tmp_path)
-    loaded, ticks = await _ticks_while(ModelRegistry(settings)._read_off_loop("slow"))
+    loaded, ticks = await _ticks_while(ModelRegistry(settings)._parse_off_loop("slow"))
     assert loaded is not None and ticks > 10  # the loop ran while the child ran the hook
     write_python_model(tmp_path, "slow2", SLOW_HOOK, 'backend: "python"')
     spec, ticks = await _ticks_while(PlazaClient(settings)._spec("slow2"))
