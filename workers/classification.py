@@ -1,14 +1,18 @@
-"""Triton's classification extension: an output asked for with ``classification: N`` comes
+r"""Triton's classification extension: an output asked for with ``classification: N`` comes
 back as its N largest values instead of its values.
 
 Each is a BYTES string ``value:index``, or ``value:index:label`` when the output has a
-``label_filename`` in its config (the file, in the model's folder, holds one label a line;
-line i labels index i), largest first, ties in index order. A batching model's output is
-classified row by row (its shape becomes ``[rows, N]``), another's as a whole (``[N]``); N
-is cut to the number of values there are. A float prints with six decimals, as Triton
-prints it; an integer or a bool as an integer. Only numeric outputs can be classified:
-``validate_request`` refuses the others. The batch runner classifies a model's outputs, the
-ensemble runner an ensemble's.
+``label_filename`` in its config and a label for that index (the file, in the model's
+folder, holds one label a line, lines split at ``\n`` only, as Triton's ``std::getline``
+splits them, a CRLF's ``\r`` dropped; line i labels index i; an index past the last line
+or on an empty line has no label, and its string no ``:label``, as in Triton), largest
+first, ties in index order. Values are compared in the output's own datatype, so large
+INT64 and UINT64 values keep their order. A batching model's output is classified row by
+row (its shape becomes ``[rows, N]``), another's as a whole (``[N]``); N is cut to the
+number of values there are. A float prints with six decimals (C's ``%f``, Triton's
+``std::to_string``), NaN last; an integer or a bool as an integer. Only numeric outputs
+can be classified: ``validate_request`` refuses the others. The batch runner classifies a
+model's outputs, the ensemble runner an ensemble's.
 """
 
 from __future__ import annotations
@@ -37,10 +41,21 @@ def labels(spec: ModelSpec, model_dir: Path) -> dict[str, list[str]]:
         if path is None:
             raise ConfigError(f"{where}: {output.label_filename!r} is not a file name")
         try:
-            found[output.name] = path.read_text(encoding="utf-8").splitlines()
+            text = path.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{where}: cannot read {path}: {exc}") from exc
+        found[output.name] = _lines(text)
     return found
+
+
+def _lines(text: str) -> list[str]:
+    r"""``text``'s lines as Triton reads a labels file: split at ``\n`` alone (not at the
+    other breaks ``str.splitlines`` knows, which would shift every later label), no empty
+    line after a final ``\n``; a CRLF file's ``\r`` is dropped."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def classify(tensor: Tensor, count: int, batched: bool, names: Sequence[str] = ()) -> Tensor:
@@ -48,7 +63,7 @@ def classify(tensor: Tensor, count: int, batched: bool, names: Sequence[str] = (
     values = tensor.to_numpy()
     rows = values.reshape(values.shape[0], -1) if batched else values.reshape(1, -1)
     top = min(count, rows.shape[1])
-    order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :top]
+    order = np.argsort(_descending(rows), axis=1, kind="stable")[:, :top]
     floating = rows.dtype.kind == "f"
     strings = [
         _entry(row[i], int(i), floating, names)
@@ -59,7 +74,16 @@ def classify(tensor: Tensor, count: int, batched: bool, names: Sequence[str] = (
     return Tensor.from_numpy(tensor.name, np.array(strings, dtype=object).reshape(shape))
 
 
+def _descending(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A key whose ascending order is ``rows``' descending order, in their own dtype (a
+    float64 copy would merge INT64 values above 2**53): a float's negation (NaN stays NaN,
+    which sorts last), an integer's or a bool's bitwise not (order-reversing, and exact
+    where negation would overflow an unsigned or the smallest signed value)."""
+    key: np.ndarray[Any, Any] = np.negative(rows) if rows.dtype.kind == "f" else np.invert(rows)
+    return key
+
+
 def _entry(value: Any, index: int, floating: bool, names: Sequence[str]) -> bytes:
     shown = f"{float(value):f}" if floating else str(int(value))
-    label = f":{names[index]}" if index < len(names) else ""
+    label = f":{names[index]}" if index < len(names) and names[index] else ""
     return f"{shown}:{index}{label}".encode()

@@ -75,3 +75,65 @@ def test_a_classification_the_model_cannot_give_is_invalid(
     bad = make_request("m", x, outputs=outputs, classification=counts)
     with pytest.raises(InvalidInput, match=why):
         validate_request(bad, spec())
+
+
+def test_an_index_with_an_empty_label_has_no_label_part() -> None:
+    # Triton: ClassificationLabel gives nullptr for an empty label, and AddClassResults
+    # appends ":label" only for a non-null one
+    p = Tensor.from_numpy("p", np.array([[0.5, 0.25, 0.125]], np.float32))
+    assert strings(classify(p, 3, batched=True, names=["", "dog"])) == [
+        ["0.500000:0", "0.250000:1:dog", "0.125000:2"]
+    ]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_large_integers_are_compared_in_their_own_datatype(dtype: type) -> None:
+    big = 2**53  # 2**53 + 1 is the same float64
+    p = Tensor.from_numpy("p", np.array([big, big + 1, big - 1], dtype))
+    assert strings(classify(p, 3, batched=False)) == [
+        f"{big + 1}:1",
+        f"{big}:0",
+        f"{big - 1}:2",
+    ]
+
+
+def test_extreme_integers_keep_their_order_and_ties_go_to_the_lower_index() -> None:
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    signed = Tensor.from_numpy("p", np.array([low, high, 0, high, low], np.int64))
+    assert strings(classify(signed, 5, batched=False)) == [
+        f"{high}:1",
+        f"{high}:3",
+        "0:2",
+        f"{low}:0",
+        f"{low}:4",
+    ]
+    top = np.iinfo(np.uint64).max
+    unsigned = Tensor.from_numpy("p", np.array([0, top, 1, top], np.uint64))
+    assert strings(classify(unsigned, 4, batched=False)) == [f"{top}:1", f"{top}:3", "1:2", "0:0"]
+
+
+def test_each_datatype_prints_as_triton_prints_it() -> None:
+    # std::to_string: "%f" for float and double, an integer (int8/uint8 too) as an integer
+    cases: list[tuple[np.ndarray, list[str]]] = [
+        (np.array([-1.5, 1e20], np.float64), ["100000000000000000000.000000:1", "-1.500000:0"]),
+        (np.array([0.1, -0.0], np.float32), ["0.100000:0", "-0.000000:1"]),
+        (np.array([0.5, 2.0], np.float16), ["2.000000:1", "0.500000:0"]),
+        (np.array([-128, 127], np.int8), ["127:1", "-128:0"]),
+        (np.array([255, 7], np.uint8), ["255:0", "7:1"]),
+        (np.array([False, True], np.bool_), ["1:1", "0:0"]),
+    ]
+    for values, expected in cases:
+        assert strings(classify(Tensor.from_numpy("p", values), 2, batched=False)) == expected
+
+
+def test_nan_comes_last() -> None:
+    p = Tensor.from_numpy("p", np.array([np.nan, -np.inf, 1.0], np.float32))
+    assert strings(classify(p, 3, batched=False)) == ["1.000000:2", "-inf:1", "nan:0"]
+
+
+def test_a_labels_file_is_split_at_newlines_only(tmp_path: Path) -> None:
+    # Triton reads it with std::getline: a form feed or U+2028 inside a label does not
+    # start a new one (str.splitlines would, and shift every later label); CRLF is a line
+    (tmp_path / "labels.txt").write_bytes("a\x0cb\nc\u2028d\r\n\ne\n".encode())
+    found = labels(spec('label_filename: "labels.txt"'), tmp_path)
+    assert found == {"p": ["a\x0cb", "c\u2028d", "", "e"]}
