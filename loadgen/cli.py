@@ -33,8 +33,14 @@ from plaza.loadgen.profiler import (
     write_profile,
 )
 from plaza.loadgen.progress import WindowProgress
-from plaza.loadgen.simulator import SimConfig, SimResult, simulate
-from plaza.loadgen.sweep import format_table, parse_range, run_sweep, write_reports
+from plaza.loadgen.simulator import MAX_EVENTS, SimConfig, SimResult, simulate
+from plaza.loadgen.sweep import (
+    SweepError,
+    format_table,
+    parse_range,
+    run_sweep,
+    write_reports,
+)
 from plaza.loadgen.targets import TARGET_KINDS, Target, make_target
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
@@ -44,7 +50,14 @@ T = TypeVar("T")
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in parse_range(text)]
+    """A range of whole numbers > 0 (an argparse type: a bad one is a usage error)."""
+    try:
+        values = parse_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not all(v.is_integer() for v in values):
+        raise argparse.ArgumentTypeError(f"bad range {text!r}: whole numbers only")
+    return [int(v) for v in values]
 
 
 # -- loadgen --------------------------------------------------------------------------------
@@ -139,7 +152,25 @@ def _loads(args: argparse.Namespace) -> list[Load]:
         return [
             Load("rate", v, args.distribution, args.seed) for v in parse_range(args.request_rate)
         ]
-    return [Load("concurrency", int(v)) for v in parse_range(args.concurrency or "1")]
+    values = parse_range(args.concurrency or "1")
+    return [Load("concurrency", int(v) if v.is_integer() else v) for v in values]
+
+
+def _window_config(args: argparse.Namespace) -> WindowConfig:
+    """The measuring flags, every one checked (ValueError) before anything runs."""
+    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if not args.timeout_s > 0:
+        raise ValueError(f"--timeout-s must be > 0, got {args.timeout_s:g}")
+    return WindowConfig(
+        args.window_s,
+        args.warmup_s,
+        args.stability,
+        args.stable_windows,
+        args.max_windows,
+        args.max_in_flight,
+    )
 
 
 def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
@@ -154,6 +185,7 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
         ensure_version_folder(args.repository, args.model)
         spec = ModelRepository(args.repository).spec(args.model)
         loads = _loads(args)
+        cfg = _window_config(args)
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -181,17 +213,25 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
         )
         for k in kinds
     ]
-    cfg = WindowConfig(
-        args.window_s,
-        args.warmup_s,
-        args.stability,
-        args.stable_windows,
-        args.max_windows,
-        args.max_in_flight,
-    )
+    return _sweep_and_report(args, kinds, targets, loads, cfg)
+
+
+def _sweep_and_report(
+    args: argparse.Namespace,
+    kinds: list[str],
+    targets: list[Target],
+    loads: list[Load],
+    cfg: WindowConfig,
+) -> int:
+    """Measure, print the table and write the reports: those of the points measured before
+    a failed one too, then the failure (exit status 1)."""
     total = len(loads) * len(targets) * cfg.max_windows
+    failure: SweepError | None = None
     with WindowProgress(total, enabled=False if args.no_progress else None) as bar:
-        points = run_load(run_sweep(targets, loads, cfg, bar), args.loop)
+        try:
+            points = run_load(run_sweep(targets, loads, cfg, bar), args.loop)
+        except SweepError as exc:  # report and write what was measured before it
+            points, failure = exc.points, exc
     print(format_table(points))
     if args.out:
         meta = {
@@ -200,10 +240,18 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
             "window": dataclasses.asdict(cfg),
             "rows_per_request": args.batch_size,
             "seq_len": args.seq_len,
+            "failed": None if failure is None else str(failure),
         }
         for path in write_reports(points, args.out, meta, plot=not args.no_plot):
             print(f"wrote {path}")
-    return 1 if any(p.completed == 0 for p in points) else 0
+    if failure is not None:
+        print(f"error: the sweep stopped at {failure}", file=sys.stderr)
+        return 1
+    empty = [f"{p.target} {p.load.label}" for p in points if p.completed == 0]
+    if empty:
+        print(f"error: no successful request at: {', '.join(empty)}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # -- profile --------------------------------------------------------------------------------
@@ -227,6 +275,7 @@ def run_profile_cli(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="default results/profile/MODEL")
     args = p.parse_args(argv)
     try:
+        _check_profile_args(args)
         prof = profile_model(
             args.repository,
             args.model,
@@ -241,10 +290,24 @@ def run_profile_cli(argv: Sequence[str] | None = None) -> int:
     except PlazaError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(format_profile(prof))
     for path in write_profile(prof, args.out or Path("results/profile") / args.model):
         print(f"wrote {path}")
     return 0
+
+
+def _check_profile_args(args: argparse.Namespace) -> None:
+    """ValueError for a flag that makes no sense, before any model is loaded (the batch
+    sizes are checked against the model's max_batch_size by ``profile_model``)."""
+    if args.rounds < 1 or args.seq_len < 1:
+        raise ValueError("--rounds and --seq-len must be at least 1")
+    if args.threads < 0 or not args.window_s >= 0:
+        raise ValueError("--threads and --window-s must be >= 0")
+    if args.latency_budget_ms is not None and not args.latency_budget_ms > 0:
+        raise ValueError(f"--latency-budget-ms must be > 0, got {args.latency_budget_ms:g}")
 
 
 # -- simulate -------------------------------------------------------------------------------
@@ -283,6 +346,12 @@ def simulate_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-events",
+        type=int,
+        default=MAX_EVENTS,
+        help="stop a run after this many events (reported as truncated, exit status 1)",
+    )
     p.add_argument("--out", type=Path, help="write OUT.json and OUT.png (one per load point)")
     p.add_argument("--no-plot", action="store_true")
     return p
@@ -309,7 +378,7 @@ def _sim_policy_and_latency(args: argparse.Namespace) -> tuple[BatchingPolicy, L
         latency = LinearLatency(args.latency_a_us, args.latency_b_us)
     if latency is None:
         raise ValueError("give --model (a plaza_simulated one), --profile or --latency-a-us")
-    return policy, latency, args.instances or instances
+    return policy, latency, instances if args.instances is None else args.instances
 
 
 def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
@@ -326,6 +395,7 @@ def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
         warmup_s=args.warmup_s,
         seed=args.seed,
         overhead_s=args.overhead_ms / 1e3,
+        max_events=args.max_events,
     )
     if args.concurrency:
         return [SimConfig(concurrency=int(c), **common) for c in parse_range(args.concurrency)]
@@ -346,11 +416,23 @@ def _sim_label(cfg: SimConfig) -> str:
 def format_simulation(cfg: SimConfig, res: SimResult) -> str:
     lat = res.latency
     hist = " ".join(f"{k}:{v}" for k, v in res.batch_sizes.items())
+    rate = "truncated" if res.truncated else f"{res.throughput:>9.1f}/s"
     return (
-        f"{_sim_label(cfg):<26} {res.throughput:>9.1f}/s  p50 {lat.p50_ms:7.2f}  "
+        f"{_sim_label(cfg):<26} {rate:>11}  p50 {lat.p50_ms:7.2f}  "
         f"p90 {lat.p90_ms:7.2f}  p99 {lat.p99_ms:7.2f} ms  batch {res.mean_batch:5.1f}  "
         f"depth mean {res.depth_mean:7.1f} max {res.depth_max:5d}  "
-        f"util {', '.join(f'{u:.2f}' for u in res.utilization)}\n    batches {hist}"
+        f"util {', '.join(f'{u:.2f}' for u in res.utilization)}\n"
+        f"    unfinished {res.unfinished}  batches {hist}"
+    )
+
+
+def truncation_warning(cfg: SimConfig, res: SimResult) -> str:
+    """What a run stopped by the event limit did not simulate."""
+    return (
+        f"warning: {_sim_label(cfg)}: stopped at the event limit ({cfg.max_events} events) "
+        f"at {res.simulated_s:.3f} s of {cfg.duration_s:g} s simulated, {res.unfinished} "
+        "request(s) unfinished: no throughput reported (shorten --duration-s, lower the "
+        "load or raise --max-events)"
     )
 
 
@@ -369,9 +451,13 @@ def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
         f"{first.instances} instance(s), {first.partitions} partitions, {first.routing}"
     )
     runs = []
+    truncated = False
     for cfg in configs:
         res = simulate(cfg)
         print(format_simulation(cfg, res))
+        if res.truncated:
+            truncated = True
+            print(truncation_warning(cfg, res), file=sys.stderr)
         runs.append({"load": _sim_label(cfg), **res.as_dict()})
         if args.out and not args.no_plot:
             try:
@@ -390,7 +476,7 @@ def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
         }
         path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2, default=str) + "\n")
         print(f"wrote {path}")
-    return 0
+    return 1 if truncated else 0
 
 
 def _plot_simulation(cfg: SimConfig, res: SimResult, out: Path) -> None:
@@ -402,6 +488,7 @@ def _plot_simulation(cfg: SimConfig, res: SimResult, out: Path) -> None:
         res.depth_series,
         res.batch_sizes,
         out.with_name(f"{out.name}-{slug}.png"),
-        f"{label}: {res.throughput:.0f}/s, p99 {res.latency.p99_ms:.1f} ms",
+        f"{label}: {'truncated' if res.truncated else f'{res.throughput:.0f}/s'}, "
+        f"p99 {res.latency.p99_ms:.1f} ms",
     )
     print(f"wrote {path}")

@@ -34,6 +34,10 @@ class LinearLatency:
     a_us: float
     b_us: float
 
+    def __post_init__(self) -> None:
+        if not (0 <= self.a_us < float("inf") and 0 <= self.b_us < float("inf")):
+            raise ValueError(f"latency a and b must be >= 0, got a={self.a_us}, b={self.b_us}")
+
     def batch_latency_s(self, rows: int) -> float:
         return (self.a_us * rows + self.b_us) / 1e6
 
@@ -54,7 +58,9 @@ class LinearLatency:
                 float(spec.parameters.get("latency_b_us", "0")),
             )
         except ValueError:
-            raise ConfigError(f"{spec.name}: latency_a_us / latency_b_us must be numbers") from None
+            raise ConfigError(
+                f"{spec.name}: latency_a_us / latency_b_us must be numbers >= 0"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,11 @@ are measured until ``stable_count`` consecutive ones agree within ``tolerance`` 
 throughput and mean latency, or ``max_windows`` have run. The point's figures come from
 those last windows together.
 
+In rate mode a send is timed from when it actually goes out (as perf_analyzer times it),
+so a send held back behind ``max_in_flight`` does not count its wait in the latency. Such
+a point is shown instead by its ``late_sends`` and its achieved ``send_rate`` against the
+offered rate, both over the measured windows.
+
 Every loop is bounded: the load stops when measuring stops, requests carry the target's
 timeout, and what is still in flight after ``drain_s`` is cancelled.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +51,12 @@ class Load:
     distribution: Distribution = "constant"
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.mode == "concurrency" and not (self.value >= 1 and float(self.value).is_integer()):
+            raise ValueError(f"concurrency must be a whole number >= 1, got {self.value:g}")
+        if self.mode == "rate" and not 0 < self.value < math.inf:
+            raise ValueError(f"request rate must be a number > 0, got {self.value:g}")
+
     @property
     def label(self) -> str:
         if self.mode == "concurrency":
@@ -61,6 +73,21 @@ class WindowConfig:
     max_windows: int = 10
     max_in_flight: int = 4096
     drain_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        """Every bad value is refused here, before anything runs (flags in parentheses)."""
+        checks = [
+            (0 < self.window_s < math.inf, "window_s (--window-s) must be > 0"),
+            (0 <= self.warmup_s < math.inf, "warmup_s (--warmup-s) must be >= 0"),
+            (0 <= self.tolerance < math.inf, "tolerance (--stability) must be >= 0"),
+            (self.stable_count >= 1, "stable_count (--stable-windows) must be >= 1"),
+            (self.max_windows >= 1, "max_windows (--max-windows) must be >= 1"),
+            (self.max_in_flight >= 1, "max_in_flight (--max-in-flight) must be >= 1"),
+            (0 <= self.drain_s < math.inf, "drain_s must be >= 0"),
+        ]
+        failed = [message for ok, message in checks if not ok]
+        if failed:
+            raise ValueError("; ".join(failed))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +129,11 @@ class PointResult:
     total_ok: int = 0
     """Answers over the whole run, warm-up and drain included (for per-request CPU cost)."""
     late_sends: int = 0
-    """Rate mode: sends more than 1 ms behind schedule (client or in-flight bound)."""
+    """Rate mode: sends more than 1 ms behind schedule (client or in-flight bound), over
+    the measured windows. Their latency counts from the actual send, not the schedule."""
+    send_rate: float = float("nan")
+    """Sends per second over the measured windows: in rate mode, what the schedule
+    (``offered_rate``) could actually be kept to."""
     error_examples: list[str] = field(default_factory=list)
 
     @property
@@ -111,6 +142,11 @@ class PointResult:
         runs = sum(self.batch_sizes.values())
         rows = sum(s * n for s, n in self.batch_sizes.items())
         return rows / runs if runs else float("nan")
+
+    @property
+    def offered_rate(self) -> float | None:
+        """Rate mode: the requests/s the schedule asked for (None in concurrency mode)."""
+        return self.load.value if self.load.mode == "rate" else None
 
     @property
     def client_overhead_us(self) -> float:
@@ -141,6 +177,8 @@ class PointResult:
             "mean_batch": round(self.mean_batch, 2),
             "batch_source": self.batch_source,
             "model_busy": round(self.model_busy, 3),
+            "offered_rate": self.offered_rate,
+            "send_rate": round(self.send_rate, 2),
             "late_sends": self.late_sends,
         }
 
@@ -159,6 +197,7 @@ class PointResult:
 class _Recorder:
     def __init__(self) -> None:
         self.samples: list[Sample] = []
+        self.sends = 0
         self.late = 0
 
     def add(self, sent: float, outcome: Outcome) -> None:
@@ -170,6 +209,7 @@ async def _closed_loop(target: Target, clients: int, rec: _Recorder, stop: async
     async def client() -> None:
         while not stop.is_set():
             sent = time.monotonic()
+            rec.sends += 1
             rec.add(sent, await target.send())
 
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -196,6 +236,7 @@ async def _open_loop(
         if stop.is_set():
             break
         await room.acquire()
+        rec.sends += 1
         if time.monotonic() - (start + offset) > 1e-3:
             rec.late += 1
         task = asyncio.create_task(one())
@@ -211,6 +252,22 @@ async def _finish(task: asyncio.Task[None], drain_s: float) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """The recorder's counts at a window boundary."""
+
+    index: int
+    at: float
+    stats: StatsSnapshot | None
+    sends: int
+    late: int
+
+
+async def _mark(target: Target, rec: _Recorder) -> _Mark:
+    index, sends, late, at = len(rec.samples), rec.sends, rec.late, time.monotonic()
+    return _Mark(index, at, await target.stats(), sends, late)
 
 
 def _window(samples: list[Sample], duration: float) -> WindowResult:
@@ -233,15 +290,15 @@ async def measure(
     else:
         driver = asyncio.create_task(_open_loop(target, load, cfg, rec, stop))
     windows: list[WindowResult] = []
-    marks: list[tuple[int, float, StatsSnapshot | None]] = []
+    marks: list[_Mark] = []
     try:
         await asyncio.sleep(cfg.warmup_s)
-        marks.append((len(rec.samples), time.monotonic(), await target.stats()))
+        marks.append(await _mark(target, rec))
         for _ in range(cfg.max_windows):
             await asyncio.sleep(cfg.window_s)
-            marks.append((len(rec.samples), time.monotonic(), await target.stats()))
-            (i0, t0, _), (i1, t1, _) = marks[-2], marks[-1]
-            windows.append(_window(rec.samples[i0:i1], t1 - t0))
+            marks.append(await _mark(target, rec))
+            m0, m1 = marks[-2], marks[-1]
+            windows.append(_window(rec.samples[m0.index : m1.index], m1.at - m0.at))
             if on_window is not None:
                 on_window(windows[-1])
             if driver.done() or is_stable(
@@ -265,11 +322,12 @@ def _point(
     cfg: WindowConfig,
     windows: list[WindowResult],
     rec: _Recorder,
-    marks: list[tuple[int, float, StatsSnapshot | None]],
+    marks: list[_Mark],
 ) -> PointResult:
     k = min(cfg.stable_count, len(windows))
-    (i0, t0, s0), (i1, t1, s1) = marks[-k - 1], marks[-1]
-    chosen = rec.samples[i0:i1]
+    m0, m1 = marks[-k - 1], marks[-1]
+    (t0, s0), (t1, s1) = (m0.at, m0.stats), (m1.at, m1.stats)
+    chosen = rec.samples[m0.index : m1.index]
     ok = [s for s in chosen if s.outcome.ok]
     timings = [s.outcome.timing_us for s in ok if s.outcome.timing_us]
     split = server_split(timings) if timings else split_between(s0, s1)
@@ -297,6 +355,7 @@ def _point(
         batch_source=source,
         model_busy=(s1.busy_ns - s0.busy_ns) / 1e9 / (t1 - t0) if s0 and s1 else float("nan"),
         total_ok=sum(1 for s in rec.samples if s.outcome.ok),
-        late_sends=rec.late,
+        late_sends=m1.late - m0.late,
+        send_rate=(m1.sends - m0.sends) / (t1 - t0),
         error_examples=sorted(set(errors))[:MAX_ERROR_EXAMPLES],
     )

@@ -81,6 +81,18 @@ def profile_sizes(max_batch_size: int) -> list[int]:
     return sorted({*sizes, top})
 
 
+def checked_sizes(sizes: Sequence[int] | None, max_batch_size: int) -> list[int]:
+    """The batch sizes to profile: ``sizes`` (sorted, once each), every one in
+    1..max_batch_size (ValueError otherwise), or ``profile_sizes`` when none are given."""
+    top = max(1, max_batch_size)
+    if not sizes:
+        return profile_sizes(top)
+    bad = sorted({n for n in sizes if not 1 <= n <= top})
+    if bad:
+        raise ValueError(f"batch sizes {bad} are outside 1..max_batch_size ({top})")
+    return sorted(set(sizes))
+
+
 def ensure_version_folder(repository: Path, model: str) -> None:
     """A plaza_simulated model has no file, but Triton's layout still wants ``<model>/1/``
     (the folder is git-ignored, so a fresh checkout lacks it): made here when missing."""
@@ -99,6 +111,8 @@ def measure_curve(
     seed: int = 0,
 ) -> list[CurvePoint]:
     """Time ``backend.infer`` per batch size: ``rounds`` windows each, interleaved."""
+    if rounds < 1 or min_calls < 1 or not sizes or min(sizes) < 1:
+        raise ValueError("need rounds >= 1, min_calls >= 1 and batch sizes >= 1")
     rng = np.random.default_rng(seed)
     outputs = [o.name for o in spec.outputs]
     feeds = {n: model_inputs(spec, n, seq_len, rng) for n in sizes}
@@ -138,9 +152,18 @@ def fit_linear(curve: Sequence[CurvePoint]) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def recommend(curve: Sequence[CurvePoint], budget_ms: float | None = None) -> Recommendation:
-    """preferred_batch_size and max_queue_delay_microseconds (module docstring's rule)."""
+def recommend(
+    curve: Sequence[CurvePoint],
+    budget_ms: float | None = None,
+    max_batch_size: int | None = None,
+) -> Recommendation:
+    """preferred_batch_size and max_queue_delay_microseconds (module docstring's rule), never
+    above ``max_batch_size`` (a model's config refuses a preferred size past it)."""
     budget = float("inf") if budget_ms is None else budget_ms
+    if max_batch_size is not None:
+        curve = [p for p in curve if p.batch_size <= max(1, max_batch_size)]
+    if not curve:
+        raise ValueError("no batch size of the curve is within max_batch_size")
     feasible = [p for p in curve if 2 * p.p50_ms <= budget]
     if not feasible:
         first = min(curve, key=lambda p: p.batch_size)
@@ -200,10 +223,10 @@ def profile_model(
     ensure_version_folder(repository, model)
     mv = ModelRepository(repository).served_versions(model)[-1]
     spec = mv.spec
+    chosen = checked_sizes(sizes, spec.max_batch_size)
     backend = create_backend(mv, select_device(device), threads)
     backend.load()
     try:
-        chosen = list(sizes) if sizes else profile_sizes(spec.max_batch_size)
         curve = measure_curve(backend, spec, chosen, **timing)
     finally:
         backend.unload()
@@ -216,7 +239,7 @@ def profile_model(
         curve,
         a,
         b,
-        recommend(curve, budget_ms),
+        recommend(curve, budget_ms, spec.max_batch_size),
     )
 
 

@@ -14,13 +14,20 @@ batcher, as Triton schedules instances of one model.
 Load is open (an ``ArrivalProcess``: constant, Poisson, bursts) or closed (``concurrency``
 clients, each sending again as soon as its answer is back, ``overhead_s`` being the round
 trip outside the worker: client, Kafka, Redis).
+
+Arrivals are drawn one at a time (the next is scheduled when one is handled), so memory
+grows with the requests run, never with the arrivals still to come. A run that reaches
+``max_events`` stops there and says so (``SimResult.truncated``): its rates are not
+reported (NaN), since the window was not simulated to its end.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+import math
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,6 +40,8 @@ from plaza.loadgen.summary import LatencySummary, mean_batch_size, size_histogra
 
 Routing = Literal["partitioned", "shared"]
 _ARRIVE, _DONE, _WAKE, _ISSUE = 0, 1, 2, 3
+MAX_EVENTS = 10_000_000
+"""The default bound on a run's events (arrivals, completions, wake-ups)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +64,7 @@ class SimConfig:
     warmup_s: float = 1.0
     """Statistics cover [warmup_s, duration_s)."""
     seed: int = 0
-    max_events: int = 10_000_000
+    max_events: int = MAX_EVENTS
     depth_points: int = 200
 
     def __post_init__(self) -> None:
@@ -65,8 +74,15 @@ class SimConfig:
             raise ValueError("concurrency must be >= 1")
         if self.instances < 1 or self.partitions < 1 or self.max_pending < 1:
             raise ValueError("instances, partitions and max_pending must be >= 1")
-        if not 0 <= self.warmup_s < self.duration_s:
-            raise ValueError("need 0 <= warmup_s < duration_s")
+        if not 0 <= self.warmup_s < self.duration_s or not math.isfinite(self.duration_s):
+            raise ValueError("need 0 <= warmup_s < duration_s (finite)")
+        if not 0 <= self.overhead_s < math.inf:
+            raise ValueError(f"overhead must be >= 0 and finite, got {self.overhead_s * 1e3:g} ms")
+        if self.max_events < 1:
+            raise ValueError(f"max_events must be >= 1, got {self.max_events}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        _check_policy(self.policy, self.rows_per_request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +107,12 @@ class SimResult:
     """Busy fraction of each instance over the window."""
     unfinished: int = 0
     """Requests still queued when the event limit stopped the run (normally 0)."""
+    truncated: bool = False
+    """The event limit stopped the run before its end: ``throughput`` and ``utilization``
+    are NaN (the window was not simulated to its end), the latencies cover only the
+    requests answered before the stop."""
+    simulated_s: float = 0.0
+    """The simulated clock when the run stopped."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +128,8 @@ class SimResult:
             "depth_series": self.depth_series,
             "utilization": self.utilization,
             "unfinished": self.unfinished,
+            "truncated": self.truncated,
+            "simulated_s": self.simulated_s,
         }
 
 
@@ -152,19 +176,25 @@ class Simulator:
         ]
         self._owner = [p % lanes for p in range(config.partitions)]
         self._rng = np.random.default_rng(config.seed)
-        self._events: list[tuple[float, int, int, Any]] = []
+        self._events: list[tuple[float, int, int, int, Any]] = []
         self._seq = itertools.count()
-        self.issued: list[float] = []
-        self.arrived: list[float] = []
-        self.done: list[float] = []
+        self._arrivals: Iterator[float] = iter(
+            () if config.arrivals is None else config.arrivals.times(config.duration_s)
+        )
+        # per request, 8 bytes a figure: memory grows with the requests run
+        self.issued = array("d")
+        self.arrived = array("d")
+        self.done = array("d")
         self._batches: list[tuple[float, int]] = []
         self._depth: list[tuple[float, int]] = [(0.0, 0)]
         self._waiting = 0
         self.expired = 0
 
     # -- event queue ---------------------------------------------------------------------
-    def _push(self, at: float, kind: int, data: Any) -> None:
-        heapq.heappush(self._events, (at, next(self._seq), kind, data))
+    def _push(self, at: float, kind: int, data: Any, *, first: bool = False) -> None:
+        """``first``: before the other events of the same instant (open-loop arrivals, as
+        if every one had been scheduled at the start)."""
+        heapq.heappush(self._events, (at, 0 if first else 1, next(self._seq), kind, data))
 
     def run(self) -> SimResult:
         self._schedule_load()
@@ -177,12 +207,12 @@ class Simulator:
         for _ in range(self.cfg.max_events):
             if not self._events:
                 break
-            at, _, kind, data = heapq.heappop(self._events)
+            at, _, _, kind, data = heapq.heappop(self._events)
             self.clock.now = at
             handlers[kind](data)
             if not self._events or self._events[0][0] > at:
                 self._decide_dirty()
-        return self._result()
+        return self._result(truncated=bool(self._events))
 
     def _decide_dirty(self) -> None:
         """Like a worker, whose intake adds every record of a fetch before the scheduler
@@ -195,15 +225,22 @@ class Simulator:
     def _schedule_load(self) -> None:
         cfg = self.cfg
         if cfg.arrivals is not None:
-            for t in cfg.arrivals.times(cfg.duration_s):
-                self._push(t, _ISSUE, None)
+            self._next_arrival()
         else:
             assert cfg.concurrency is not None
             for _ in range(cfg.concurrency):
                 self._push(0.0, _ISSUE, None)
 
+    def _next_arrival(self) -> None:
+        """Schedule the arrival process's next send, if any is left."""
+        at = next(self._arrivals, None)
+        if at is not None:
+            self._push(at, _ISSUE, None, first=True)
+
     # -- handlers ------------------------------------------------------------------------
     def _on_issue(self, _: Any) -> None:
+        if self.cfg.arrivals is not None:
+            self._next_arrival()
         rid = len(self.issued)
         self.issued.append(self.clock.now)
         self.arrived.append(float("nan"))
@@ -288,9 +325,11 @@ class Simulator:
             self._depth.append((self.clock.now, self._waiting))
 
     # -- results -------------------------------------------------------------------------
-    def _result(self) -> SimResult:
+    def _result(self, *, truncated: bool) -> SimResult:
         cfg = self.cfg
         lo, hi = cfg.warmup_s, cfg.duration_s
+        per_s = math.nan if truncated else 1.0  # no rate over a window not run to its end
+        end = min(hi, self.clock.now) if truncated else hi
         issued, arrived, done = (np.asarray(v) for v in (self.issued, self.arrived, self.done))
         half = cfg.overhead_s / 2
         answered = done + half
@@ -298,10 +337,10 @@ class Simulator:
         in_window = finished & (answered >= lo) & (answered < hi)
         sent_in_window = finished & (issued >= lo) & (issued < hi)
         sizes = [rows for t, rows in self._batches if lo <= t < hi]
-        depth_mean, depth_max = _depth_stats(self._depth, lo, hi)
+        depth_mean, depth_max = _depth_stats(self._depth, lo, end)
         window = hi - lo
         return SimResult(
-            throughput=float(in_window.sum()) / window,
+            throughput=per_s * float(in_window.sum()) / window,
             completed=int(in_window.sum()),
             expired=self.expired,
             latency=summarize((answered - issued)[sent_in_window]),
@@ -312,10 +351,12 @@ class Simulator:
             depth_max=depth_max,
             depth_series=_sample_steps(self._depth, hi, cfg.depth_points),
             utilization=[
-                lane.busy_s / (window * (cfg.instances if cfg.routing == "shared" else 1))
+                per_s * lane.busy_s / (window * (cfg.instances if cfg.routing == "shared" else 1))
                 for lane in self.lanes
             ],
             unfinished=int((~finished).sum()) - self.expired,
+            truncated=truncated,
+            simulated_s=self.clock.now,
         )
 
 
@@ -324,12 +365,27 @@ def simulate(config: SimConfig) -> SimResult:
     return Simulator(config).run()
 
 
+def _check_policy(policy: BatchingPolicy, rows: int) -> None:
+    """A policy a worker could run, and requests that fit in one of its batches."""
+    top = policy.max_batch_size
+    if top < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {top}")
+    if policy.max_queue_delay_us < 0:
+        raise ValueError(f"max_queue_delay_us must be >= 0, got {policy.max_queue_delay_us}")
+    if any(not 1 <= n <= top for n in policy.preferred_batch_sizes):
+        raise ValueError(f"preferred batch sizes must be in 1..max_batch_size ({top})")
+    if not 1 <= rows <= top:
+        raise ValueError(f"rows per request must be in 1..max_batch_size ({top}), got {rows}")
+
+
 def _overlap(a: float, b: float, lo: float, hi: float) -> float:
     return max(0.0, min(b, hi) - max(a, lo))
 
 
 def _depth_stats(steps: list[tuple[float, int]], lo: float, hi: float) -> tuple[float, int]:
-    """Time-weighted mean and max of a step function over [lo, hi)."""
+    """Time-weighted mean and max of a step function over [lo, hi) (NaN mean if empty)."""
+    if hi <= lo:
+        return math.nan, 0
     total, peak = 0.0, 0
     for (t0, value), (t1, _) in zip(steps, [*steps[1:], (float("inf"), 0)], strict=True):
         span = _overlap(t0, t1, lo, hi)

@@ -20,39 +20,72 @@ from plaza.loadgen.measure import Load, PointResult, WindowConfig, WindowResult,
 from plaza.loadgen.targets import Target
 
 Progress = Callable[[str, WindowResult], None]
+MAX_POINTS = 1000
+"""The most values a range may give (a typo such as ``1:1e9`` must not run for ever)."""
+
+
+class SweepError(RuntimeError):
+    """A load point failed; the sweep stopped there. ``points`` are those measured before
+    it, for the caller to report and write (nothing measured is lost)."""
+
+    def __init__(self, label: str, cause: Exception, points: list[PointResult]) -> None:
+        super().__init__(f"{label}: {cause}")
+        self.label = label
+        self.points = points
 
 
 def parse_range(text: str) -> list[float]:
-    """``"1:64:x2"`` (geometric), ``"100:400:100"`` (arithmetic), ``"1,4,16"`` or ``"16"``."""
-    text = text.strip()
+    """``"1:64:x2"`` (geometric), ``"100:400:100"`` (arithmetic), ``"1,4,16"`` or ``"16"``.
+    Every value is a finite number > 0 (ValueError otherwise), checked before any runs."""
+    values = _range_values(text.strip())
+    bad = [v for v in values if not 0 < v < math.inf]
+    if bad or not values:
+        raise ValueError(f"bad range {text!r}: every value must be a number > 0")
+    return values
+
+
+def _range_values(text: str) -> list[float]:
     if "," in text:
-        return [float(v) for v in text.split(",") if v.strip()]
+        return [_number(v, text) for v in text.split(",") if v.strip()]
     parts = text.split(":")
     if len(parts) == 1:
-        return [float(parts[0])]
+        return [_number(parts[0], text)]
     if len(parts) not in (2, 3):
         raise ValueError(f"bad range {text!r}: start:end[:step] (step N or xN)")
-    start, end = float(parts[0]), float(parts[1])
+    start, end = _number(parts[0], text), _number(parts[1], text)
     step = parts[2] if len(parts) == 3 else "1"
-    if start <= 0 or end < start:
+    if not 0 < start <= end < math.inf:
         raise ValueError(f"bad range {text!r}: need 0 < start <= end")
     values: list[float] = []
     value = start
     if step.startswith("x"):
-        factor = float(step[1:])
+        factor = _number(step[1:], text)
         if factor <= 1:
             raise ValueError(f"bad range {text!r}: the factor must be > 1")
         while value <= end * (1 + 1e-9):
-            values.append(value)
+            values.append(_counted(values, value, text))
             value *= factor
     else:
-        inc = float(step)
+        inc = _number(step, text)
         if inc <= 0:
             raise ValueError(f"bad range {text!r}: the step must be > 0")
         while value <= end * (1 + 1e-9):
-            values.append(value)
+            values.append(_counted(values, value, text))
             value += inc
     return values
+
+
+def _number(item: str, text: str) -> float:
+    try:
+        return float(item)
+    except ValueError:
+        raise ValueError(f"bad range {text!r}: {item.strip()!r} is not a number") from None
+
+
+def _counted(values: list[float], value: float, text: str) -> float:
+    if len(values) >= MAX_POINTS:
+        raise ValueError(f"bad range {text!r}: more than {MAX_POINTS} values")
+    return value
 
 
 async def run_sweep(
@@ -61,7 +94,8 @@ async def run_sweep(
     cfg: WindowConfig,
     progress: Progress | None = None,
 ) -> list[PointResult]:
-    """Every load on every target, targets interleaved per load. Targets are started here."""
+    """Every load on every target, targets interleaved per load. Targets are started here.
+    A point that fails stops the sweep with SweepError, which carries the points before it."""
     for target in targets:
         await target.start()
     results: list[PointResult] = []
@@ -70,7 +104,10 @@ async def run_sweep(
             for target in targets:
                 label = f"{target.label} {load.label}"
                 hook = None if progress is None else (lambda w, lb=label: progress(lb, w))
-                results.append(await measure(target, load, cfg, hook))
+                try:
+                    results.append(await measure(target, load, cfg, hook))
+                except Exception as exc:
+                    raise SweepError(label, exc, results) from exc
     finally:
         for target in targets:
             await target.stop()
@@ -80,20 +117,28 @@ async def run_sweep(
 def format_table(points: Sequence[PointResult]) -> str:
     head = (
         f"{'target':<12} {'load':<26} {'infer/s':>9} {'p50':>8} {'p90':>8} {'p95':>8} "
-        f"{'p99':>8} {'queue':>8} {'infer':>8} {'other':>8} {'batch':>6} {'err':>5} stable"
+        f"{'p99':>8} {'queue':>8} {'infer':>8} {'other':>8} {'batch':>6} {'err':>5} "
+        f"{'sent/s':>9} {'late':>6} stable"
     )
-    lines = [head, "  (latencies in ms; queue / infer = server-side means; other = the rest)"]
+    lines = [
+        head,
+        "  (latencies in ms, from each actual send; queue / infer = server-side means; "
+        "other = the rest;",
+        "   sent/s = sends achieved, late = sends > 1 ms behind a rate's schedule: a rate "
+        "point with late sends did not offer its rate)",
+    ]
     for p in points:
         s = p.server
         queue = s.queue_us / 1e3 if s else math.nan
         infer = s.compute_infer_us / 1e3 if s else math.nan
         other = p.client_overhead_us / 1e3
         lat = p.latency
+        late = str(p.late_sends) if p.load.mode == "rate" else "-"
         lines.append(
             f"{p.target:<12} {p.load.label:<26} {p.throughput:>9.1f} {lat.p50_ms:>8.2f} "
             f"{lat.p90_ms:>8.2f} {lat.p95_ms:>8.2f} {lat.p99_ms:>8.2f} {queue:>8.2f} "
             f"{infer:>8.2f} {other:>8.2f} {p.mean_batch:>6.1f} {p.errors:>5} "
-            f"{'yes' if p.stable else 'no'}"
+            f"{p.send_rate:>9.1f} {late:>6} {'yes' if p.stable else 'no'}"
         )
     return "\n".join(lines)
 

@@ -16,9 +16,11 @@ worker's CPU per response (its process and its model's process).
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -61,6 +63,8 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[token]), flags=flags)
         return None
 '''
+READ_BASE_S, READ_PER_REQUEST_S = 60.0, 1.0
+"""How long ``publish_and_read`` waits for every final response: generous, but bounded."""
 VARIANTS = {"a Redis call per response": "1", "responses gathered (default)": ""}
 Report = dict[str, Any]
 
@@ -100,21 +104,48 @@ async def _round(ctx: Context, dep: Deployment, limit: str, n: int) -> dict[str,
     }
 
 
+@dataclass(slots=True)
+class _Tally:
+    responses: int = 0
+    finals: set[str] = field(default_factory=set)
+    """Ids of the requests whose final response came."""
+
+
 async def publish_and_read(
-    client: PlazaClient, stream: str, requests: Sequence[InferRequest]
+    client: PlazaClient,
+    stream: str,
+    requests: Sequence[InferRequest],
+    timeout_s: float | None = None,
 ) -> int:
     """Publish ``requests`` (their replies to ``stream``) and read ``stream`` until each
-    one's final response came; how many responses came. RuntimeError on an error one."""
-    await client.publish_many(requests)
-    responses = finals = 0
+    one's final response came; how many responses came. RuntimeError on an error one, and
+    when not every final response came within ``timeout_s`` (default ``READ_BASE_S`` +
+    ``READ_PER_REQUEST_S`` a request): a lost response must not hang the bench."""
+    limit = READ_BASE_S + READ_PER_REQUEST_S * len(requests) if timeout_s is None else timeout_s
+    tally = _Tally()
+    try:
+        async with asyncio.timeout(limit):
+            await client.publish_many(requests)
+            return await _read_finals(client, stream, len(requests), tally)
+    except TimeoutError:
+        missing = [r.id for r in requests if r.id not in tally.finals]
+        raise RuntimeError(
+            f"{stream}: no final response after {limit:g} s for {len(missing)} of "
+            f"{len(requests)} request(s) (first ids: {', '.join(missing[:3])}); "
+            f"{tally.responses} response(s) read"
+        ) from None
+
+
+async def _read_finals(client: PlazaClient, stream: str, expected: int, tally: _Tally) -> int:
     async for _, results in client.consume(stream, "bench", "c", block_ms=500, count=512):
         for result in results:
             if result.error is not None:
                 raise RuntimeError(f"{result.model}: {result.error.message}")
-            responses += 1
-            finals += result.final
-        if finals == len(requests):
-            return responses
+            tally.responses += 1
+            if result.final:
+                tally.finals.add(result.id)
+        if len(tally.finals) >= expected:
+            return tally.responses
     raise RuntimeError(f"{stream}: the result stream ended")  # consume does not end
 
 
