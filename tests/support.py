@@ -124,3 +124,17 @@ async def phase(name: str, limit_s: float) -> AsyncIterator[None]:
         pytest.fail(f"{name} did not finish in {limit_s:g} s (task stacks in the captured output)")
     finally:
         dump.cancel()
+
+
+def explicit_sim_settings(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> PlazaSettings:
+    """Model control mode explicit on a test's prefixes, with a repository of its own under
+    ``tmp_path`` holding ``sim`` (the simulated sample, every version served); nothing is
+    loaded at start, and a load waits 1 s at most for a worker."""
+    root = tmp_path / "repository"
+    shutil.copytree(REPOSITORY / "simulated", root / "sim")
+    config = (root / "sim" / "config.pbtxt").read_text().replace('"simulated"', '"sim"')
+    (root / "sim" / "config.pbtxt").write_text(config + "\nversion_policy { all { } }\n")
+    gateway = {"model_control_mode": "explicit", "load_timeout_s": 1}
+    return make_settings(kafka_bootstrap, redis_url, unique_id, repository=root, gateway=gateway)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ import plaza.model_control as model_control
 from plaza.errors import ConfigError
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, FOLLOW_RETRY_MAX_S, ModelRegistry
 from plaza.settings import PlazaSettings
-from tests.support import REPOSITORY, make_settings, wait_for
+from tests.support import explicit_sim_settings, wait_for
 from tests.unit.test_registry import _ensemble
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,12 +49,7 @@ Starter = Callable[..., Awaitable[ModelRegistry]]
 def settings(kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path) -> PlazaSettings:
     """Mode explicit on this test's prefixes; ``sim`` (a simulated model, every version
     served) in a repository of its own, nothing loaded at start."""
-    root = tmp_path / "repository"
-    shutil.copytree(REPOSITORY / "simulated", root / "sim")
-    config = (root / "sim" / "config.pbtxt").read_text().replace('"simulated"', '"sim"')
-    (root / "sim" / "config.pbtxt").write_text(config + "\nversion_policy { all { } }\n")
-    gateway = {"model_control_mode": "explicit", "load_timeout_s": 1}
-    return make_settings(kafka_bootstrap, redis_url, unique_id, repository=root, gateway=gateway)
+    return explicit_sim_settings(kafka_bootstrap, redis_url, unique_id, tmp_path)
 
 
 @pytest.fixture
