@@ -2,7 +2,8 @@
 the Plaza request they become.
 
 Triton's ``timeout`` (microseconds) and ``priority`` are consumed here: the timeout shortens
-the sync wait and sets the request's deadline, the priority picks its level. An output's
+the sync wait and sets the request's deadline (0, Triton's default, is no timeout), the
+priority picks its level. An output's
 ``classification`` (Triton's classification extension) becomes the request's
 ``classification`` counts. The other parameters travel to the worker as they are. The
 shared memory parameters are the fronts' own, on an input or an output
@@ -37,7 +38,8 @@ class FrontRequest:
     outputs: tuple[str, ...] = ()
     """Requested output names; empty: every output."""
     timeout_us: int | None = None
-    """``parameters.timeout`` (microseconds, Triton's): shortens the wait, sets a deadline."""
+    """``parameters.timeout`` (microseconds, Triton's): shortens the wait, sets a deadline.
+    None when absent or 0 (Triton's "no timeout")."""
     priority: int = 0
     parameters: dict[str, Scalar] = field(default_factory=dict)
     """The parameters the worker receives (``timeout`` and ``priority`` taken out)."""
@@ -62,7 +64,7 @@ class FrontRequest:
         return cls(
             inputs=inputs,
             outputs=outputs,
-            timeout_us=non_negative_int(params, PARAM_TIMEOUT),
+            timeout_us=non_negative_int(params, PARAM_TIMEOUT) or None,  # 0: no timeout
             priority=non_negative_int(params, PARAM_PRIORITY) or 0,
             parameters={k: v for k, v in params.items() if k not in taken},
             classification=dict(classification or {}),
@@ -70,9 +72,10 @@ class FrontRequest:
         )
 
     def to_request(self, model: str, version: str, correlation_id: str) -> InferRequest:
-        """The Plaza request; the deadline is now + ``timeout_us`` when one was given."""
+        """The Plaza request; the deadline is now + ``timeout_us`` when one was given,
+        in whole milliseconds rounded up (a sub-millisecond timeout is not no time)."""
         now_ms = int(time.time() * 1000)
-        deadline = None if self.timeout_us is None else now_ms + self.timeout_us // 1000
+        deadline = now_ms + (self.timeout_us + 999) // 1000 if self.timeout_us else None
         return InferRequest(
             id=correlation_id,
             model=model,

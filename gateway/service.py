@@ -305,9 +305,10 @@ class GatewayService:
 
     # -- inference -----------------------------------------------------------------------
     def sync_timeout(self, timeout_us: int | None) -> float:
-        """Seconds a sync call waits: the configured wait, shortened by a request timeout."""
+        """Seconds a sync call waits: the configured wait, shortened by a request timeout
+        (None or 0, Triton's default, is no timeout)."""
         configured = self.settings.gateway.sync_timeout_s
-        return configured if timeout_us is None else min(configured, timeout_us / 1e6)
+        return min(configured, timeout_us / 1e6) if timeout_us else configured
 
     @metered
     async def infer(self, req: InferRequest, timeout_s: float | None = None) -> InferResult:

@@ -5,9 +5,15 @@ loadgen's headless simulator with a simulated clock, so both run the same code.
 
 The rule, each time ``decide(backlog)`` is asked:
 
-1. Requests whose deadline passed are taken out: REJECT ones are returned as ``expired``
-   (the caller answers them with a timeout error), DELAY ones move behind every other
-   request and lose their deadline.
+1. Requests whose queue timeout passed are taken out: REJECT ones are returned as
+   ``expired`` (the caller answers them with a timeout error), DELAY ones move to their
+   level's delayed queue and lose their timeout. As in Triton, a delayed request waits only
+   behind the requests of its own level (and higher ones) that have not timed out: each
+   level is served fresh requests first, then its delayed ones, then the next level down.
+   A request's queue timeout is Triton's (``queue_deadline``): the level's
+   ``default_timeout_microseconds``, which the request's own deadline shortens only where
+   the level allows ``allow_timeout_override``; a request whose deadline passed before it
+   was added (it waited that long in Kafka) times out at once, whatever the policy.
 2. ``depth`` = pending requests (held here) + ``backlog`` (consumer lag: records already
    in Kafka but not fetched yet). The *goal* is the largest batch size the depth can fill:
    of the preferred sizes where the config names some, else max_batch_size. As in Triton,
@@ -26,7 +32,7 @@ The rule, each time ``decide(backlog)`` is asked:
 
 A deep queue therefore gives large batches at once (throughput) and a shallow one gives small
 batches after a short wait (latency). Batches are filled from the highest priority level
-(1) down, first come first served within a level.
+(1) down, first come first served within a level (its delayed requests after its others).
 """
 
 from __future__ import annotations
@@ -97,6 +103,26 @@ class BatchingPolicy:
         return (self.max_batch_size,)
 
 
+def queue_deadline(qp: QueuePolicy, deadline: float | None, now: float) -> float | None:
+    """When a request added ``now`` times out in its level's queue (None: never).
+
+    Triton's rule (``PriorityQueue::PolicyQueue::Enqueue``): the level's
+    ``default_timeout_microseconds`` (0: no timeout), lowered to the request's own timeout
+    only where the level has ``allow_timeout_override`` and a default timeout to lower;
+    a request never raises it. Plaza's deadline is absolute (it counts the wait in Kafka
+    too), so one that has already passed when the worker takes the request in times it
+    out at once, whatever the policy: that is Plaza's, Triton has no hop before its queue.
+    """
+    if deadline is not None and deadline <= now:
+        return deadline
+    if not qp.default_timeout_us:
+        return None
+    configured = now + qp.default_timeout_us / 1e6
+    if deadline is not None and qp.allow_timeout_override:
+        return min(deadline, configured)
+    return configured
+
+
 @dataclass(slots=True)
 class _Pending(Generic[T]):
     item: T
@@ -149,7 +175,12 @@ class DynamicBatcher(Generic[T]):
         self.policy = policy
         self._clock = clock
         self._queues: dict[int, deque[_Pending[T]]] = {lv: deque() for lv in policy.levels}
-        self._delayed: deque[_Pending[T]] = deque()
+        self._delayed: dict[int, deque[_Pending[T]]] = {lv: deque() for lv in policy.levels}
+        # Every queue in the order it is served: each level's fresh requests, then its
+        # delayed ones, then the next level down (Triton's order).
+        self._order: tuple[deque[_Pending[T]], ...] = tuple(
+            q for lv in policy.levels for q in (self._queues[lv], self._delayed[lv])
+        )
         self._deadlines: list[tuple[float, int, _Pending[T]]] = []
         self._seq = itertools.count()
         self._count = 0
@@ -170,8 +201,9 @@ class DynamicBatcher(Generic[T]):
     ) -> None:
         """Queue a request of ``size`` rows. ``deadline`` is a monotonic time (or None).
 
-        The level's queue policy timeout applies too: the earlier of the two wins, so a
-        request can lower its timeout but never raise it. QueueFull when the level already
+        The request times out in the queue as ``queue_deadline`` says (Triton's rule: the
+        level's timeout, which the deadline lowers only with ``allow_timeout_override``;
+        a deadline already passed times it out at once). QueueFull when the level already
         holds max_queue_size pending requests (as in Triton: those waiting, DELAY-moved ones
         included; expired, served and removed ones no longer count).
         ``arrival`` (a monotonic time, at most now; default now) is when the request's wait
@@ -182,9 +214,8 @@ class DynamicBatcher(Generic[T]):
         if qp.max_queue_size and self._level_counts[level] >= qp.max_queue_size:
             raise QueueFull(f"priority level {level} queue is full ({qp.max_queue_size})")
         now = self._clock()
-        if qp.default_timeout_us:
-            configured = now + qp.default_timeout_us / 1e6
-            deadline = configured if deadline is None else min(deadline, configured)
+        if deadline is not None or qp.default_timeout_us:
+            deadline = queue_deadline(qp, deadline, now)
         since = now if arrival is None else min(arrival, now)
         entry = _Pending(item, size, level, since, deadline, qp.reject_on_timeout, next(self._seq))
         self._hold(entry, self._queues[level])
@@ -243,7 +274,7 @@ class DynamicBatcher(Generic[T]):
             item = self._kill(entry)
             if entry.reject_on_timeout:
                 expired.append(item)
-            else:  # DELAY: keep it, behind everything else, with no deadline now
+            else:  # DELAY: keep it, behind its level's fresh requests, with no timeout now
                 moved = _Pending(
                     item,
                     entry.size,
@@ -253,7 +284,7 @@ class DynamicBatcher(Generic[T]):
                     entry.reject_on_timeout,
                     next(self._seq),
                 )
-                self._hold(moved, self._delayed)
+                self._hold(moved, self._delayed[entry.level])
         self._compact()
         return expired
 
@@ -263,11 +294,11 @@ class DynamicBatcher(Generic[T]):
         return min(due, self._deadlines[0][0]) if self._deadlines else due
 
     def _oldest_arrival(self) -> float:
-        heads = [q[0].arrival for q in (*self._queues.values(), self._delayed) if q]
+        heads = [q[0].arrival for q in self._order if q]
         return min(heads)
 
     def _entries(self) -> Iterator[_Pending[T]]:
-        for q in (*self._queues.values(), self._delayed):
+        for q in self._order:
             yield from (e for e in q if e.alive)
 
     def _take(self, limit: int, max_requests: int | None = None) -> list[T]:
@@ -309,14 +340,13 @@ class DynamicBatcher(Generic[T]):
         # Husks at a queue's head go at once. Those behind a live entry (expired, revoked
         # or moved) wait until they are over half of what the queues hold (the live count
         # is known, so telling costs nothing): a rebuild then, O(1) per entry amortised.
-        queues = (*self._queues.values(), self._delayed)
         held = 0
-        for q in queues:
+        for q in self._order:
             while q and not q[0].alive:
                 q.popleft()
             held += len(q)
         if held > 64 and held - self._count > held // 2:
-            for q in queues:
+            for q in self._order:
                 alive = [e for e in q if e.alive]
                 q.clear()
                 q.extend(alive)

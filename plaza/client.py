@@ -14,6 +14,7 @@ contract of docs/protocol.md and need only Kafka and Redis (no gateway).
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 import uuid
@@ -69,7 +70,8 @@ def make_request(
     correlation_id: str | None = None,
     classification: Mapping[str, int] | None = None,
 ) -> InferRequest:
-    """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``;
+    """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``,
+    rounded up to the millisecond (None or 0, as Triton's timeout 0: no deadline);
     ``classification``: outputs to answer with their top classes (output name -> count)."""
     tensors = (
         tuple(Tensor.from_numpy(n, a) for n, a in inputs.items())
@@ -84,7 +86,7 @@ def make_request(
         inputs=tensors,
         outputs=tuple(outputs),
         reply=ReplyTo(stream=reply_stream),
-        deadline_ms=None if timeout_s is None else now_ms + int(timeout_s * 1000),
+        deadline_ms=now_ms + math.ceil(timeout_s * 1000) if timeout_s else None,
         priority=priority,
         parameters=dict(parameters or {}),
         created_ms=now_ms,

@@ -178,9 +178,8 @@ def test_reject_on_timeout_expires_before_running() -> None:
 
 def test_request_deadline_can_only_lower_the_configured_timeout() -> None:
     clock = FakeClock()
-    b = make(
-        clock, max_queue_delay_us=10_000, default_queue_policy=QueuePolicy(default_timeout_us=1000)
-    )
+    overridable = QueuePolicy(default_timeout_us=1000, allow_timeout_override=True)
+    b = make(clock, max_queue_delay_us=10_000, default_queue_policy=overridable)
     b.add("asks-more", deadline=clock.t + 1.0)
     b.add("asks-less", deadline=clock.t + 0.0002)
     clock.advance(300)
@@ -221,8 +220,9 @@ def test_requests_gone_from_behind_a_live_one_free_their_places(leave: str) -> N
     # max_queue_size counts the requests waiting (Triton's rule), not the husks that expired
     # or revoked ones leave in the deque behind a live head
     clock = FakeClock()
-    b = make(clock, max_queue_delay_us=100_000, default_queue_policy=QueuePolicy(max_queue_size=4))
-    b.add("A")  # no deadline: stays at the head
+    qp = QueuePolicy(max_queue_size=4, default_timeout_us=1_000_000, allow_timeout_override=True)
+    b = make(clock, max_queue_delay_us=100_000, default_queue_policy=qp)
+    b.add("A")  # no deadline of its own (the level's 1 s): stays at the head
     for x in "BCD":
         b.add(x, deadline=clock.t + 0.01)
     if leave == "expire":
@@ -301,8 +301,8 @@ class Payload:
 
 
 def retained_entries(b: DynamicBatcher[Payload]) -> int:
-    """Entries the batcher still holds anywhere: queues, delayed queue, deadline heap."""
-    queued = sum(len(q) for q in (*b._queues.values(), b._delayed))
+    """Entries the batcher still holds anywhere: queues, delayed queues, deadline heap."""
+    queued = sum(len(q) for q in b._order)
     return queued + len(b._deadlines)
 
 
@@ -321,8 +321,10 @@ def test_husks_behind_live_entries_are_dropped_once_they_are_most_of_the_queue()
 
 def test_served_requests_are_released_at_once_despite_long_deadlines() -> None:
     clock = FakeClock()
+    hours = QueuePolicy(default_timeout_us=7200 * 10**6, allow_timeout_override=True)
     b: DynamicBatcher[Payload] = DynamicBatcher(
-        BatchingPolicy(max_batch_size=8, max_queue_delay_us=1000), clock=clock
+        BatchingPolicy(max_batch_size=8, max_queue_delay_us=1000, default_queue_policy=hours),
+        clock=clock,
     )
     alive: weakref.WeakSet[Payload] = weakref.WeakSet()
     worst = 0

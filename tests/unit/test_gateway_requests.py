@@ -11,7 +11,9 @@ from tritonclient.grpc import service_pb2 as pb
 from plaza.errors import InvalidInput
 from plaza.gateway import grpc_codec
 from plaza.gateway.requests import FrontRequest
+from plaza.gateway.service import GatewayService
 from plaza.tensors import Tensor
+from tests.support import make_settings
 
 X = (Tensor.from_numpy("X", np.zeros((1, 2), np.float32)),)
 
@@ -95,3 +97,27 @@ def test_typed_integers_out_of_range_are_refused() -> None:
     item.contents.int_contents.append(300)
     with pytest.raises(InvalidInput, match="out of range for INT8"):
         grpc_codec.decode_infer_request(msg)
+
+
+def test_a_zero_timeout_is_no_timeout_as_in_triton() -> None:
+    """Triton's request timeout 0 means none: no deadline, and the sync wait is the
+    configured one (it was a deadline of now and a wait of 0: a 503 at once)."""
+    front = FrontRequest.from_parameters(X, (), {"timeout": 0})
+    assert front.timeout_us is None
+    assert front.to_request("m", "", "c1").deadline_ms is None
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1]).contents.fp32_contents.append(1.0)
+    msg.parameters["timeout"].int64_param = 0
+    assert grpc_codec.decode_infer_request(msg).timeout_us is None
+    service = GatewayService(make_settings("127.0.0.1:1", "redis://127.0.0.1:1/0", "t"))
+    configured = service.settings.gateway.sync_timeout_s
+    assert service.sync_timeout(0) == service.sync_timeout(None) == configured
+    assert service.sync_timeout(2_000_000) == min(configured, 2.0)
+
+
+@pytest.mark.parametrize(("timeout_us", "ms"), [(1, 1), (999, 1), (1_000, 1), (1_001, 2)])
+def test_a_sub_millisecond_timeout_rounds_up_to_a_whole_millisecond(
+    timeout_us: int, ms: int
+) -> None:
+    req = FrontRequest.from_parameters(X, (), {"timeout": timeout_us}).to_request("m", "", "c")
+    assert req.deadline_ms is not None and req.deadline_ms - req.created_ms == ms
