@@ -9,7 +9,10 @@ inputs are tensors that exist from the start; its outputs must be produced by so
 ``check_graph`` refuses what Triton refuses, with a ConfigError naming the step and field:
 a step input that no one produces, an ensemble tensor produced twice (by two steps, or by
 a step and the request), an ensemble output that no step produces, and a cycle. The graph
-is pure data; the ensemble runner (``workers/ensemble.py``) executes it.
+is pure data; the ensemble runner (``workers/ensemble.py``) executes it, as Triton's
+ensemble scheduler does: only the steps the requested outputs need (``needed_by``), and a
+step that reads an optional ensemble input the request left out runs without it
+(``runnable``).
 """
 
 from __future__ import annotations
@@ -142,12 +145,35 @@ def _check_acyclic(
 
 
 def runnable(
-    steps: tuple[EnsembleStep, ...], have: Collection[str], started: Collection[int]
+    steps: tuple[EnsembleStep, ...],
+    have: Collection[str],
+    started: Collection[int],
+    absent: Collection[str] = (),
 ) -> list[EnsembleStep]:
-    """Steps not started yet whose every input tensor is in ``have``, in config order."""
+    """Steps not started yet whose every input tensor is in ``have`` or ``absent``, in
+    config order. ``absent``: the optional ensemble inputs the request left out; a step
+    reading one runs without it (as Triton's, whose step model must take it as optional)."""
     return [
-        s for s in steps if s.index not in started and all(t in have for t in s.input_map.values())
+        s
+        for s in steps
+        if s.index not in started and all(t in have or t in absent for t in s.input_map.values())
     ]
+
+
+def needed_by(steps: tuple[EnsembleStep, ...], outputs: Collection[str]) -> frozenset[int]:
+    """The steps (of ``steps``, all of an ensemble's) that make ``outputs`` and, walking
+    back, every step whose outputs those read: the only steps a request for ``outputs``
+    runs. Triton prunes the others, so a step that feeds only outputs nobody asked for
+    costs nothing and fails nothing."""
+    producer = {t: s.index for s in steps for t in s.output_map.values()}
+    wanted = [producer[t] for t in outputs if t in producer]
+    found: set[int] = set()
+    while wanted:
+        index = wanted.pop()
+        if index not in found:
+            found.add(index)
+            wanted += [producer[t] for t in steps[index].input_map.values() if t in producer]
+    return frozenset(found)
 
 
 def downstream_of(steps: tuple[EnsembleStep, ...], index: int) -> frozenset[int]:

@@ -350,13 +350,19 @@ class Producer:
         """Validate, settle the priority level, choose the topic.
 
         Without a spec (an SDK client that cannot read the repository) the request goes to
-        the model's base topic with its priority as given: the worker settles it there.
+        the model's base topic with its priority as given: the worker settles it there. So
+        does an ensemble's: its runner hands that priority to each step's request.
         """
         if spec is None:
             settle_level(req.priority, 0, 0)  # a negative priority is refused even so
             return _Prepared(req, self.names.request_topic(req.model), 0)
         if self._validate:
             validate_request(req, spec)
+        if spec.is_ensemble:
+            # Triton hands the request's priority to every step as it is: the runner's
+            # step requests settle it against each step model's levels. One topic.
+            settle_level(req.priority, 0, 0)  # a negative priority is refused even so
+            return _Prepared(req, self.names.request_topic(req.model), 0)
         batching = spec.batching
         level = settle_level(
             req.priority, batching.priority_levels, batching.default_priority_level

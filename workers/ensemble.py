@@ -6,14 +6,19 @@ and read the answer from its result key or reply stream. What consumes that topi
 worker with a backend but an ``EnsembleRunner``, a member of the ensemble's consumer group.
 For each request it runs the step graph (``plaza.ensembles``):
 
+- only the steps that the requested outputs need run (all outputs when the request names
+  none), as Triton prunes its ensembles (``plaza.ensembles.needed_by``);
 - a step starts as soon as every ensemble tensor it reads exists (steps that do not depend
-  on each other run at once; one step's output may feed several steps);
+  on each other run at once; one step's output may feed several steps); an optional
+  ensemble input the request left out counts as there, and the step's request leaves it
+  out (its model must take it as optional, as in Triton);
 - a step is a normal request to its model's topic, published through the producer core
   (``plaza.producer.Producer``) with the runner's own reply stream, so each step model
   batches on its own worker's queue depth, across every ensemble request in flight.
   Intermediate tensors travel through Kafka and Redis, never through a gateway;
-- a step request inherits the ensemble request's ``deadline_ms``, priority and parameters;
-  its correlation id is ``<ensemble request id>.<step index>`` (``step_request_id``);
+- a step request inherits the ensemble request's ``deadline_ms``, priority (as the caller
+  gave it: each step's publish settles it against the step model's priority levels) and
+  parameters; its correlation id is ``<ensemble request id>.<step index>`` (``step_request_id``);
 - a step's error answers the ensemble request, code kept, message prefixed with the step
   (``step 1 (model 'mlp'): ...``); the steps still running are no longer waited for.
 
@@ -69,7 +74,7 @@ from pydantic import ValidationError
 
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
-from plaza.ensembles import EnsembleStep, downstream_of, runnable
+from plaza.ensembles import EnsembleStep, downstream_of, needed_by, runnable
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
@@ -134,14 +139,18 @@ def step_request(
     branch: int | None = None,
 ) -> InferRequest:
     """The request of ``step`` for ensemble request ``req``: its inputs taken from the
-    ensemble ``tensors`` (renamed to the step model's input names), its deadline and
-    parameters inherited, its correlation id ``<req.id>.<step.index>`` (and ``.<branch>``
-    in a decoupled step's branch)."""
+    ensemble ``tensors`` (renamed to the step model's input names; one not in ``tensors``,
+    an optional ensemble input the request left out, is left out), its deadline, priority
+    and parameters inherited, its correlation id ``<req.id>.<step.index>`` (and
+    ``.<branch>`` in a decoupled step's branch)."""
+    inputs = tuple(
+        replace(tensors[t], name=key) for key, t in step.input_map.items() if t in tensors
+    )
     return InferRequest(
         id=step_request_id(req.id, step.index, branch),
         model=step.model_name,
         version=step.version,
-        inputs=tuple(replace(tensors[t], name=key) for key, t in step.input_map.items()),
+        inputs=inputs,
         outputs=tuple(step.output_map),
         reply=ReplyTo(stream=reply_stream),
         deadline_ms=req.deadline_ms,
@@ -508,15 +517,20 @@ class EnsembleRunner:
         decoupled step starts as soon as its own inputs exist, while the others among them
         go on. Each of its responses runs the steps downstream of it (a branch) once those
         others are done, and gives one response. Nothing more after the step's empty final
-        response. A step that fails, anywhere, fails the request, as in a plain ensemble."""
+        response. A step that fails, anywhere, fails the request, as in a plain ensemble.
+        A decoupled step that no requested output needs is pruned: one response then."""
         step = self.streamed
+        if step is not None and step.index not in self._needed(req):
+            step = None
         needed = () if step is None else tuple(step.input_map.values())
-        fed: dict[str, Tensor] = {}  # the tensors there when the step's inputs were all in
+        absent = self._absent(req)
+        fed: dict[str, Tensor] | None = None  # the tensors there when its inputs were all in
         ready = asyncio.Event()  # set once they were, or once the steps before are done
 
         def progress(have: Mapping[str, Tensor]) -> None:
-            if not ready.is_set() and all(t in have for t in needed):
-                fed.update(have)
+            nonlocal fed
+            if not ready.is_set() and all(t in have or t in absent for t in needed):
+                fed = dict(have)
                 ready.set()
 
         before = asyncio.create_task(
@@ -525,7 +539,7 @@ class EnsembleRunner:
         before.add_done_callback(lambda _: ready.set())
         try:
             await ready.wait()
-            async for answer in self._stream(req, priority, before, fed):
+            async for answer in self._stream(req, priority, step, before, fed):
                 yield answer
         finally:
             await cancel_and_wait([before])
@@ -534,14 +548,14 @@ class EnsembleRunner:
         self,
         req: InferRequest,
         priority: int,
+        step: EnsembleStep | None,
         before: asyncio.Task[dict[str, Tensor]],
-        fed: Mapping[str, Tensor],
+        fed: Mapping[str, Tensor] | None,
     ) -> AsyncGenerator[tuple[tuple[Tensor, ...], bool], None]:
-        """``_responses`` once the decoupled step's inputs are in ``fed`` (empty: they never
-        will be, the steps ``before`` it are done), those steps still running: one that
-        fails ends the responses with its error at once, and cancels the decoupled step."""
-        step = self.streamed
-        if step is None or not fed:
+        """``_responses`` once the decoupled ``step``'s inputs are in ``fed`` (None: they
+        never will be, the steps ``before`` it are done), those steps still running: one
+        that fails ends the responses with its error at once, and cancels ``step``."""
+        if step is None or fed is None:
             yield self._outputs(req, await before), True  # no step streams (or it cannot run)
             return
         sreq = step_request(req, step, fed, reply_stream=self.reply_stream, priority=priority)
@@ -584,8 +598,20 @@ class EnsembleRunner:
 
     def _outputs(self, req: InferRequest, tensors: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
         """The outputs the request asked for (all, when it named none) from ``tensors``."""
-        wanted = req.outputs or tuple(o.name for o in self.spec.outputs)
-        return tuple(self._answered(req, _output(tensors, n, self.spec)) for n in wanted)
+        return tuple(self._answered(req, _output(tensors, n, self.spec)) for n in self._wanted(req))
+
+    def _wanted(self, req: InferRequest) -> tuple[str, ...]:
+        return req.outputs or tuple(o.name for o in self.spec.outputs)
+
+    def _needed(self, req: InferRequest) -> frozenset[int]:
+        """The steps the request's outputs need: the others are not run (Triton's prune)."""
+        return needed_by(self.spec.ensemble_steps, self._wanted(req))
+
+    def _absent(self, req: InferRequest) -> frozenset[str]:
+        """The optional ensemble inputs the request left out: there for the steps that
+        read them, which run without them (Triton's placeholder tensor for them)."""
+        given = {t.name for t in req.inputs}
+        return frozenset(i.name for i in self.spec.inputs if i.optional and i.name not in given)
 
     def _answered(self, req: InferRequest, tensor: Tensor) -> Tensor:
         """An output as the request asked it: its top classes where it asked them."""
@@ -605,11 +631,16 @@ class EnsembleRunner:
         progress: Callable[[Mapping[str, Tensor]], None] | None = None,
     ) -> dict[str, Tensor]:
         """Every ensemble tensor ``steps`` (default: all) produce from ``tensors`` (default:
-        the request's inputs): each step starts once its inputs exist. ``branch``: the
-        decoupled step's response these steps run for (part of their step ids).
-        ``progress`` is called with the tensors there, at the start and after each step."""
-        if steps is None:
-            steps = self.spec.ensemble_steps
+        the request's inputs), of those steps the request's outputs need: each starts once
+        its inputs exist (or are optional ensemble inputs the request left out).
+        ``branch``: the decoupled step's response these steps run for (part of their step
+        ids). ``progress`` is called with the tensors there, at the start and after each
+        step."""
+        needed = self._needed(req)
+        steps = tuple(
+            s for s in (self.spec.ensemble_steps if steps is None else steps) if s.index in needed
+        )
+        absent = self._absent(req)
         have = {t.name: t for t in req.inputs} if tensors is None else dict(tensors)
         started: set[int] = set()
         running: dict[asyncio.Task[dict[str, Tensor]], EnsembleStep] = {}
@@ -617,7 +648,7 @@ class EnsembleRunner:
             while True:
                 if progress is not None:
                     progress(have)
-                for step in runnable(steps, have, started):
+                for step in runnable(steps, have, started, absent):
                     started.add(step.index)
                     call = self._step(req, step, have, priority, branch)
                     running[asyncio.create_task(call)] = step
@@ -759,7 +790,7 @@ async def _ready(answer: Answer | None) -> Answer | None:
 
 def _output(tensors: Mapping[str, Tensor], name: str, spec: ModelSpec) -> Tensor:
     tensor = tensors.get(name)
-    if tensor is None:  # an optional input left out, and the steps that need it never ran
+    if tensor is None:  # a requested name that no step makes (a raw producer may ask one)
         err = InvalidInput(f"ensemble {spec.name!r}: no step could produce output {name!r}")
         raise StepFailed(ErrorInfo(err.code, err.message))
     return tensor
