@@ -117,6 +117,8 @@ def encode_request(req: InferRequest, *, sent_us: int | None = None) -> bytes:
 def _unpack_map(data: Buffer, what: str) -> Mapping[str, Any]:
     try:
         body = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except msgpack.StackError as exc:
+        raise CodecError(f"{what} nests maps or arrays too deep to be read") from exc
     except Exception as exc:  # msgpack raises several unrelated types
         raise CodecError(f"{what} is not valid msgpack: {exc}") from exc
     if not isinstance(body, Mapping):
@@ -129,16 +131,35 @@ def _unpack_map(data: Buffer, what: str) -> Mapping[str, Any]:
     return body
 
 
+_PEEKED = ("id", "reply_stream")
+
+
 def peek_reply(data: Buffer) -> tuple[str | None, str | None]:
     """Correlation id and reply stream of an envelope that failed full decoding, where they
-    can be read at all (so its error can still be answered)."""
+    can be read at all (so its error can still be answered); never raises.
+
+    Lenient where decoding is strict, since docs/protocol.md dead-letters only a record that
+    is not msgpack or has no id: the first msgpack object is read (bytes after it are left),
+    a map entry by entry, keys of any type, the other values skipped unread; a value nested
+    deeper than the reader goes (valid msgpack all the same) keeps what was read before it.
+    Only the failure path pays for this."""
+    unpacker = msgpack.Unpacker(
+        raw=False, strict_map_key=False, max_buffer_size=max(memoryview(data).nbytes, 1)
+    )
+    found: dict[str, Any] = {}
     try:
-        body = msgpack.unpackb(data, raw=False)
-    except Exception:
+        unpacker.feed(data)
+        for _ in range(unpacker.read_map_header()):
+            key = unpacker.unpack()
+            if isinstance(key, str) and key in _PEEKED:
+                found[key] = unpacker.unpack()  # a repeated key: the last wins, as unpackb's
+            else:
+                unpacker.skip()
+    except (msgpack.StackError, RecursionError):
+        pass  # nested past the reader's depth
+    except Exception:  # not msgpack (truncated, a reserved byte), not a map, MemoryError
         return None, None
-    if not isinstance(body, Mapping):
-        return None, None
-    rid, stream = body.get("id"), body.get("reply_stream")
+    rid, stream = found.get("id"), found.get("reply_stream")
     return (
         rid if isinstance(rid, str) and rid else None,
         stream if isinstance(stream, str) and stream else None,
@@ -186,7 +207,7 @@ class _WireRequest(msgspec.Struct):
     reply_stream: _Name | None = None
     deadline_ms: int | None = None
     priority: int = 0
-    parameters: dict[str, Any] = {}
+    parameters: dict[str, bool | int | float | str] = {}
     created_ms: int = 0
     sent_us: int = 0
     classification: dict[_Name, Annotated[int, msgspec.Meta(ge=1)]] = {}
@@ -200,7 +221,8 @@ def decode_request(data: Buffer) -> InferRequest:
     """Parse a request envelope; CodecError (with a stable code) for anything malformed."""
     try:
         wire = _REQUEST_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        # (msgspec's depth limit is a RecursionError: the checked decoder names it)
         return _decode_checked(data)
     if wire.v != ENVELOPE_VERSION:
         return _decode_checked(data)  # raises UnsupportedVersion
@@ -248,8 +270,8 @@ def _decode_checked(data: Buffer) -> InferRequest:
     if stream is not None and (not isinstance(stream, str) or not stream):
         raise CodecError("request 'reply_stream' must be a non-empty string")
     params = get("parameters", _NO_PARAMETERS)
-    if not isinstance(params, Mapping):
-        raise CodecError("request 'parameters' must be a map")
+    if params is not _NO_PARAMETERS:
+        _check_parameters(params)
     # The optional integers: absent is the common case, and costs one lookup each.
     deadline = _opt_int(body, "deadline_ms", None) if "deadline_ms" in body else None
     priority = _opt_int(body, "priority", 0) if "priority" in body else 0
@@ -278,6 +300,28 @@ def _decode_checked(data: Buffer) -> InferRequest:
         classification=dict(classes),
         trace=trace,
     )
+
+
+def _check_parameters(params: Any) -> None:
+    """A request's ``parameters``: names (str) to scalars (bool, int, float, str), what
+    Triton's parameters hold and what both fronts pass on; CodecError naming the first
+    parameter that is not (bin, nil, a map, a list, an ext, a non-string name)."""
+    if not isinstance(params, Mapping):
+        raise CodecError("request 'parameters' must be a map")
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise CodecError(f"request parameter {_shown(key)}: a name must be a string")
+        if not isinstance(value, str | int | float):  # bool is an int
+            raise CodecError(
+                f"request parameter {_shown(key)}: a value must be a bool, an int, a float or "
+                f"a string, not {type(value).__name__}"
+            )
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to a length an error message can carry."""
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:100]}..."
 
 
 def _result_to_map(res: InferResult) -> dict[str, Any]:

@@ -99,15 +99,26 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
         _check_data(tensor)
     if len(rows) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(rows)}")
-    for name in req.outputs:
-        if spec.output(name) is None:
-            raise InvalidInput(f"unknown output {name!r} for model {spec.name!r}")
+    if req.outputs:
+        _check_outputs(req, spec)
     if req.classification:
         _check_classification(req, spec)
     count = rows.pop() if rows else 1
     if spec.sequence.enabled:
         _check_sequence(req, spec, count)
     return count
+
+
+def _check_outputs(req: InferRequest, spec: ModelSpec) -> None:
+    """Requested outputs: the model's, each once (as inputs are: a repeated one would come
+    back twice, and the fronts' per-output options would disagree)."""
+    seen: set[str] = set()
+    for name in req.outputs:
+        if spec.output(name) is None:
+            raise InvalidInput(f"unknown output {name!r} for model {spec.name!r}")
+        if name in seen:
+            raise InvalidInput(f"output {name!r} is requested twice", tensor=name)
+        seen.add(name)
 
 
 _CORRID_MAX = {"INT32": 2**31 - 1, "UINT32": 2**32 - 1, "INT64": 2**63 - 1, "UINT64": 2**64 - 1}

@@ -28,6 +28,7 @@ from plaza.contract import InferRequest, InferResult
 from plaza.errors import CodecError, InvalidInput, ModelNotFound, PayloadTooLarge, PlazaError
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
+from plaza.priority import settle_level
 from plaza.validation import validate_request
 from plaza.workers.runner import NO_PARTITION, WorkItem, error_result
 
@@ -116,6 +117,9 @@ def _judge(
     try:
         version = resolve_version(req, spec, versions)
         rows = validate_request(req, spec)
+        # A negative priority is refused here, where it is answered: the worker settles the
+        # level later, on paths (a redelivered record's) that must never meet a bad one.
+        settle_level(req.priority, 0, 0)
     except PlazaError as exc:
         return Rejected(error_result(req, exc, worker=worker_id), stream)
     return WorkItem(

@@ -41,7 +41,7 @@ from typing import Any, TypeAlias
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher
+from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher, queue_deadline
 from plaza.connections import ensure_topics, kafka_consumer
 from plaza.contract import InferResult
 from plaza.due_timer import DueTimer
@@ -625,7 +625,11 @@ class Worker:
         if req.deadline_ms is not None:
             deadline = monotonic_deadline(req, now_mono, now_wall)
         if deliveries > 1:
-            expires = self._suspect_expiry(item, deadline, now_mono)
+            try:
+                expires = self._suspect_expiry(item, deadline, now_mono)
+            except PlazaError as exc:  # answered, not left to kill the intake (and the next)
+                self._refuse(item, exc, done)
+                return
             self._suspects.append(Suspect(item, record, expires))
             return
         began = now_mono
@@ -640,15 +644,21 @@ class Worker:
                 arrival=began,
             )
         except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
-            self.metrics.count("rejected")
-            done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
-            done.records.append((tp, item.offset))
+            self._refuse(item, exc, done)
+
+    def _refuse(self, item: WorkItem, exc: PlazaError, done: Completed) -> None:
+        """Answer ``item`` with ``exc`` instead of queueing it; its record is finished."""
+        self.metrics.count("rejected")
+        req = item.request
+        done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
+        done.records.append((item.partition, item.offset))
 
     def _suspect_expiry(self, item: WorkItem, deadline: float | None, now: float) -> float | None:
         """When a suspect (which skips the batcher) expires as the batcher would judge it:
-        the earlier of its deadline and its level's queue-policy timeout, counted from
-        ``now``; never where the level DELAYs expired requests. The sequence batcher
-        expires a request by its own deadline alone."""
+        ``plaza.batching.queue_deadline`` (the level's queue-policy timeout counted from
+        ``now``, which its deadline shortens only with ``allow_timeout_override``; a
+        deadline already passed), never where the level DELAYs expired requests. The
+        sequence batcher expires a request by its own deadline alone."""
         if self.sequences is not None:
             return deadline
         level = self.policy.level_of(
@@ -657,10 +667,7 @@ class Worker:
         qp = self.policy.queue_policy(level)
         if not qp.reject_on_timeout:
             return None
-        if qp.default_timeout_us:
-            configured = now + qp.default_timeout_us / 1e6
-            deadline = configured if deadline is None else min(deadline, configured)
-        return deadline
+        return queue_deadline(qp, deadline, now)
 
     def _defer(self, item: WorkItem, record: Record) -> bool:
         """Whether ``item`` waits for its sequence's state: the sequence is not held here

@@ -126,21 +126,29 @@ class ModelHost:
         assert self.channel is not None
         requests = [decode_request(raw) for raw in encoded]
         cancels = _Cancels(self.channel)
+        built = [self._try_pb_request(r, cancels) for r in requests]
+        pb_requests = [b for b in built if isinstance(b, pb_utils.InferenceRequest)]
         try:
-            responses = self.model.execute([self._pb_request(r, cancels) for r in requests])
+            responses = self.model.execute(pb_requests) if pb_requests else []
             if inspect.isawaitable(responses):  # async def execute
                 responses = self._event_loop().run_until_complete(responses)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         finally:
             cancels.close()
-        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+        if not isinstance(responses, list | tuple) or len(responses) != len(pb_requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses)
             return _failure(
                 f"execute must return a list of one InferenceResponse per request: got {got} "
-                f"for {len(requests)} requests"
+                f"for {len(pb_requests)} requests"
             )
-        results = [self._result(r, resp) for r, resp in zip(requests, responses, strict=True)]
+        answers = iter(responses)  # in the order of the requests the model was given
+        results = []
+        for req, made in zip(requests, built, strict=True):
+            if isinstance(made, pb_utils.TritonError):
+                results.append(self._result(req, pb_utils.InferenceResponse(error=made)))
+            else:
+                results.append(self._result(req, next(answers)))
         return {"results": [encode_result(res) for res in results]}
 
     def execute_decoupled(self, encoded: Sequence[bytes]) -> dict[str, Any]:
@@ -150,12 +158,18 @@ class ModelHost:
         assert self.channel is not None
         requests = [decode_request(raw) for raw in encoded]
         cancels = _Cancels(self.channel)
-        pb_requests = [self._pb_request(r, cancels) for r in requests]
         responses = _Responses(self.channel, requests, self._result, cancels)
-        for pb_request, sender in zip(pb_requests, responses.senders.values(), strict=True):
-            pb_request._sender = sender
+        pb_requests = []
+        for req, sender in zip(requests, responses.senders.values(), strict=True):
+            made = self._try_pb_request(req, cancels)
+            if isinstance(made, pb_utils.TritonError):  # closed at once with its error, alone
+                final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                sender.send(pb_utils.InferenceResponse(error=made), flags=final)
+                continue
+            made._sender = sender
+            pb_requests.append(made)
         try:
-            returned = self.model.execute(pb_requests)
+            returned = self.model.execute(pb_requests) if pb_requests else None
             if inspect.isawaitable(returned):
                 returned = self._event_loop().run_until_complete(returned)
             if returned is not None:
@@ -197,6 +211,18 @@ class ModelHost:
             if self.loop is not None:
                 self.loop.close()
         return {"ok": True}
+
+    def _try_pb_request(
+        self, req: InferRequest, cancels: _Cancels
+    ) -> pb_utils.InferenceRequest | pb_utils.TritonError:
+        """``_pb_request``, or the error of a request that cannot be handed to the model
+        (it is answered with it alone: one bad request never fails its batch-mates)."""
+        try:
+            return self._pb_request(req, cancels)
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            message = f"request {req.id!r} cannot be given to the model: {why}"
+            return pb_utils.TritonError(message, pb_utils.TritonError.INVALID_ARG)
 
     def _pb_request(self, req: InferRequest, cancels: _Cancels) -> pb_utils.InferenceRequest:
         inputs = []
