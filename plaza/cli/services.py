@@ -2,13 +2,17 @@
 
 ``up`` starts them (``plaza.stack.Services``) and keeps them until Ctrl-C or SIGTERM;
 ``deps`` fetches Kafka's jars and installs redis-server, then exits (``make services``).
+
+Every option is checked before anything is deleted or started (one ``error:`` line, exit
+status 1). ``--fresh`` deletes only the ``kafka/`` and ``redis/`` folders Plaza made in the
+data dir and refuses a data dir holding anything else. A Ctrl-C or SIGTERM while the
+services start stops what had started and exits 128 + the signal (Ctrl-C: 130).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import signal
 import sys
 import threading
@@ -17,8 +21,31 @@ from pathlib import Path
 from types import FrameType
 
 from plaza.stack import ServiceError, Services, ensure_kafka_jars, ensure_redis_server
+from plaza.stack.data_dir import prepare_data_dir
+from plaza.stack.errors import Interrupted
+from plaza.stack.ports import check_ports, require_free
 
-__all__ = ["run_services_cli", "stop_signals"]
+__all__ = ["interrupted_status", "run_services_cli", "stop_signals"]
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -30,12 +57,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     up.add_argument("--data-dir", default="var/services", help="where data and logs go")
     up.add_argument("--kafka-port", type=int, default=9092)
     up.add_argument(
-        "--kafka-nodes", type=int, default=1, help="KRaft nodes (ports from --kafka-port)"
+        "--kafka-nodes", type=_at_least_one, default=1, help="KRaft nodes (ports from --kafka-port)"
     )
     up.add_argument("--redis-port", type=int, default=6379)
     up.add_argument("--redis-password", default=None)
-    up.add_argument("--fresh", action="store_true", help="delete the data dir first")
-    up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    up.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete the data dir's kafka/ and redis/ first (refused if it holds anything else)",
+    )
+    up.add_argument(
+        "--timeout", type=_positive, default=120.0, help="seconds to wait for readiness"
+    )
     commands.add_parser("deps", help="fetch Kafka's jars and install redis-server, then exit")
     return parser.parse_args(argv)
 
@@ -54,10 +87,26 @@ def run_services_cli(argv: list[str] | None = None) -> int:
 
 
 def _services_up(args: argparse.Namespace) -> int:
+    services, data_dir = _prepare(args)
+    stopping = threading.Event()
+    with stop_signals(stopping) as received:
+        try:
+            services.start(stopping)
+            _print_addresses(services, data_dir)
+            return _watch(services, stopping)
+        except Interrupted:
+            print("interrupted while starting; stopping what had started", flush=True)
+            return interrupted_status(received)
+        finally:
+            services.stop()
+            print("services stopped", flush=True)
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Services, Path]:
+    """Check every option, then make the data dir and, with ``--fresh``, clear it: a bad
+    option deletes nothing and starts nothing."""
     data_dir = Path(args.data_dir).resolve()
-    if args.fresh:
-        shutil.rmtree(data_dir, ignore_errors=True)
-    services = Services(
+    services = Services(  # only records the options (and checks the password)
         data_dir,
         kafka_port=args.kafka_port,
         kafka_nodes=args.kafka_nodes,
@@ -65,15 +114,19 @@ def _services_up(args: argparse.Namespace) -> int:
         redis_password=args.redis_password,
         ready_timeout_s=args.timeout,
     )
-    stopping = threading.Event()
-    with stop_signals(stopping):
-        try:
-            services.start()
-            _print_addresses(services, data_dir)
-            return _watch(services, stopping)
-        finally:
-            services.stop()
-            print("services stopped", flush=True)
+    ports = services.ports()
+    owners = {
+        "--kafka-port": ports["kafka"],
+        "the Kafka controller (--kafka-port + --kafka-nodes)": ports["kafka controller"],
+        "--redis-port": ports["redis"],
+    }
+    check_ports(owners)
+    for owner, taken in owners.items():
+        require_free(taken, owner)
+    prepare_data_dir(data_dir)
+    if args.fresh:
+        Services.clear_data_dir(data_dir)
+    return services, data_dir
 
 
 def _print_addresses(services: Services, data_dir: Path) -> None:
@@ -91,28 +144,40 @@ def _print_addresses(services: Services, data_dir: Path) -> None:
 
 
 def _watch(services: Services, stopping: threading.Event) -> int:
-    """Wait for a stop signal; return 1 if a service dies first."""
+    """Wait for a stop signal; return 1 (exit code and log tail printed) if a service dies
+    first."""
     while not stopping.wait(0.5):
-        down = services.down()
-        if down:
-            print(f"error: {', '.join(down)} exited; see the logs", file=sys.stderr)
+        try:
+            services.check()
+        except ServiceError as exc:
+            print(f"error: {exc.message}", file=sys.stderr, flush=True)
             return 1
     return 0
 
 
+def interrupted_status(received: list[int]) -> int:
+    """The exit status after a stop signal: 128 + its number (Ctrl-C: 130)."""
+    return 128 + (received[0] if received else int(signal.SIGINT))
+
+
 @contextlib.contextmanager
-def stop_signals(stopping: threading.Event) -> Iterator[None]:
-    """SIGINT/SIGTERM set ``stopping`` (main thread only) instead of raising mid-start."""
+def stop_signals(stopping: threading.Event) -> Iterator[list[int]]:
+    """SIGINT/SIGTERM set ``stopping`` (main thread only) instead of raising mid-start.
+
+    Yields the list of the signals received, first first (for :func:`interrupted_status`).
+    """
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
         stopping.set()
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield received
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

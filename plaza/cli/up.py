@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from plaza.cli.services import stop_signals
+from plaza.cli.services import interrupted_status, stop_signals
 from plaza.errors import ConfigError, PlazaError
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
@@ -35,8 +35,11 @@ from plaza.stack import (
     http_ok,
     wait_for,
 )
-from plaza.stack.ports import free_port, require_free
+from plaza.stack.data_dir import prepare_data_dir
+from plaza.stack.errors import Interrupted, ServiceError
+from plaza.stack.ports import check_ports, free_port, require_free
 from plaza.stack.supervisor import ModelSupervisor
+from plaza.stack.waiting import until_stopped
 from plaza.tasks import cancel_and_wait
 
 WATCH_S = 0.5
@@ -245,14 +248,16 @@ def _start_following_host(dep: Deployment, group: ProcessGroup, settings: dict[s
 async def _ready_or_stopping(
     gateway: GatewayProcess, group: ProcessGroup, stopping: threading.Event, limit_s: float
 ) -> None:
-    """Until the gateway is ready or a stop was asked for; fails if a process exits."""
+    """Until the gateway is ready; fails if a process exits, and with :class:`Interrupted`
+    as soon as a stop is asked for."""
     url = f"{gateway.url}/v2/health/ready"
 
     async def ready() -> bool:
         group.check()
-        return stopping.is_set() or await asyncio.to_thread(http_ok, url)
+        return await asyncio.to_thread(http_ok, url)
 
-    await wait_for(ready, limit_s, f"the gateway at {url}", lambda: group.tails(10), poll_s=0.5)
+    wait = wait_for(ready, limit_s, f"the gateway at {url}", lambda: group.tails(10), poll_s=0.5)
+    await until_stopped(wait, stopping, "the gateway to be ready")
 
 
 async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> None:
@@ -266,11 +271,15 @@ async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> 
 
 
 async def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
-    """Until a stop signal (0) or until a process or service exits unasked (1)."""
+    """Until a stop signal (0) or until a process or service exits unasked (1: its exit
+    code and log tail printed)."""
     while not stopping.is_set():
-        dead = [p.name for p in group.started if p.crashed] + services.down()
-        if dead:
-            print(f"{', '.join(dead)} exited; stopping everything (see the logs)", flush=True)
+        try:
+            group.check()
+            services.check()
+        except ServiceError as exc:
+            print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
+            print("stopping everything", flush=True)
             return 1
         await asyncio.sleep(WATCH_S)
     return 0
@@ -292,8 +301,6 @@ async def _serve(
         task = asyncio.create_task(_supervise(supervisor, stopping))
     try:
         await _ready_or_stopping(gateway, group, stopping, args.ready_timeout)
-        if stopping.is_set():
-            return 0
         grpc_address = f"{HOST}:{args.grpc_port}"
         _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
         return await _watch(group, services, stopping)
@@ -306,8 +313,11 @@ async def _serve(
 def run_up(argv: list[str]) -> int:
     """``plaza up [flags]``: run everything until Ctrl-C or SIGTERM; the exit status.
 
-    A user error (an unknown model, no repository, a port in use, Java missing, a service
-    that does not come up) is one line on stderr and exit status 1, never a traceback.
+    A user error (an unknown model, no repository, a port in use or named twice, a data dir
+    that cannot be made, Java missing, a service that does not come up) is one line on
+    stderr and exit status 1, never a traceback; the options are checked before anything
+    starts. A Ctrl-C or SIGTERM before the gateway is ready stops what had started and
+    exits 128 + the signal (Ctrl-C: 130).
     """
     args = _parse(argv)
     try:
@@ -321,18 +331,19 @@ def run_up(argv: list[str]) -> int:
         if not plan and args.model_control_mode == "none":
             raise ConfigError(f"no model to serve in {args.repository}")
         _choose_ports(args)
-        metrics = [args.metrics_port] if args.metrics_port > 0 else []  # 0: free, < 0: off
-        require_free([args.http_port, args.grpc_port, *metrics], "the gateway")
+        data_dir = Path(args.data_dir).resolve()
+        services = Services(data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
+        _check_ports(args, services)
+        prepare_data_dir(data_dir)
     except PlazaError as exc:
         print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
         return 1
-    services = Services(args.data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
-    group = ProcessGroup(args.data_dir / "logs")
+    group = ProcessGroup(data_dir / "logs")
     stopping = threading.Event()
-    with stop_signals(stopping):
+    with stop_signals(stopping) as received:
         try:
             print("starting Kafka and Redis on 127.0.0.1 ...", flush=True)
-            services.start()
+            services.start(stopping)
             # Plaza's default prefixes (topics plaza.infer.<model>) and heartbeat.
             dep = services.deployment(
                 args.repository,
@@ -351,6 +362,9 @@ def run_up(argv: list[str]) -> int:
             )
             models = [m for m, _ in plan]
             return asyncio.run(_serve(gateway, group, services, stopping, args, supervisor, models))
+        except Interrupted:
+            print("plaza up: interrupted while starting", flush=True)
+            return interrupted_status(received)
         except PlazaError as exc:  # ServiceError, WaitTimeout (with the log to read), ...
             print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
             return 1
@@ -359,6 +373,31 @@ def run_up(argv: list[str]) -> int:
             group.stop_all(STOP_TIMEOUT_S)
             services.stop()
             print("stopped.", flush=True)
+
+
+def _port_owners(args: argparse.Namespace, services: Services) -> dict[str, list[int]]:
+    """Every port plaza up listens on, by the option that sets it (after _choose_ports)."""
+    workers = args.gateway_workers or 1  # gateway process i serves metrics on port + i
+    metrics = [args.metrics_port + i for i in range(workers)]
+    if args.metrics_port <= 0:  # 0: a free one, < 0: off
+        metrics = []
+    ports = services.ports()
+    return {
+        "--http-port": [args.http_port],
+        "--grpc-port": [args.grpc_port],
+        "--metrics-port": metrics,
+        "--kafka-port": ports["kafka"],
+        "the Kafka controller (--kafka-port + 1)": ports["kafka controller"],
+        "--redis-port": ports["redis"],
+    }
+
+
+def _check_ports(args: argparse.Namespace, services: Services) -> None:
+    """Ports out of range, used twice, or taken: refused before anything starts."""
+    owners = _port_owners(args, services)
+    check_ports(owners)
+    for owner, ports in owners.items():
+        require_free(ports, owner)
 
 
 def _layout(plan: list[tuple[str, int]], args: argparse.Namespace) -> str:

@@ -11,7 +11,7 @@ imported.
 """
 
 from plaza.stack.deployment import Deployment, new_prefix
-from plaza.stack.errors import ServiceError, WaitTimeout
+from plaza.stack.errors import Interrupted, ServiceError, ServiceOptionError, WaitTimeout
 from plaza.stack.install import ensure_kafka_jars, ensure_redis_server, find_java
 from plaza.stack.kafka_cluster import KafkaCluster, new_cluster_id
 from plaza.stack.members import (
@@ -30,7 +30,7 @@ from plaza.stack.process import ChildProcess, ProcessGroup
 from plaza.stack.redis_cluster import RedisClusterNodes
 from plaza.stack.redis_server import RedisServer
 from plaza.stack.services import Services
-from plaza.stack.waiting import wait_for
+from plaza.stack.waiting import until_stopped, wait_for
 
 __all__ = [
     "HOST",
@@ -38,11 +38,13 @@ __all__ = [
     "Deployment",
     "GatewayProcess",
     "HostProcess",
+    "Interrupted",
     "KafkaCluster",
     "ProcessGroup",
     "RedisClusterNodes",
     "RedisServer",
     "ServiceError",
+    "ServiceOptionError",
     "Services",
     "WaitTimeout",
     "WorkerProcess",
@@ -54,6 +56,7 @@ __all__ = [
     "http_url",
     "new_cluster_id",
     "new_prefix",
+    "until_stopped",
     "wait_assignment",
     "wait_for",
     "wait_http_ok",

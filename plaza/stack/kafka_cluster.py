@@ -16,10 +16,11 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
+from plaza.stack.data_dir import prepare_data_dir
 from plaza.stack.errors import ServiceError
 from plaza.stack.install import KAFKA_LOG4J2, REPO_ROOT, ensure_kafka_jars, find_java
 from plaza.stack.managed import READY_TIMEOUT_S, ManagedService
@@ -55,6 +56,9 @@ class KafkaCluster(ManagedService):
 
     Use as a context manager (start + wait_ready, then stop) or call the methods.
     """
+
+    OWN_ENTRIES: ClassVar[tuple[str, ...]] = (r"cluster\.id", r"node-\d+")
+    """What a cluster's data dir holds (full-match patterns): its id and one folder a node."""
 
     def __init__(
         self,
@@ -187,7 +191,7 @@ class KafkaCluster(ManagedService):
         lagging = list(expected)
 
         async def all_see_all() -> bool:
-            self._raise_if_crashed()
+            self.check()
             answers = await asyncio.gather(
                 *(self._brokers_seen_by(node, deadline) for node in lagging)
             )
@@ -223,7 +227,7 @@ class KafkaCluster(ManagedService):
         self._ensure_libs()
         if self._java is None:
             self._java = find_java()
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        prepare_data_dir(self.data_dir, "Kafka data dir")
         for node in self.node_ids:
             self.node_dir(node).mkdir(exist_ok=True)
             (self.node_dir(node) / "server.properties").write_text(self._properties(node))
@@ -363,7 +367,8 @@ class KafkaCluster(ManagedService):
         else:
             tmp.unlink(missing_ok=True)
 
-    def _raise_if_crashed(self) -> None:
+    def check(self) -> None:
+        """:class:`ServiceError` with the exit code and log tail of a node that exited unasked."""
         for node, proc in self._procs.items():
             if proc.crashed:
                 raise ServiceError(

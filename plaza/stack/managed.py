@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from types import TracebackType
 from typing import Self
 
-from plaza.stack.waiting import run_sync
+from plaza.stack.waiting import run_sync, until_stopped
 
 READY_TIMEOUT_S = 60.0
 
@@ -30,9 +31,16 @@ class ManagedService(ABC):
     async def wait_ready_async(self, timeout: float = READY_TIMEOUT_S) -> None:  # noqa: ASYNC109
         """Wait until the service answers over its own protocol; ServiceError if not."""
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Block until ready (safe to call inside a running event loop)."""
-        run_sync(lambda: self.wait_ready_async(timeout))
+    def wait_ready(
+        self, timeout: float = READY_TIMEOUT_S, stop: threading.Event | None = None
+    ) -> None:
+        """Block until ready (safe to call inside a running event loop).
+
+        Raises :class:`~plaza.stack.errors.Interrupted` as soon as ``stop`` is set (a
+        Ctrl-C while the service starts); what was started keeps running: stop it.
+        """
+        what = f"{type(self).__name__} to be ready"
+        run_sync(lambda: until_stopped(self.wait_ready_async(timeout), stop, what))
 
     def __enter__(self) -> Self:
         try:

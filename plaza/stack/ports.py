@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from plaza.stack.errors import ServiceError
+from plaza.stack.errors import ServiceError, ServiceOptionError
 
 HOST = "127.0.0.1"
 """Every service and Plaza process of the stack listens on loopback only."""
@@ -83,6 +83,23 @@ def require_free(ports: Sequence[int], what: str) -> None:
     taken = [port for port in ports if not port_free(port)]
     if taken:
         raise ServiceError(f"{what}: port(s) {taken} on {HOST} already in use")
+
+
+def check_ports(owners: Mapping[str, Sequence[int]]) -> None:
+    """:class:`ServiceOptionError` if a port is not a TCP port, or if two owners (options,
+    named by the keys) would use the same port; both checked before anything starts."""
+    every = [(owner, port) for owner, ports in owners.items() for port in ports]
+    wrong = [f"{owner} {port}" for owner, port in every if not 0 < port <= MAX_PORT]
+    if wrong:
+        raise ServiceOptionError(f"not a TCP port (1 to {MAX_PORT}): {', '.join(wrong)}")
+    first_owner: dict[int, str] = {}
+    clashes: dict[str, None] = {}  # ordered, without repeats
+    for owner, port in every:
+        other = first_owner.setdefault(port, owner)
+        if other != owner:
+            clashes[f"{other} and {owner} both use port {port}"] = None
+    if clashes:
+        raise ServiceOptionError("; ".join(clashes))
 
 
 def accepts(port: int) -> bool:

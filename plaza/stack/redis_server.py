@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Literal, Self
+from typing import ClassVar, Literal, Self
+from urllib.parse import quote
 
 import redis.asyncio
 import redis.exceptions
 
-from plaza.stack.errors import ServiceError
+from plaza.stack.data_dir import prepare_data_dir
+from plaza.stack.errors import ServiceError, ServiceOptionError
 from plaza.stack.install import ensure_redis_server
 from plaza.stack.managed import ManagedService
 from plaza.stack.ports import HOST, require_free
@@ -16,6 +19,18 @@ from plaza.stack.process import ChildProcess, tail_file
 from plaza.stack.waiting import wait_for
 
 REDIS_READY_TIMEOUT_S = 15.0
+_CONF_UNSAFE = re.compile(r'["\\\x00-\x1f\x7f]')
+"""What a double-quoted redis.conf value cannot hold as written: a quote, a backslash (an
+escape there), a newline or any other control character."""
+
+
+def check_password(password: str | None) -> None:
+    """:class:`ServiceOptionError` for a password redis.conf's ``requirepass`` cannot hold."""
+    if password and _CONF_UNSAFE.search(password):
+        raise ServiceOptionError(
+            "Redis password: a double quote, a backslash, a newline or another control "
+            "character cannot be written to redis.conf; choose another password"
+        )
 
 
 class RedisServer(ManagedService):
@@ -27,6 +42,13 @@ class RedisServer(ManagedService):
     Use as a context manager (start + wait_ready, then stop) or call the methods.
     """
 
+    OWN_ENTRIES: ClassVar[tuple[str, ...]] = (
+        r"redis\.conf", r"redis\.log", r"stdout\.log", r"appendonlydir", r"dump\.rdb",
+        r"temp-.+",
+    )  # fmt: skip
+    """What a Redis data dir holds (full-match patterns): config, logs, AOF, a SAVE's RDB
+    and Redis's temporary files."""
+
     def __init__(
         self,
         data_dir: Path | str,
@@ -36,6 +58,7 @@ class RedisServer(ManagedService):
         appendfsync: Literal["always", "everysec", "no"] = "everysec",
         binary: str | None = None,
     ) -> None:
+        check_password(password)
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.password = password
@@ -45,8 +68,8 @@ class RedisServer(ManagedService):
 
     @property
     def url(self) -> str:
-        """``redis://[:password@]127.0.0.1:port/0``."""
-        auth = f":{self.password}@" if self.password else ""
+        """``redis://[:password@]127.0.0.1:port/0``, the password percent-encoded."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
         return f"redis://{auth}{HOST}:{self.port}/0"
 
     @property
@@ -72,7 +95,7 @@ class RedisServer(ManagedService):
         if self._binary is None:
             self._binary = ensure_redis_server()
         require_free([self.port], "Redis")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        prepare_data_dir(self.data_dir, "Redis data dir")
         self.config_file.write_text(self._config())
         argv = [self._binary, str(self.config_file)]
         proc = ChildProcess("redis", argv, self.data_dir / "stdout.log", cwd=self.data_dir)
@@ -107,7 +130,7 @@ class RedisServer(ManagedService):
         )  # fmt: skip
 
         async def pong() -> bool:
-            self._raise_if_crashed()
+            self.check()
             try:
                 return bool(await client.ping())
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
@@ -148,6 +171,8 @@ class RedisServer(ManagedService):
         own = "\n" + self._proc.tail(10) if self._proc is not None else ""
         return tail_file(self.log_file) + own
 
-    def _raise_if_crashed(self) -> None:
+    def check(self) -> None:
+        """:class:`ServiceError` with its exit code and logs' tails if it exited unasked."""
         if self._proc is not None and self._proc.crashed:
-            raise ServiceError(f"redis-server exited\n{self._tail()}")
+            code = self._proc.exit_code
+            raise ServiceError(f"redis-server exited with code {code}\n{self._tail()}")

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from plaza.stack.data_dir import Layout, clear_data_dir
 from plaza.stack.deployment import Deployment
+from plaza.stack.errors import Interrupted, ServiceError
 from plaza.stack.kafka_cluster import KafkaCluster
 from plaza.stack.ports import free_port
 from plaza.stack.redis_server import RedisServer
 
 KAFKA_READY_S = 120.0
+KAFKA_DIR = "kafka"
+REDIS_DIR = "redis"
+LAYOUT: Layout = {KAFKA_DIR: KafkaCluster.OWN_ENTRIES, REDIS_DIR: RedisServer.OWN_ENTRIES}
+"""What a data dir of :class:`Services` holds: a folder per service, each its own layout."""
 
 
 class Services:
@@ -40,11 +47,11 @@ class Services:
         if bootstrap is None:
             port = kafka_port if kafka_port is not None else free_port(count=2 * kafka_nodes)
             self.kafka = KafkaCluster(
-                data_dir / "kafka", nodes=kafka_nodes, port=port, fast_start=fast_start
+                data_dir / KAFKA_DIR, nodes=kafka_nodes, port=port, fast_start=fast_start
             )
         if redis_url is None:
             port = redis_port if redis_port is not None else free_port()
-            self.redis = RedisServer(data_dir / "redis", port=port, password=redis_password)
+            self.redis = RedisServer(data_dir / REDIS_DIR, port=port, password=redis_password)
         self._bootstrap = bootstrap
         self._redis_url = redis_url
         self.ready_timeout_s = ready_timeout_s
@@ -76,16 +83,54 @@ class Services:
             gone.append("redis")
         return gone
 
-    def start(self) -> Self:
-        """Start what is started here and wait until it answers (both start at once)."""
+    @staticmethod
+    def clear_data_dir(data_dir: Path) -> None:
+        """Delete what Services made in ``data_dir`` (a fresh start); refuse, deleting
+        nothing, if it holds anything else (``plaza.stack.data_dir``)."""
+        clear_data_dir(data_dir, LAYOUT)
+
+    def ports(self) -> dict[str, list[int]]:
+        """The ports of the services started here, by role (``kafka``, ``kafka controller``,
+        ``redis``; a role with none started here is left out)."""
+        ports: dict[str, list[int]] = {}
+        if self.kafka is not None:
+            nodes = list(self.kafka.node_ids)
+            ports["kafka"] = [self.kafka.port + n for n in nodes]
+            ports["kafka controller"] = [self.kafka.controller_port + n for n in nodes]
+        if self.redis is not None:
+            ports["redis"] = [self.redis.port]
+        return ports
+
+    def check(self) -> None:
+        """:class:`ServiceError` with the exit code and log tail of every service started
+        here that exited without being asked to."""
+        failures = []
+        for service in (self.kafka, self.redis):
+            if service is None:
+                continue
+            try:
+                service.check()
+            except ServiceError as exc:
+                failures.append(exc.message)
+        if failures:
+            raise ServiceError("\n".join(failures))
+
+    def start(self, stop: threading.Event | None = None) -> Self:
+        """Start what is started here and wait until it answers (both start at once).
+
+        Once ``stop`` is set (Ctrl-C, SIGTERM) it raises :class:`Interrupted` at the next
+        step or within a moment of a readiness wait; what had started still runs then:
+        call :meth:`stop`.
+        """
         if self.redis is not None:
             self.redis.start()
         if self.kafka is not None:
+            _stop_point(stop, "before starting Kafka")
             self.kafka.start()
         if self.redis is not None:
-            self.redis.wait_ready(self.ready_timeout_s)
+            self.redis.wait_ready(self.ready_timeout_s, stop)
         if self.kafka is not None:
-            self.kafka.wait_ready(self.ready_timeout_s)
+            self.kafka.wait_ready(self.ready_timeout_s, stop)
         return self
 
     def stop(self) -> None:
@@ -106,3 +151,8 @@ class Services:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _stop_point(stop: threading.Event | None, where: str) -> None:
+    if stop is not None and stop.is_set():
+        raise Interrupted(f"stopped {where}")

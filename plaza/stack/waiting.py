@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from plaza.stack.errors import WaitTimeout
+from plaza.stack.errors import Interrupted, WaitTimeout
 
 POLL_S = 0.02
 """Default interval between two looks at the condition."""
@@ -46,6 +47,35 @@ async def wait_for(
             extra = f"\n{detail()}" if detail is not None else ""
             raise WaitTimeout(f"timed out after {limit_s:.0f}s waiting for {what}{extra}")
         await asyncio.sleep(poll_s)
+
+
+async def until_stopped(
+    wait: Awaitable[T],
+    stop: threading.Event | None,
+    what: str = "a condition",
+    *,
+    poll_s: float = POLL_S,
+) -> T:
+    """Await ``wait`` unless ``stop`` is set first: then cancel it and raise
+    :class:`Interrupted` naming ``what``.
+
+    ``stop`` is a thread event (a signal handler on the main thread sets it), so a Ctrl-C
+    ends a readiness wait within ``poll_s`` even while one look at the condition (a
+    metadata request, an HTTP GET) is still under way.
+    """
+    task = asyncio.ensure_future(wait)
+    if stop is None:
+        return await task
+    try:
+        while not task.done():
+            if stop.is_set():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)  # its cleanup runs now
+                raise Interrupted(f"stopped while waiting for {what}")
+            await asyncio.wait({task}, timeout=poll_s)
+        return task.result()
+    finally:
+        task.cancel()  # a no-op once done; ends it if we were cancelled ourselves
 
 
 def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
