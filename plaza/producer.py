@@ -197,9 +197,11 @@ class Producer:
     ) -> InferResult:
         """Publish ``req`` and wait up to ``timeout_s`` for its result (errors included).
 
-        Unavailable when Kafka does not acknowledge it in time (the job is not marked).
-        After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer comes
-        in time: the job is marked and stays pollable under that id. A response cache hit
+        Unavailable when Kafka does not acknowledge it within ``kafka.request_timeout_ms``
+        (the job is not marked); the ack is awaited that long even when ``timeout_s`` is
+        shorter. After the ack, DeadlineExceeded with ``details["job_id"]`` when no answer
+        has come within ``timeout_s`` (it may have passed while the ack was awaited): the
+        job is marked and stays pollable under that id. A response cache hit
         is answered at once, unpublished. When the caller cancels the wait (a cancelled
         gRPC call), a ``cancelled`` answer is stored for the request, so that a worker that
         has not run it yet skips it. Unsupported for a decoupled model (``infer_stream``).
@@ -233,8 +235,9 @@ class Producer:
         with self.inflight.hold(request_bytes(ready.req)):
             fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
             try:
-                left = timeout_s - (time.monotonic() - started)
-                await self._publisher.publish(ready.req, ready.topic, timeout_s=left)
+                # Kafka's own limit bounds the ack, not the caller's: a record it may still
+                # take must end as a timeout with its job id, never as a retriable 503.
+                await self._publisher.publish(ready.req, ready.topic)
                 left = timeout_s - (time.monotonic() - started)
                 return await self._await_reply(fut, ready, spec, left, timeout_s)
             except asyncio.CancelledError:
@@ -272,8 +275,7 @@ class Producer:
             responses = mux.expect_responses(ready.req.id, limit)  # before publishing
             final = False
             try:
-                left = timeout_s - (time.monotonic() - started)
-                await self._publisher.publish(ready.req, ready.topic, timeout_s=left)
+                await self._publisher.publish(ready.req, ready.topic)  # as in infer
                 left = timeout_s - (time.monotonic() - started)
                 while not final:
                     nxt = anext(responses)
@@ -408,7 +410,8 @@ class Producer:
             pass
         await self._mark(ready, spec)  # published and acknowledged: the job is real
         raise DeadlineExceeded(
-            f"no {what} within {timeout_s:g} s; poll the job for it", job_id=ready.req.id
+            f"no {what} within {timeout_s:g} s; poll job {ready.req.id} for it",
+            job_id=ready.req.id,
         )
 
     def _cancel_later(self, req: InferRequest) -> None:

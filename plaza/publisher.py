@@ -54,17 +54,15 @@ class RequestPublisher:
             await self._producer.stop()
             self._producer = None
 
-    async def publish(
-        self, req: InferRequest, topic: str, *, timeout_s: float | None = None
-    ) -> None:
+    async def publish(self, req: InferRequest, topic: str) -> None:
         """Send ``req`` to ``topic`` and wait for the broker's acknowledgement (acks=all).
 
-        Unavailable when Kafka does not take or acknowledge it within ``timeout_s`` (at most
-        ``kafka.request_timeout_ms``); the record may still arrive later, so a retry should
-        reuse the correlation id (workers answer an id once).
+        Unavailable when Kafka does not take or acknowledge it within
+        ``kafka.request_timeout_ms``; the record may still arrive later, so a retry should
+        reuse the correlation id (workers answer an id once). No caller's deadline shortens
+        the wait: a wait cut short would call a record Kafka may take unsent.
         """
         limit_s = self._kafka.request_timeout_ms / 1000
-        limit_s = limit_s if timeout_s is None else min(limit_s, timeout_s)
         try:
             async with asyncio.timeout(limit_s):
                 await (await self.send(req, topic))
