@@ -14,6 +14,9 @@ inputs and outputs are read. Triton's rules for ONNX models:
 - a batching model's dims are the rest of each shape, another's the whole shape; a
   dimension of free size is -1; element types map to Triton's (``tensor(float)`` ->
   ``TYPE_FP32``, ``tensor(string)`` -> ``TYPE_STRING``, ...);
+- dims may not be empty: a batching model's tensor of shape ``[batch]`` (one value a row)
+  gets ``dims: [ 1 ]`` and ``reshape: { shape: [ ] }``, as Triton's ONNX Runtime backend
+  writes it (clients send and get ``[batch, 1]``);
 - what the config names stays as written: its inputs (or outputs) are completed only when
   it names none, and a config that names both is not touched.
 
@@ -165,4 +168,6 @@ def _add(
                 f"write its {kind}s in config.pbtxt",
                 file=source,
             )
-        field.add(name=name, data_type=mc.DataType.Value(data_type), dims=dims)
+        tensor = field.add(name=name, data_type=mc.DataType.Value(data_type), dims=dims or [1])
+        if not dims:  # [batch]: one value a row, sent as [batch, 1] (Triton's ORT backend)
+            tensor.reshape.SetInParent()

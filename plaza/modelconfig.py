@@ -8,6 +8,7 @@ the version policy and the instance count. Errors name the file and the field.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza import reshape as reshaping
@@ -33,6 +35,7 @@ BACKEND_PYTHON = "python"
 PLATFORM_ENSEMBLE = "ensemble"
 """Runs no backend: an ensemble runner (``workers/ensemble.py``) calls its steps' models."""
 _BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
+"""The backends Triton ties to a platform that Plaza serves (Triton checks the pair)."""
 DEFAULT_FILENAMES = {
     PLATFORM_ONNX: "model.onnx",
     PLATFORM_TORCH: "model.pt",
@@ -252,10 +255,8 @@ def parse_model_config(
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"{source}: {exc}", file=source) from exc
-    if complete is not None:
-        complete(config)
-    return _spec_from_config(config, source=source, default_name=default_name)
+        raise _parse_error(exc, text, source) from exc
+    return _completed_spec(config, source, default_name, complete)
 
 
 def parse_model_config_json(
@@ -267,10 +268,63 @@ def parse_model_config_json(
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
-        raise ConfigError(f"{source}: {exc}", file=source) from exc
+        raise ConfigError(f"{source}: {_printable(str(exc))}", file=source) from exc
+    return _completed_spec(config, source, default_name, complete)
+
+
+def _completed_spec(
+    config: mc.ModelConfig, source: str, default_name: str, complete: Completion | None
+) -> ModelSpec:
+    """Check a parsed config's enum numbers, ``complete`` it, and read it."""
+    _check_enums(config, source)  # before completion: it may read them
     if complete is not None:
         complete(config)
     return _spec_from_config(config, source=source, default_name=default_name)
+
+
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+"""What a byte that is not UTF-8 decodes to with ``surrogateescape``."""
+
+
+def _parse_error(exc: text_format.ParseError, text: str, source: str) -> ConfigError:
+    """The ConfigError of a text that does not parse; one that names the line when that
+    line holds bytes that are not UTF-8 outside a comment (a string must be UTF-8)."""
+    number = exc.GetLine() or 0
+    lines = text.split("\n")
+    if 0 < number <= len(lines) and _NOT_UTF8.search(lines[number - 1]):
+        message = f"line {number} holds bytes that are not UTF-8 (only a comment may)"
+        return ConfigError(f"{source}: {message}", file=source)
+    return ConfigError(f"{source}: {_printable(str(exc))}", file=source)
+
+
+def _printable(message: str) -> str:
+    """``message`` with any lone surrogate (a byte that was not UTF-8) as an escape."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_enums(message: Message, source: str, prefix: str = "") -> None:
+    """Refuse an enum field holding a number its enum has no name for (protobuf keeps any
+    number for Triton's open enums, from text or JSON alike; Triton knows none of them):
+    ConfigError naming the field, e.g. ``input[0].data_type``."""
+    for fd, value in message.ListFields():
+        where = f"{prefix}{fd.name}"
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            inner = fd.message_type.fields_by_name["value"]
+            for key, item in value.items():
+                _check_enum_value(inner, item, source, f"{where}[{key}]")
+        elif fd.is_repeated:
+            for i, item in enumerate(value):
+                _check_enum_value(fd, item, source, f"{where}[{i}]")
+        else:
+            _check_enum_value(fd, value, source, where)
+
+
+def _check_enum_value(fd: FieldDescriptor, value: Any, source: str, where: str) -> None:
+    if fd.message_type is not None:
+        _check_enums(value, source, f"{where}.")
+    elif fd.enum_type is not None and value not in fd.enum_type.values_by_number:
+        names = ", ".join(v.name for v in fd.enum_type.values)
+        raise _fail(source, where, f"{value} is not a {fd.enum_type.name} ({names})")
 
 
 def load_model_config(
@@ -279,9 +333,12 @@ def load_model_config(
     """Read ``<model>/config.pbtxt``; the model name defaults to ``name``, else to the
     folder's name."""
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}", file=str(path)) from exc
+    # Triton's parser reads bytes: a comment may hold any (a Latin-1 one, say). Bytes that
+    # are not UTF-8 are kept apart (surrogateescape), so only a string holding them fails.
+    text = raw.decode("utf-8", "surrogateescape")
     default = name or path.parent.name
     return parse_model_config(text, source=str(path), default_name=default, complete=complete)
 
@@ -289,7 +346,31 @@ def load_model_config(
 _fail = ConfigError.at
 
 
+def _check_backend(config: mc.ModelConfig, source: str) -> None:
+    """A named backend: one Plaza serves, not beside ``platform: "ensemble"``, and, for a
+    backend Triton ties to a platform, beside that platform only (Triton: "unexpected
+    'platform' and 'backend' pair"). Like Triton, the Python backend takes any platform."""
+    backend, platform = config.backend, config.platform
+    if not backend:
+        return
+    served = (*_BACKEND_PLATFORM, BACKEND_PYTHON, BACKEND_SIMULATED)
+    if backend not in served:
+        supported = ", ".join(served)
+        raise _fail(source, "backend", f"unsupported backend {backend!r} (supported: {supported})")
+    if platform == PLATFORM_ENSEMBLE:
+        raise _fail(source, "backend", f"{backend!r}: an ensemble names no backend")
+    expected = _BACKEND_PLATFORM.get(backend, platform)
+    if platform and platform != expected:
+        raise _fail(
+            source,
+            "backend",
+            f"unexpected 'platform' and 'backend' pair {platform!r}, {backend!r} "
+            f"(backend {backend!r} is platform {expected!r})",
+        )
+
+
 def _platform(config: mc.ModelConfig, source: str) -> str:
+    _check_backend(config, source)
     if config.backend == "plaza_simulated" or config.platform == BACKEND_SIMULATED:
         return BACKEND_SIMULATED
     if config.backend == BACKEND_PYTHON:
@@ -373,6 +454,12 @@ def _ensemble_steps(
     return steps
 
 
+_DIMS_REQUIRED = (
+    "is required, with at least one dim (a batched tensor of one value a row is "
+    "dims: [ 1 ] with reshape: { shape: [ ] })"
+)
+
+
 def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[TensorSpec, ...]:
     specs: list[TensorSpec] = []
     seen: set[str] = set()
@@ -386,8 +473,8 @@ def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[T
         if item.data_type == mc.TYPE_INVALID:
             raise _fail(source, f"{where}.data_type", "is required")
         dims = tuple(int(d) for d in item.dims)
-        if not dims and not batching:
-            raise _fail(source, f"{where}.dims", "is required when max_batch_size is 0")
+        if not dims:
+            raise _fail(source, f"{where}.dims", _DIMS_REQUIRED)
         if any(d < -1 or d == 0 for d in dims):
             raise _fail(source, f"{where}.dims", f"{list(dims)}: each dim is -1 or positive")
         type_name = mc.DataType.Name(item.data_type)
@@ -396,21 +483,26 @@ def _tensor_specs(items: Any, kind: str, source: str, batching: bool) -> tuple[T
         except ConfigError as exc:
             raise _fail(source, f"{where}.data_type", exc.message) from exc
         optional = bool(getattr(item, "optional", False))
-        specs.append(
-            TensorSpec(item.name, datatype, dims, optional, _reshape(item, kind, where, source))
-        )
+        reshape = _reshape(item, kind, where, source, batching)
+        specs.append(TensorSpec(item.name, datatype, dims, optional, reshape))
     if not specs:
         raise _fail(source, kind, "at least one is required")
     return tuple(specs)
 
 
-def _reshape(item: Any, kind: str, where: str, source: str) -> tuple[int, ...] | None:
+def _reshape(
+    item: Any, kind: str, where: str, source: str, batching: bool
+) -> tuple[int, ...] | None:
     """A tensor's checked ``reshape.shape`` (None without one). An input goes from dims to
     it, an output from it to dims: the shape reshaped to may hold one -1, and where the
-    other is fixed the element counts must be able to agree."""
+    other is fixed the element counts must be able to agree. Empty only when the model
+    batches (Triton's: a model that does not batch has no scalar tensors)."""
     if not item.HasField("reshape"):
         return None
     shape = tuple(int(d) for d in item.reshape.shape)
+    if not shape and not batching:
+        scalar = "cannot be empty for a model that does not batch (no scalar tensors)"
+        raise _fail(source, f"{where}.reshape", scalar)
     if any(d < -1 or d == 0 for d in shape):
         raise _fail(source, f"{where}.reshape", f"{list(shape)}: each dim is -1 or positive")
     dims = tuple(int(d) for d in item.dims)
@@ -435,8 +527,8 @@ def _batching(config: mc.ModelConfig, source: str) -> DynamicBatching:
         return DynamicBatching()
     db = config.dynamic_batching
     preferred = tuple(sorted(int(s) for s in db.preferred_batch_size))
-    for size in preferred:
-        if size < 1 or (config.max_batch_size and size > config.max_batch_size):
+    for size in preferred:  # Triton's: positive, and none past max_batch_size (0 takes none)
+        if size < 1 or size > config.max_batch_size:
             raise _fail(
                 source,
                 "dynamic_batching.preferred_batch_size",

@@ -24,6 +24,8 @@ from plaza.naming import CONFIG_NAME_PATTERN, check_model_name, folder_version
 from plaza.settings import PlazaSettings
 
 CONFIG_FILENAME = "config.pbtxt"
+DIGIT_FOLDERS = "[0-9]*"
+"""The subfolders that make a folder without a config a model (a glob pattern)."""
 CONFIGS_DIR = "configs"
 """Where a model keeps its named configs (``configs/<name>.pbtxt``, Triton's layout)."""
 
@@ -69,8 +71,10 @@ class ModelRepository:
             complete(config, folder, source)
 
     def model_names(self) -> list[str]:
-        """Every folder that holds a config.pbtxt, or a version folder with a model.onnx or
-        a model.py (a config made from the model), sorted."""
+        """Every folder that holds a config.pbtxt, or a subfolder whose name starts with a
+        digit holding a model.onnx or a model.py (a config made from the model), sorted.
+        One whose subfolders name no version (``01/``) is listed, and fails to load
+        (``spec``: a bad_config), as a model folder without a version fails in Triton."""
         if not self.root.is_dir():
             raise ConfigError(f"model repository {self.root} is not a folder", file=str(self.root))
         configured = {p.parent.name for p in self.root.glob(f"*/{CONFIG_FILENAME}")}
@@ -80,7 +84,7 @@ class ModelRepository:
         unconfigured = {
             p.parent.parent.name
             for filename in (MODEL_FILENAME, PYTHON_FILENAME)
-            for p in self.root.glob(f"*/[0-9]*/{filename}")
+            for p in self.root.glob(f"*/{DIGIT_FOLDERS}/{filename}")
         }
         return sorted(configured | {n for n in unconfigured if _is_model_name(n)})
 
@@ -89,7 +93,7 @@ class ModelRepository:
         # the root; it may be a symlink to a folder elsewhere, as in Triton.
         check_model_name(name)
         path = self.root / name
-        if not self.config_path(path).is_file() and not _has_model_file(path):
+        if not self.config_path(path).is_file() and not _digit_folder_model_file(path):
             raise ModelNotFound(f"model {name!r} is not in the repository", model=name)
         return path
 
@@ -111,6 +115,12 @@ class ModelRepository:
         path = self.config_path(folder)
         if path.is_file():
             return load_model_config(path, lambda c: self.complete(c, folder, str(path)), name)
+        if not _has_model_file(folder):
+            raise ConfigError(
+                f"{folder}: no config.pbtxt, and no version folder holds a model file "
+                "(a version folder is named by a number with no leading zero: 1, 12)",
+                file=str(folder),
+            )
         source = f"{folder} (no config.pbtxt: made from its model file)"
         if not self.auto_complete:
             source = f"{folder} (no config.pbtxt, and completion is off)"
@@ -158,6 +168,13 @@ class ModelRepository:
 def _has_model_file(folder: Path) -> bool:
     """A version folder of ``folder`` holds a model file a config can be made from."""
     return any(model_file(folder, f) is not None for f in (MODEL_FILENAME, PYTHON_FILENAME))
+
+
+def _digit_folder_model_file(folder: Path) -> bool:
+    """A subfolder of ``folder`` whose name starts with a digit holds a model file: what
+    makes a folder without a config a model in the listing (``model_names``), a version
+    folder or not (``01/``)."""
+    return any(any(folder.glob(f"{DIGIT_FOLDERS}/{f}")) for f in (MODEL_FILENAME, PYTHON_FILENAME))
 
 
 def _is_model_name(name: str) -> bool:
