@@ -3,15 +3,17 @@
 Workers run the models, so workers count; the gateway answers Triton's statistics API. They
 meet in Redis: one hash per model version (``Names.model_stats_key``) holding cumulative
 counters. Each worker keeps its totals in memory (``ModelStatistics``) and, with every
-heartbeat, adds what changed since its last flush (``HINCRBY``, in ``FLUSH_SCRIPT``), so the
+heartbeat, adds what changed since its last flush (``HINCRBY``, in
+``SEQUENCED_FLUSH_SCRIPT``, each change once however its call ends: ``FlushLog``), so the
 hash is the sum over every worker that ever served the version. ``last_inference`` is the
 maximum instead of a sum. The gateway reads the hash back (``from_fields``) and renders
 Triton's JSON (``to_triton``).
 
 The response cache's hits and misses (``cache_hit``, ``cache_miss``) never reach a worker:
 the producer core that looked them up (a gateway's, an SDK client's) adds them to the same
-hash, every ``plaza.response_cache.STATS_FLUSH_S``; a hit also counts as a success, as in
-Triton (whose ``success`` includes cache hits and whose ``inference_count`` does not).
+hash, every ``plaza.response_cache.STATS_FLUSH_S`` (``FLUSH_SCRIPT``); a hit also counts as
+a success, as in Triton (whose ``success`` includes cache hits and whose
+``inference_count`` does not).
 
 Hash fields: ``inference_count``, ``execution_count``, ``last_inference`` (epoch ms),
 ``<phase>.count`` / ``<phase>.ns`` for the phases success, fail, queue, compute_input,
@@ -28,9 +30,12 @@ other model has none, and its JSON an empty ``response_stats``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from plaza.naming import Names
 
 LAST_INFERENCE = "last_inference"
 REQUEST_PHASES = (
@@ -56,26 +61,75 @@ RESPONSE_PHASES = (
 )
 """The entries of each ``response_stats`` element (Triton's InferResponseStatistics)."""
 
-# KEYS: one statistics hash per model version, all of one model (a worker's versions, or one
-# hash): they share the model's hash tag, so on a Redis Cluster the call stays in one slot.
-# ARGV: ttl, then per key: last inference (epoch ms), n, then n (field, increment) pairs.
-FLUSH_SCRIPT = """
-local ttl = ARGV[1]
-local at = 2
-for k = 1, #KEYS do
-  local key, last, n = KEYS[k], tonumber(ARGV[at]), tonumber(ARGV[at + 1])
-  at = at + 2
-  for _ = 1, n do
-    redis.call('HINCRBY', key, ARGV[at], ARGV[at + 1])
-    at = at + 2
+# One hash's part of ARGV, in both scripts: its last inference (epoch ms), n, then n (field,
+# increment) pairs. ``add`` applies the part at ARGV[at]; ``skip`` passes it over. Each
+# returns where the next part starts.
+_PARTS = """
+local function add(key, at)
+  local last, n = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  for i = at + 2, at + 2 * n, 2 do
+    redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
   end
   if last > tonumber(redis.call('HGET', key, 'last_inference') or '0') then
     redis.call('HSET', key, 'last_inference', last)
   end
-  redis.call('EXPIRE', key, ttl)
+  return at + 2 + 2 * n
+end
+local function skip(at)
+  return at + 2 + 2 * tonumber(ARGV[at + 1])
+end
+"""
+
+# KEYS: one statistics hash per model version, all of one model (a worker's versions, or one
+# hash): they share the model's hash tag, so on a Redis Cluster the call stays in one slot.
+# ARGV: ttl, then one part per key. Adds what it is given, each time it runs: for counts
+# that are taken once, lost rather than repeated (the response cache's).
+FLUSH_SCRIPT = (
+    _PARTS
+    + """
+local at = 2
+for k = 1, #KEYS do
+  at = add(KEYS[k], at)
+  redis.call('EXPIRE', KEYS[k], ARGV[1])
 end
 return #KEYS
 """
+)
+
+# A worker's flush, applied at most once however often it is sent (``FlushLog``).
+# KEYS: the statistics hashes of one model, then the flusher's marker (``flusher_key``): the
+# sequence number of the last flush of this flusher that was applied. All share the model's
+# hash tag. ARGV: ttl, the number of flushes, then per flush: its sequence number, its
+# number of parts m, and m times a key's index in KEYS followed by that key's part. A flush
+# whose number is not above the marker's was applied before: it is passed over.
+SEQUENCED_FLUSH_SCRIPT = (
+    _PARTS
+    + """
+local ttl, flushes = ARGV[1], tonumber(ARGV[2])
+local marker = KEYS[#KEYS]
+local applied = tonumber(redis.call('GET', marker) or '0')
+local at = 3
+for _ = 1, flushes do
+  local seq, m = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  at = at + 2
+  for _ = 1, m do
+    if seq > applied then
+      at = add(KEYS[tonumber(ARGV[at])], at + 1)
+    else
+      at = skip(at + 1)
+    end
+  end
+  if seq > applied then
+    applied = seq
+  end
+end
+for k = 1, #KEYS - 1 do
+  redis.call('EXPIRE', KEYS[k], ttl)
+end
+redis.call('SET', marker, applied, 'EX', ttl)
+return applied
+"""
+)
 
 
 @dataclass(slots=True)
@@ -246,18 +300,91 @@ class ModelStatistics:
         }
 
 
-def flush_arguments(
-    changes: list[tuple[str, int, dict[str, int]]], ttl_s: int
-) -> tuple[list[str], list[int | str]]:
+Change = tuple[str, int, dict[str, int]]
+"""A statistics hash's key, its last inference (epoch ms) and what to add to its fields."""
+
+MAX_UNCONFIRMED_FLUSHES = 8
+"""A ``FlushLog`` holds at most this many flushes whose reply never came; past it, a flush
+sends those again and nothing new (which waits, counted, for their reply)."""
+
+
+def _part(last: int, increments: Mapping[str, int]) -> list[int | str]:
+    part: list[int | str] = [last, len(increments)]
+    for name, amount in increments.items():
+        part += [name, amount]
+    return part
+
+
+def flush_arguments(changes: list[Change], ttl_s: int) -> tuple[list[str], list[int | str]]:
     """KEYS and ARGV of ``FLUSH_SCRIPT`` for (key, last inference, increments) triples."""
     keys: list[str] = []
     args: list[int | str] = [ttl_s]
     for key, last, increments in changes:
         keys.append(key)
-        args += [last, len(increments)]
-        for name, amount in increments.items():
-            args += [name, amount]
+        args += _part(last, increments)
     return keys, args
+
+
+def flusher_key(names: Names, model: str, flusher: str) -> str:
+    """The marker of ``flusher``'s applied flushes (``SEQUENCED_FLUSH_SCRIPT``): named as a
+    statistics hash of ``model`` whose version no model has, so it shares the model's hash
+    tag (and slot) and readers, who ask for served versions only, never meet it."""
+    return names.model_stats_key(model, f"flusher:{flusher}")
+
+
+@dataclass(slots=True)
+class FlushLog:
+    """One flusher's way of adding its totals to the statistics hashes exactly once.
+
+    Each flush is the change since the previous one, under the next sequence number; it
+    stays here until a reply shows Redis ran the call that carried it, and every call
+    carries all the flushes still here. The script applies a flush only when its number is
+    above the flusher's marker, so a flush that ran but whose reply was lost (a cancelled
+    heartbeat, a dropped connection, a client's retry) is passed over when sent again, and
+    one that never ran is applied then, before the newer ones: the hashes always hold the
+    totals of the marker's flush.
+    """
+
+    flusher: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """This flusher's id: new for every ``WorkerMetrics`` (a worker id may be reused by a
+    worker started again, whose numbers start again from 1)."""
+    seq: int = 0
+    """The newest flush's sequence number (0: none yet)."""
+    sent: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The fields of each hash as of the newest flush (what the next one counts from)."""
+    unconfirmed: list[tuple[int, list[Change]]] = field(default_factory=list)
+    """The flushes not known to be applied, oldest first."""
+
+    def add(self, totals: Mapping[str, Mapping[str, int]]) -> None:
+        """Log a flush of ``totals`` (fields by statistics hash key): the change since the
+        newest one. Nothing when ``MAX_UNCONFIRMED_FLUSHES`` are unconfirmed already."""
+        if len(self.unconfirmed) >= MAX_UNCONFIRMED_FLUSHES or not totals:
+            return
+        changes = [
+            (key, fields.get(LAST_INFERENCE, 0), increments(fields, self.sent.get(key, {})))
+            for key, fields in totals.items()
+        ]
+        self.seq += 1
+        self.unconfirmed.append((self.seq, changes))
+        self.sent = {key: dict(fields) for key, fields in totals.items()}
+
+    def confirmed(self, through: int) -> None:
+        """A call that carried the unconfirmed flushes up to number ``through`` has run:
+        Redis holds those (applied by this call or before it)."""
+        self.unconfirmed = [(seq, c) for seq, c in self.unconfirmed if seq > through]
+
+    def arguments(self, marker: str, ttl_s: int) -> tuple[list[str], list[int | str]]:
+        """KEYS and ARGV of ``SEQUENCED_FLUSH_SCRIPT`` for every unconfirmed flush."""
+        index: dict[str, int] = {}
+        for _, changes in self.unconfirmed:
+            for key, _, _ in changes:
+                index.setdefault(key, len(index) + 1)
+        args: list[int | str] = [ttl_s, len(self.unconfirmed)]
+        for seq, changes in self.unconfirmed:
+            args += [seq, len(changes)]
+            for key, last, delta in changes:
+                args += [index[key], *_part(last, delta)]
+        return [*index, marker], args
 
 
 def increments(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, int]:

@@ -44,7 +44,8 @@ of their records) are in flight; a step waits at most until the request's deadli
 keys for ``redis.result_ttl_s``, like any answer.
 
 Liveness: the runner heartbeats in the ensemble's worker registry (``worker_registry_key``)
-and flushes the ensemble's statistics there (success, failure, request time), as a worker;
+and flushes the ensemble's statistics there (success, failure, request time, and each
+request that succeeds as one execution of its rows, as Triton counts), as a worker;
 the gateway reports the ensemble ready when a runner and every step model's workers live.
 
 Run one with ``python -m plaza.workers.ensemble --worker.model NAME`` (the settings of
@@ -462,7 +463,7 @@ class EnsembleRunner:
         except Exception as exc:
             return self._failed(req, version, exc)
         result = InferResult(req.id, self.model, version, outputs, worker=self.id)
-        return _timed(result, item, started), req.reply.stream
+        return self._executed(item, _timed(result, item, started)), req.reply.stream
 
     async def _answer_responses(self, item: WorkItem, priority: int) -> Answer | None:
         """A decoupled ensemble's request: each response but the final one handed to the
@@ -495,7 +496,14 @@ class EnsembleRunner:
             return None  # cancelled by its caller: the answer is stored
         except Exception as exc:
             return self._failed(req, version, exc, index=sent)
-        return _timed(result, item, started), req.reply.stream
+        return self._executed(item, _timed(result, item, started)), req.reply.stream
+
+    def _executed(self, item: WorkItem, result: InferResult) -> InferResult:
+        """Count a request that succeeded as one execution of its rows, with its own
+        compute times, as Triton's ensemble scheduler does (its batch_stats, execution and
+        inference counts); the step models count their own executions."""
+        self.metrics.executed([item], [result])
+        return result
 
     def _failed(self, req: InferRequest, version: str, exc: Exception, index: int = 0) -> Answer:
         """The final answer (response ``index``) of a request that failed: a step's error

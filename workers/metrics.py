@@ -40,7 +40,14 @@ from prometheus_client.metrics_core import Metric
 
 from plaza.contract import InferResult
 from plaza.errors import ConfigError
-from plaza.metrics import MetricsServer, failure_reason
+from plaza.metrics import (
+    REASON_BACKEND,
+    REASON_CANCELED,
+    REASON_OTHER,
+    REASON_REJECTED,
+    MetricsServer,
+    failure_reason,
+)
 from plaza.model_metrics import Buckets
 from plaza.naming import (
     LABEL_MODEL,
@@ -67,7 +74,13 @@ from plaza.naming import (
     Names,
 )
 from plaza.settings import WorkerSettings, parse_quantiles
-from plaza.statistics import FLUSH_SCRIPT, ModelStatistics, flush_arguments, increments
+from plaza.statistics import (
+    MAX_UNCONFIRMED_FLUSHES,
+    SEQUENCED_FLUSH_SCRIPT,
+    FlushLog,
+    ModelStatistics,
+    flusher_key,
+)
 from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.custom_metrics import CustomMetrics, Source
 from plaza.workers.gpu_metrics import GpuCollector
@@ -85,6 +98,9 @@ log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 """Upper bounds of the batch-size histogram (rows per execution)."""
+FAILURE_REASONS = (REASON_BACKEND, REASON_CANCELED, REASON_OTHER, REASON_REJECTED)
+"""Triton's failure reasons: each served version has a failure series of each from the
+start, at 0 until its first such failure, as in Triton."""
 _NS_PER_US = 1000
 
 Answer = tuple[InferResult, str | None]
@@ -124,7 +140,8 @@ class WorkerMetrics:
         self._stats_ttl_s = stats_ttl_s
         self.stats: dict[str, ModelStatistics] = {}
         """Totals by version ("1", "2", ...); fixed once ``start`` has run."""
-        self._flushed: dict[str, dict[str, int]] = {}
+        self._flushes = FlushLog()
+        self._flusher_key = flusher_key(names, model, self._flushes.flusher)
         self._default = ""
         self.lags: dict[Any, int] = {}
         """Consumer lag by TopicPartition, replaced by the scheduler on every decision."""
@@ -305,30 +322,36 @@ class WorkerMetrics:
     async def flush_with(self, pipe: Any) -> list[Any]:
         """Execute ``pipe`` (the heartbeat's) with the statistics changed since the last flush.
 
-        One round trip for both. Only when it succeeds do the changes count as flushed, so a
-        beat that fails carries them over to the next one.
+        One round trip for both. A flush whose reply does not come (an error, a cancel) is
+        sent again with the next ones and applied once however often Redis ran it
+        (``FlushLog``), so a beat that fails carries its changes over, and one cancelled
+        after Redis ran it adds nothing twice.
         """
-        snapshot = {v: s.fields() for v, s in self.stats.items()}
-        changes = [
-            (
-                self._names.model_stats_key(self.model, v),
-                fields["last_inference"],
-                increments(fields, self._flushed.get(v, {})),
-            )
-            for v, fields in snapshot.items()
-            if v
-        ]
-        if changes:
-            keys, args = flush_arguments(changes, self._stats_ttl_s)
-            pipe.eval(FLUSH_SCRIPT, len(keys), *keys, *args)
+        flushes = self._flushes
+        flushes.add(
+            {
+                self._names.model_stats_key(self.model, v): s.fields()
+                for v, s in self.stats.items()
+                if v
+            }
+        )
+        carried = flushes.seq if flushes.unconfirmed else 0
+        if carried:
+            keys, args = flushes.arguments(self._flusher_key, self._stats_ttl_s)
+            pipe.eval(SEQUENCED_FLUSH_SCRIPT, len(keys), *keys, *args)
         replies: list[Any] = await pipe.execute()
-        self._flushed = snapshot
+        flushes.confirmed(carried)
         return replies
 
     async def close(self, redis: aioredis.Redis) -> None:
         """Flush the last statistics (best effort), stop serving /metrics, release NVML."""
         try:
-            await self.flush_with(redis.pipeline(transaction=False))
+            # Twice when the first call only sends a full backlog of unconfirmed flushes.
+            for _ in range(2):
+                backlog = len(self._flushes.unconfirmed) >= MAX_UNCONFIRMED_FLUSHES
+                await self.flush_with(redis.pipeline(transaction=False))
+                if not backlog:
+                    break
         except Exception as exc:
             log.warning("%s: last statistics flush failed: %s", self.model, exc)
         self.hub.leave(self)
@@ -519,8 +542,9 @@ class _Collector:
         )
         for m, versions in served:
             for version, stats in versions:
-                for reason, count in sorted(dict(stats.failures).items()):
-                    family.add_metric([m.model, version, reason], count)
+                failures = dict(stats.failures)
+                for reason in sorted({*FAILURE_REASONS, *failures}):
+                    family.add_metric([m.model, version, reason], failures.get(reason, 0))
         return family
 
     @staticmethod
