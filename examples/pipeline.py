@@ -3,12 +3,15 @@
 Run against `make up` (Kafka on 127.0.0.1:9092, Redis on 127.0.0.1:6379):
 
     .venv/bin/python examples/pipeline.py --jobs 10000 --consumers 2
+
+Exit status 0 when every job's result came back right, 1 when any is wrong or missing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 import uuid
 
@@ -38,7 +41,9 @@ async def consume(
             return
 
 
-async def main(jobs: int, consumers: int) -> None:
+async def main(jobs: int, consumers: int) -> int:
+    """Run the pipeline once and print what came back; the number of jobs whose result is
+    wrong or missing."""
     async with PlazaClient(PlazaSettings()) as client:
         stream = client.results_stream(f"example-{uuid.uuid4().hex[:8]}")
         start = time.monotonic()
@@ -54,24 +59,47 @@ async def main(jobs: int, consumers: int) -> None:
         consumers_done = asyncio.gather(
             *(consume(client, stream, f"c{i}", jobs, seen, complete) for i in range(consumers))
         )
-        # The pipeline is done when the last result is in. Then the other consumers are
-        # still blocked in their read (up to block_ms) with nothing left to come: their
-        # wind-down is not the pipeline's time.
-        completed = asyncio.ensure_future(complete.wait())
-        await asyncio.wait([completed, consumers_done], return_when=asyncio.FIRST_COMPLETED)
+        # The pipeline is done when the last result is in (or when every consumer stopped
+        # short of it). Then the other consumers are still blocked in their read (up to
+        # block_ms) with nothing left to come: their wind-down is not the pipeline's time.
+        consumers_done.add_done_callback(lambda _: complete.set())
+        await complete.wait()
         elapsed = time.monotonic() - start
-        completed.cancel()  # the consumers may all have stopped short of the whole set
         await consumers_done
         wrong = sum(1 for i, rid in enumerate(ids) if seen.get(rid) != float(i))
         print(
             f"published {jobs} jobs in {published:.2f}s; {len(seen)} results in "
             f"{elapsed:.2f}s ({len(seen) / elapsed:.0f} jobs/s); wrong or missing: {wrong}"
         )
+        return wrong
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--jobs", type=count, default=10_000, help="requests to publish")
+    parser.add_argument("--consumers", type=count, default=2, help="result stream consumers")
+    return parser.parse_args(argv)
+
+
+def run(argv: list[str]) -> int:
+    """The exit status: 0 when every result is right, 1 otherwise (2: bad arguments)."""
+    args = parse_args(argv)
+    wrong = asyncio.run(main(args.jobs, args.consumers))
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--consumers", type=int, default=2)
-    args = parser.parse_args()
-    asyncio.run(main(args.jobs, args.consumers))
+    sys.exit(run(sys.argv[1:]))

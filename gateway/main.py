@@ -24,6 +24,7 @@ from multiprocessing.process import BaseProcess
 from starlette.applications import Starlette
 
 from plaza import event_loop, gc_tuning
+from plaza.connections import kafka_answers
 from plaza.errors import ConfigError, PlazaError
 from plaza.gateway.app import api_key, create_app
 from plaza.gateway.grpc_front import start_server
@@ -63,7 +64,8 @@ async def serving(
 ) -> AsyncIterator[Serving]:
     """Both fronts, started, until the block ends (then both drain and the service stops).
 
-    The service starts first, so neither front answers before the model registry is read.
+    The service starts first, so neither front answers before the model registry is read;
+    a failed start stops what it had started (its Kafka clients, Redis) before it raises.
     ``http_socket`` (a bound socket) and ``grpc_port`` (0: a free port) override the
     settings' ports, for tests and for several gateway processes on one port.
     """
@@ -73,8 +75,9 @@ async def serving(
     app = create_app(settings, service)
     files = tls_files(gw)
     front = HttpFront(app, api_key(settings), "http" if files is None else "https")
-    await service.start()
     try:
+        with kafka_answers(settings.kafka):  # the producer's or admin client's start
+            await service.start()
         http = HttpServer(front, max_body_bytes=gw.max_body_bytes, ssl_context=ssl_context(files))
         port = await http.start(gw.host, gw.http_port, http_socket)
         try:

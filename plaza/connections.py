@@ -6,9 +6,11 @@ every producer, consumer, admin client and Redis client of Plaza honours them.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import ssl
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -16,7 +18,12 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    TopicAlreadyExistsError,
+)
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -103,31 +110,51 @@ def kafka_admin(k: KafkaSettings) -> AIOKafkaAdminClient:
     )
 
 
-async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
-    """Create the topics that do not exist yet (idempotent; safe to race)."""
-    admin = kafka_admin(k)
-    await admin.start()
+@contextlib.contextmanager
+def kafka_answers(k: KafkaSettings) -> Iterator[None]:
+    """Translate aiokafka's errors raised in the block into :class:`Unavailable`, naming
+    ``kafka.bootstrap_servers``: a Kafka that cannot be reached at startup is one line for
+    the operator (``plaza gateway``, ``plaza worker``), never an aiokafka traceback."""
     try:
-        existing = set(await admin.list_topics())
-        configs = {"max.message.bytes": str(k.max_request_bytes + 64 * 1024)}
-        if k.min_insync_replicas:
-            configs["min.insync.replicas"] = str(k.min_insync_replicas)
-        missing = [
-            NewTopic(t, k.partitions, k.replication_factor, topic_configs=configs)
-            for t in topics
-            if t not in existing
-        ]
-        if missing:
-            response = await admin.create_topics(missing)
-            for topic_error in response.topic_errors:
-                topic, code = topic_error[0], topic_error[1]
-                if code not in (0, TopicAlreadyExistsError.errno):
-                    raise Unavailable(
-                        f"cannot create topic {topic}: Kafka error {code} "
-                        f"{topic_error[2] if len(topic_error) > 2 else ''}"
-                    )
+        yield
+    except (KafkaConnectionError, KafkaTimeoutError) as exc:
+        raise Unavailable(f"Kafka did not answer at {k.bootstrap_servers}: {exc}") from exc
+    except KafkaError as exc:
+        raise Unavailable(f"Kafka at {k.bootstrap_servers} failed: {exc}") from exc
+
+
+async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
+    """Create the topics that do not exist yet (idempotent; safe to race). Unavailable
+    when Kafka does not answer; the admin client is closed either way."""
+    admin = kafka_admin(k)
+    try:
+        with kafka_answers(k):
+            await admin.start()
+            await _create_missing(admin, k, topics)
     finally:
         await admin.close()
+
+
+async def _create_missing(admin: AIOKafkaAdminClient, k: KafkaSettings, topics: list[str]) -> None:
+    existing = set(await admin.list_topics())
+    configs = {"max.message.bytes": str(k.max_request_bytes + 64 * 1024)}
+    if k.min_insync_replicas:
+        configs["min.insync.replicas"] = str(k.min_insync_replicas)
+    missing = [
+        NewTopic(t, k.partitions, k.replication_factor, topic_configs=configs)
+        for t in topics
+        if t not in existing
+    ]
+    if not missing:
+        return
+    response = await admin.create_topics(missing)
+    for topic_error in response.topic_errors:
+        topic, code = topic_error[0], topic_error[1]
+        if code not in (0, TopicAlreadyExistsError.errno):
+            raise Unavailable(
+                f"cannot create topic {topic}: Kafka error {code} "
+                f"{topic_error[2] if len(topic_error) > 2 else ''}"
+            )
 
 
 def redis_client(r: RedisSettings) -> aioredis.Redis:

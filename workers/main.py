@@ -6,6 +6,7 @@ import asyncio
 import signal
 
 from plaza import event_loop, gc_tuning
+from plaza.connections import kafka_answers
 from plaza.log_settings import configure_logging
 from plaza.settings import PlazaSettings
 from plaza.workers.host import Host
@@ -18,7 +19,9 @@ async def serve(settings: PlazaSettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     host = Host(settings)
-    await host.start()
+    # Kafka out of reach: one line for the operator (a failed start stops what it started)
+    with kafka_answers(settings.kafka):
+        await host.start()
     gc_tuning.freeze_startup()  # the models and clients loaded: keep them out of collections
     await host.run_until_stopped(stop)
 

@@ -19,6 +19,7 @@ import argparse
 import sys
 
 from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
 from plaza.errors import PlazaError
 from plaza.settings import PlazaSettings
@@ -37,17 +38,35 @@ COMMANDS = {
 }
 
 
-SHORT_FLAGS = {"--model": "--worker.model", "--repository": "--repository"}
-"""Short spellings accepted before the settings parser sees the arguments."""
+SHORTCUTS = {"worker": {"worker.model": "model"}}
+"""Short flags of a subcommand's settings (``plaza worker --model M``), listed in its help."""
+
+DESCRIPTIONS = {
+    "worker": """Run one worker process until SIGINT or SIGTERM: a host of one model
+(--model NAME, the same as --worker.model NAME) or of several (--host.models A,B, or '*'
+for every model in the repository). It loads the models, joins their consumer groups and
+batches the requests of their Kafka topics.
+
+Every setting below also has an environment variable (plaza settings lists them).""",
+    "gateway": """Run the KServe v2 gateway (HTTP and gRPC) until SIGINT or SIGTERM: it
+publishes requests to the models' Kafka topics and answers with their results from Redis
+(gateway.workers N > 1: N processes sharing the ports).
+
+Every setting below also has an environment variable (plaza settings lists them).""",
+}
+"""The help text of the subcommands whose flags are settings."""
 
 
-def _settings(argv: list[str]) -> PlazaSettings:
-    expanded = []
-    for arg in argv:
-        flag, eq, value = arg.partition("=")
-        flag = SHORT_FLAGS.get(flag, flag)
-        expanded.append(f"{flag}{eq}{value}" if eq else flag)
-    return PlazaSettings(_cli_parse_args=expanded)
+def _settings(argv: list[str], command: str = "worker") -> PlazaSettings:
+    """The settings of ``plaza <command>``: its flags over the environment. ``--help``
+    prints the command's own help (SystemExit 0); a bad flag is SystemExit 2."""
+    source: CliSettingsSource[argparse.ArgumentParser] = CliSettingsSource(
+        PlazaSettings,
+        cli_prog_name=f"plaza {command}",
+        cli_shortcuts=SHORTCUTS.get(command),
+    )
+    source.root_parser.description = DESCRIPTIONS.get(command)
+    return PlazaSettings(_cli_settings_source=source(args=argv))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,11 +105,11 @@ def _dispatch(args: list[str]) -> int:
     if command == "worker":
         from plaza.workers.main import run_worker
 
-        run_worker(_settings(rest))
+        run_worker(_settings(rest, command))
     elif command == "gateway":
         from plaza.gateway.main import run_gateway
 
-        return run_gateway(_settings(rest))
+        return run_gateway(_settings(rest, command))
     elif command == "services":
         from plaza.cli.services import run_services_cli
 
@@ -98,7 +117,7 @@ def _dispatch(args: list[str]) -> int:
     elif command == "settings":
         from plaza.cli.settings_doc import run_settings_doc
 
-        return run_settings_doc()
+        return run_settings_doc(rest)
     elif command == "up":
         from plaza.cli.up import run_up
 

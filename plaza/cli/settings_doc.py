@@ -5,6 +5,7 @@ docs/settings.md is this command's output; a unit test keeps the two equal.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from pydantic import BaseModel
@@ -69,6 +70,14 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_settings_doc() -> int:
+def run_settings_doc(argv: list[str] | None = None) -> int:
+    """``plaza settings [-h]``: print the settings page; any other argument is refused
+    (argparse: a usage line and exit status 2)."""
+    parser = argparse.ArgumentParser(
+        prog="plaza settings",
+        description="Print every setting of Plaza with its default, environment variable "
+        "and command-line flag, as a Markdown page (docs/settings.md is this output).",
+    )
+    parser.parse_args(argv or [])
     print(render(), end="")
     return 0
