@@ -269,8 +269,8 @@ class HostSettings(_Section):
     load_wait_s: float = Field(
         60.0,
         gt=0,
-        description="how long a load waits for room in the memory budget before it is "
-        "given up with an error (a later load of the model tries again)",
+        description="how long a load waits for room in the memory budget before the host "
+        "logs an error and tries it again on later rounds (waits doubling to 30 s)",
     )
     drain_limit_s: float = Field(
         60.0,

@@ -170,7 +170,7 @@ class Host:
             ModelTable(self.services.redis, self.settings.names),
             self._probe,
             MemoryBudget(hs.memory_budget_bytes),
-            meter_for(device.kind, device.index),
+            meter_for(device),
             metrics,
         )
         log.info(

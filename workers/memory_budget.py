@@ -9,21 +9,25 @@ ones do not free enough, there is no plan and the load waits.
 How many bytes a model holds (``estimate_bytes``): its config parameter ``memory_bytes``
 when set (an operator's figure, or a test's synthetic size), else the size of its served
 version folders' files times its instance count (every instance loads its own copy). The
-host corrects the estimate after a load with what it measured (``MemoryMeter``): the
-process's RSS growth on CPU, the device's used memory growth from pynvml on a GPU.
+host corrects the estimate after a load with what it measured (``MemoryMeter``): on CPU the
+growth of the resident memory of the host process and of every process it started (a Python
+backend's model process and whatever that process started), on a GPU the growth of the
+device's used memory from pynvml. A reading that fails is unknown (None): the estimate stands.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
 
 from plaza.errors import ConfigError
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
+from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
 
@@ -120,29 +124,87 @@ class MemoryBudget:
 
 
 class MemoryMeter(Protocol):
-    """Bytes in use now, as the host measures them around a load."""
+    """Bytes in use now, as the host measures them around a load; None when unknown."""
 
     kind: str
 
-    def used(self) -> int: ...
+    def used(self) -> int | None: ...
+
+
+class _Proc(NamedTuple):
+    """What the host's meter reads of one process in /proc/<pid>/stat."""
+
+    ppid: int
+    """Its parent's pid."""
+    pgrp: int
+    """Its process group."""
+    rss_pages: int
+    """Its resident set size, in pages."""
+
+
+def _read_stat(path: Path) -> _Proc | None:
+    try:
+        text = path.read_text()
+    except OSError:  # it ended meanwhile, or is not ours to read
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = text[text.rfind(")") + 2 :].split()
+    try:
+        return _Proc(int(fields[1]), int(fields[2]), int(fields[21]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _processes(proc: Path) -> dict[int, _Proc]:
+    found: dict[int, _Proc] = {}
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            stat = _read_stat(entry / "stat")
+            if stat is not None:
+                found[int(entry.name)] = stat
+    return found
+
+
+def family(pid: int, processes: Mapping[int, _Proc]) -> set[int]:
+    """``pid``, its descendants, and the members of the process groups its descendants lead
+    (a Python model's helpers stay in its group even once orphaned)."""
+    children: dict[int, list[int]] = {}
+    for p, stat in processes.items():
+        children.setdefault(stat.ppid, []).append(p)
+    members, todo = {pid}, [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members:
+                members.add(child)
+                todo.append(child)
+    leaders = members - {pid}
+    members |= {p for p, stat in processes.items() if stat.pgrp in leaders}
+    return members
 
 
 class RssMeter:
-    """The process's resident set size (Linux /proc; 0 elsewhere)."""
+    """Resident memory of the host process and of every process it started (Linux /proc;
+    None elsewhere): a Python backend's model runs in a child process of the host."""
 
     kind = "rss"
 
-    def used(self) -> int:
+    def __init__(self, pid: int | None = None, proc: Path = Path("/proc")) -> None:
+        self._pid = os.getpid() if pid is None else pid
+        self._proc = proc
+
+    def used(self) -> int | None:
         try:
-            with open("/proc/self/statm") as f:
-                resident = int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            return 0
-        return resident * os.sysconf("SC_PAGE_SIZE")
+            processes = _processes(self._proc)
+        except OSError:
+            return None
+        if self._pid not in processes:
+            return None
+        pages = sum(processes[p].rss_pages for p in family(self._pid, processes))
+        return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 class NvmlMeter:
-    """Used memory of one GPU from pynvml. Not exercised by the tests (no GPU here)."""
+    """Used memory of one GPU (its NVML index) from pynvml."""
 
     kind = "nvml"
 
@@ -153,21 +215,26 @@ class NvmlMeter:
             nvml = pynvml
         self._nvml: Any = nvml
         self._nvml.nvmlInit()
+        self.index = index
         self._handle = self._nvml.nvmlDeviceGetHandleByIndex(index)
 
-    def used(self) -> int:
+    def used(self) -> int | None:
         try:
             return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-        except Exception as exc:  # a driver hiccup: account the estimate alone
-            log.warning("nvml: memory unknown: %s", exc)
-            return 0
+        except Exception as exc:  # a driver hiccup: unknown, not 0 (the estimate stands)
+            log.warning("nvml: memory of GPU %d unknown: %s", self.index, exc)
+            return None
 
 
-def meter_for(device_kind: str, index: int = 0) -> MemoryMeter:
-    """pynvml on a GPU (RSS when pynvml cannot start), RSS on CPU."""
-    if device_kind == "cuda":
+def meter_for(device: Device) -> MemoryMeter:
+    """pynvml on the device's GPU (RSS when pynvml cannot start or the GPU has no NVML
+    index), RSS on CPU."""
+    if device.kind == "cuda":
+        if device.nvml_index is None:
+            log.warning("memory budget: %s has no NVML index; measuring RSS", device)
+            return RssMeter()
         try:
-            return NvmlMeter(index)
+            return NvmlMeter(device.nvml_index)
         except Exception as exc:
             log.warning("memory budget: pynvml unavailable (%s); measuring RSS", exc)
     return RssMeter()

@@ -5,7 +5,8 @@ With ``host.follow_model_table`` a host serves what the deployment's model table
 of the repository). Every ``host.follow_interval_s`` one round (:meth:`ModelFollower.step`):
 
 - a model unloaded in the table: its unit serves what is already queued for it (the
-  gateway takes no new requests), bounded by ``host.drain_limit_s``, then stops;
+  gateway takes no new requests), bounded by ``host.drain_limit_s``, then stops; loaded
+  again meanwhile (a new generation), its drain ends and the unit restarts at once;
 - a model whose generation changed (a new load: config override or version folders): its
   unit restarts at once (what it holds is answered; the rest waits in Kafka for the new one);
 - a model loaded and not running: its unit starts, unless the model is *lazy* (config
@@ -17,9 +18,16 @@ of the repository). Every ``host.follow_interval_s`` one round (:meth:`ModelFoll
 Memory budget (``host.memory_budget_bytes``, ``workers/memory_budget.py``): before a load
 the model's estimated bytes are reserved; when they do not fit, the least recently used
 idle units (nothing held, nothing queued) are drained and unloaded first (evictions); when
-even that does not free enough, the load waits for a later round, and is given up with an
-error after ``host.load_wait_s``. After a load the reservation becomes
-``max(estimate, measured growth)``. Every load, unload and eviction is a log line and a
+even that does not free enough, the load waits for a later round, and after
+``host.load_wait_s`` backs off. A model whose estimate alone exceeds the budget is given up
+at once (lazy or not). After a load the reservation becomes ``max(estimate, measured
+growth)`` (the estimate alone when a reading is unknown).
+
+Failures: a load that finds no room in time, or fails to start for any reason but a bad
+config (Kafka restarting, ...), is tried again on a later round, after a back-off that
+doubles from ``host.follow_interval_s`` up to ``RETRY_MAX_S``; a bad config
+(``ConfigError``) gives the model up until its next load (a new generation). Either way the
+model has no standby entry meanwhile. Every load, unload and eviction is a log line and a
 counter on the host's /metrics (``HostMetrics``).
 """
 
@@ -32,10 +40,11 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from plaza.errors import PlazaError
+from plaza.errors import ConfigError, PlazaError
 from plaza.model_control import DesiredModel, ModelTable, model_spec
 from plaza.modelconfig import ModelSpec
 from plaza.queueing import BacklogProbe
@@ -53,6 +62,8 @@ DRAIN_POLL_S = 0.25
 STANDBY_SUFFIX = "~standby"
 STANDBY_TTL_S = 15.0
 """How long a standby entry counts without being refreshed."""
+RETRY_MAX_S = 30.0
+"""The longest back-off between two tries of a model's load."""
 
 
 @dataclass(slots=True)
@@ -75,6 +86,23 @@ class _Waiting:
 
 
 @dataclass(slots=True)
+class Retry:
+    """A model whose load failed or found no room in time: tried again at ``due``."""
+
+    generation: int
+    tries: int
+    due: float
+    """When the next try may run (the follower's clock)."""
+
+
+@dataclass(slots=True)
+class _Drain:
+    task: asyncio.Task[None]
+    cut: asyncio.Event
+    """Set when the model is loaded again: the drain ends at once."""
+
+
+@dataclass(slots=True)
 class FollowerState:
     """What the follower knows between rounds (read by tests and /metrics)."""
 
@@ -82,7 +110,9 @@ class FollowerState:
     evicted: set[str] = field(default_factory=set)
     """Models unloaded to make room: they come back on demand, as lazy ones."""
     given_up: dict[str, int] = field(default_factory=dict)
-    """Models whose load failed or found no room in time, per generation."""
+    """Models with a bad config (or bigger than the whole budget), per generation."""
+    retrying: dict[str, Retry] = field(default_factory=dict)
+    """Models whose load failed or found no room in time: tried again later."""
     waiting: dict[str, _Waiting] = field(default_factory=dict)
 
 
@@ -97,8 +127,10 @@ class ModelFollower:
         budget: MemoryBudget,
         meter: MemoryMeter,
         metrics: HostMetrics,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._host = host
+        self._clock = clock
         self._settings = host.settings
         self._table = table
         self._probe = probe
@@ -110,7 +142,7 @@ class ModelFollower:
         self._scope = None if scope in ([], ["*"]) else set(scope)
         self.state = FollowerState()
         self._standby: set[str] = set()
-        self._draining: dict[str, asyncio.Task[None]] = {}
+        self._draining: dict[str, _Drain] = {}
         """Units of unloaded models serving their queues before they stop."""
         self.memory_samples: list[int] = []
         """The accounted bytes after every change of the budget (bounded)."""
@@ -124,39 +156,85 @@ class ModelFollower:
         }
         running = self.state.running
         for name, item in list(running.items()):
+            desired = table.get(name)
+            reloaded = (
+                desired is not None
+                and desired.loaded
+                and desired.generation != item.desired.generation
+            )
             if name in self._draining:
+                if reloaded:  # loaded again while draining: as any new generation
+                    await self._end_drain(name)
                 continue
             if item.task.done():  # the unit failed on its own
                 await self._forget(name, item, why="failed")
                 continue
-            desired = table.get(name)
             if desired is None or not desired.loaded:
-                if name not in self._draining:  # drains in the background: rounds go on
-                    self._draining[name] = asyncio.create_task(
-                        self._retire(name, drain=True, why="unloaded"), name=f"drain-{name}"
-                    )
-            elif desired.generation != item.desired.generation:
+                self._start_drain(name)  # drains in the background: rounds go on
+            elif reloaded:
                 await self._retire(name, drain=False, why="reloaded")
                 self.state.evicted.discard(name)
-        for name in list(self.state.evicted):
+        for name in [*self.state.evicted, *self.state.retrying]:
             if name not in table or not table[name].loaded:
                 self.state.evicted.discard(name)
+                self.state.retrying.pop(name, None)
         self._touch_used()
-        for name, task in list(self._draining.items()):
-            if task.done():
+        for name, drain in list(self._draining.items()):
+            if drain.task.done():
                 del self._draining[name]
         for name, desired in sorted(table.items()):
             if not desired.loaded or name in running or name in self._draining:
                 continue
-            if self.state.given_up.get(name) == desired.generation:
+            if self.state.given_up.get(name) == desired.generation or not self._due(name, desired):
                 continue
             try:
                 await self._consider(name, desired)
-            except Exception:  # one model's failure must not stop the round for the others
-                log.exception("host: model %s not loaded", name)
-                self.state.given_up[name] = desired.generation
+            except Exception as exc:  # one model's failure must not stop the round for the others
+                self._failed(name, desired, exc)
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
+
+    def _due(self, name: str, desired: DesiredModel) -> bool:
+        """Whether a model's load may be tried this round (not backing off)."""
+        retry = self.state.retrying.get(name)
+        if retry is None or retry.generation != desired.generation:
+            self.state.retrying.pop(name, None)  # a new load starts afresh
+            return True
+        return self._clock() >= retry.due
+
+    def _backing_off(self, name: str, desired: DesiredModel) -> bool:
+        retry = self.state.retrying.get(name)
+        return retry is not None and retry.generation == desired.generation
+
+    def _failed(self, name: str, desired: DesiredModel, exc: Exception) -> None:
+        """A load that raised: a bad config gives the model up until its next load; any
+        other error (Kafka restarting, ...) is tried again after a back-off."""
+        if isinstance(exc, PlazaError) and exc.code == ConfigError.code:
+            log.error(
+                "host: model %s given up until its next load (generation %d): %s",
+                name,
+                desired.generation,
+                exc.message,
+            )
+            self.state.given_up[name] = desired.generation
+            self.state.retrying.pop(name, None)
+            return
+        text = str(exc)
+        if type(exc).__name__ not in text:
+            text = f"{type(exc).__name__}: {text}"
+        self._back_off(name, desired, f"failed to load: {text}")
+
+    def _back_off(self, name: str, desired: DesiredModel, why: str) -> None:
+        """Try ``name`` again later: after follow_interval_s, doubling up to RETRY_MAX_S."""
+        retry = self.state.retrying.get(name)
+        again = retry is not None and retry.generation == desired.generation
+        tries = retry.tries + 1 if retry is not None and again else 1
+        delay = min(RETRY_MAX_S, self._settings.host.follow_interval_s * 2 ** min(tries - 1, 16))
+        self.state.retrying[name] = Retry(desired.generation, tries, self._clock() + delay)
+        self.state.waiting.pop(name, None)
+        log.error(
+            "host: model %s not loaded (try %d): %s; next try in %.1f s", name, tries, why, delay
+        )
 
     def _sized_spec(self, name: str, config: str) -> tuple[ModelSpec, int]:
         """The model's config and the memory it is expected to take."""
@@ -167,21 +245,22 @@ class ModelFollower:
         try:  # on a thread: a Python model's auto_complete_config runs in a child process
             spec, need = await asyncio.to_thread(self._sized_spec, name, desired.config)
         except PlazaError as exc:
-            log.error("host: model %s not loaded: %s", name, exc.message)
-            self.state.given_up[name] = desired.generation
+            self._failed(name, desired, exc)
             return
-        on_demand = is_lazy(spec) or name in self.state.evicted
-        if on_demand and not await self._waiting_requests(name, spec):
-            self.state.waiting.pop(name, None)  # demand that comes back waits afresh
-            return
-        if not self.budget.fits_alone(need):
+        if not self.budget.fits_alone(need):  # lazy or not: it could never load
             log.error(
-                "host: model %s needs %d bytes, more than the whole memory budget (%d): not loaded",
+                "host: model %s given up until its next load: it needs %d bytes, more than "
+                "the whole memory budget (%d)",
                 name,
                 need,
                 self.budget.limit,
             )
             self.state.given_up[name] = desired.generation
+            return
+        on_demand = is_lazy(spec) or name in self.state.evicted
+        if on_demand and not await self._waiting_requests(name, spec):
+            self.state.waiting.pop(name, None)  # demand that comes back waits afresh
+            self.state.retrying.pop(name, None)
             return
         victims = self.budget.plan(name, need, await self._busy())
         if victims is None:
@@ -193,9 +272,12 @@ class ModelFollower:
         await self._load(name, desired, spec, need)
 
     def _wait_for_room(self, name: str, desired: DesiredModel, need: int) -> None:
+        if self._backing_off(name, desired):  # it waited its load_wait_s already
+            self._back_off(name, desired, "still no room in the memory budget")
+            return
         waiting = self.state.waiting.get(name)
         if waiting is None or waiting.generation != desired.generation:
-            waiting = self.state.waiting[name] = _Waiting(desired.generation, time.monotonic())
+            waiting = self.state.waiting[name] = _Waiting(desired.generation, self._clock())
         if not waiting.logged:
             waiting.logged = True
             log.info(
@@ -205,37 +287,29 @@ class ModelFollower:
                 self.budget.total,
                 self.budget.limit,
             )
-        if time.monotonic() - waiting.since > self._settings.host.load_wait_s:
-            log.error(
-                "host: model %s not loaded: no room in the memory budget (%d bytes) after "
-                "%.0f s; every loaded model stayed busy",
-                name,
-                self.budget.limit,
-                self._settings.host.load_wait_s,
+        wait_s = self._settings.host.load_wait_s
+        if self._clock() - waiting.since > wait_s:
+            why = (
+                f"no room in the memory budget ({self.budget.limit} bytes) after {wait_s:.0f} s; "
+                "evicting every idle model would not free enough"
             )
-            self.state.given_up[name] = desired.generation
-            self.state.waiting.pop(name, None)
+            self._back_off(name, desired, why)
 
     # -- load and unload -------------------------------------------------------------------
     async def _load(self, name: str, desired: DesiredModel, spec: ModelSpec, need: int) -> None:
         self.budget.add(name, need)  # reserved while it loads
         self._sample()
-        before = self._meter.used()
+        before = await asyncio.to_thread(self._meter.used)  # RSS scans /proc: off the loop
         try:
             unit = self._host.make_unit(name, desired.config)
             await unit.start()
-        except Exception as exc:  # given up until its next load (a new generation)
-            log.error("host: model %s failed to load: %s", name, exc)
+        except Exception as exc:
             self.budget.remove(name)
             self._sample()
-            self.state.given_up[name] = desired.generation
+            self._failed(name, desired, exc)
             return
-        grown = self._meter.used() - before
-        if grown > need:
-            log.info("host: model %s measured %d bytes (estimated %d)", name, grown, need)
-            self.budget.add(name, grown)
-            self._sample()
-            await self._shed(name)
+        self.state.retrying.pop(name, None)
+        await self._measured(name, need, before, await asyncio.to_thread(self._meter.used))
         stop = asyncio.Event()
         task = asyncio.create_task(unit.run_until_stopped(stop), name=f"unit-{name}")
         # Counted before the unit shows as running: whoever sees it running sees the load.
@@ -253,28 +327,76 @@ class ModelFollower:
             self.budget.limit,
         )
 
+    async def _measured(self, name: str, need: int, before: int | None, after: int | None) -> None:
+        """Correct a load's reservation with the growth measured around it."""
+        if before is None or after is None:
+            log.warning(
+                "host: model %s: memory reading unknown (%s); its estimate of %d bytes stands",
+                name,
+                self._meter.kind,
+                need,
+            )
+            return
+        grown = after - before
+        if grown > need:
+            log.info("host: model %s measured %d bytes (estimated %d)", name, grown, need)
+            self.budget.add(name, grown)
+            self._sample()
+            await self._shed(name)
+
     async def _shed(self, loaded: str) -> None:
         """After a load measured more than its estimate: evict idle models until it fits."""
         if self.budget.limit <= 0 or self.budget.total <= self.budget.limit:
             return
-        victims = self.budget.plan(loaded, self.budget.held[loaded], await self._busy()) or []
-        for victim in victims:
+        busy = await self._busy()
+        held = self.budget.held[loaded]
+        victims = self.budget.plan(loaded, held, busy)
+        for victim in victims or []:
             await self._retire(victim, drain=True, why="evicted")
-        if self.budget.total > self.budget.limit:
-            log.warning(
-                "host: %d bytes accounted, over the budget of %d (%s measured more than "
-                "its estimate and the others are busy)",
-                self.budget.total,
-                self.budget.limit,
-                loaded,
+        if self.budget.total <= self.budget.limit:
+            return
+        if held > self.budget.limit:
+            why = f"{loaded} alone measured {held} bytes, more than the whole budget"
+        else:
+            others = sorted(set(self.budget.held) - {loaded})
+            idle = [m for m in others if m not in busy]
+            why = (
+                f"{loaded} measured {held} bytes; evicting every idle model "
+                f"({', '.join(idle) or 'none'}) would not free enough, busy: "
+                f"{', '.join(m for m in others if m in busy) or 'none'}"
             )
+        log.warning(
+            "host: %d bytes accounted, over the budget of %d (%s)",
+            self.budget.total,
+            self.budget.limit,
+            why,
+        )
 
-    async def _retire(self, name: str, *, drain: bool, why: str) -> None:
+    def _start_drain(self, name: str) -> None:
+        if name not in self._draining:
+            cut = asyncio.Event()
+            task = asyncio.create_task(
+                self._retire(name, drain=True, why="unloaded", cut=cut), name=f"drain-{name}"
+            )
+            self._draining[name] = _Drain(task, cut)
+
+    async def _end_drain(self, name: str) -> None:
+        """A draining model loaded again: its unit stops now (answering what it holds), and
+        the round starts the new generation."""
+        drain = self._draining.pop(name)
+        log.info("host: %s loaded again while draining: its unit restarts", name)
+        drain.cut.set()
+        with contextlib.suppress(Exception):
+            await drain.task
+
+    async def _retire(
+        self, name: str, *, drain: bool, why: str, cut: asyncio.Event | None = None
+    ) -> None:
         item = self.state.running.get(name)
         if item is None:
             return
         if drain:
-            await self._drain(name, item.spec)
+            await self._drain(name, item.spec, cut or asyncio.Event())
         item.stop.set()
         with contextlib.suppress(Exception):
             await item.task
@@ -297,14 +419,18 @@ class ModelFollower:
                 await item.unit.stop()
         log.info("host: unloaded %s (%s; %d bytes freed)", name, why, freed)
 
-    async def _drain(self, name: str, spec: ModelSpec) -> None:
-        """Until the model's queues are committed (every request answered), bounded."""
+    async def _drain(self, name: str, spec: ModelSpec, cut: asyncio.Event) -> None:
+        """Until the model's queues are committed (every request answered), bounded; or
+        until ``cut`` is set."""
         limit_s = self._settings.host.drain_limit_s
         deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not cut.is_set():
             if not await self._queued(name, spec):
                 return
-            await asyncio.sleep(DRAIN_POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cut.wait(), DRAIN_POLL_S)
+        if cut.is_set():
+            return
         log.warning("host: %s still had queued requests after %.0f s", name, limit_s)
 
     # -- what is busy ----------------------------------------------------------------------
@@ -359,7 +485,10 @@ class ModelFollower:
         waiting = {
             n
             for n, d in table.items()
-            if d.loaded and n not in self.state.running and given_up.get(n) != d.generation
+            if d.loaded
+            and n not in self.state.running
+            and given_up.get(n) != d.generation
+            and not self._backing_off(n, d)
         }
         for name in self._standby - waiting:
             await self._drop_standby(name)
@@ -396,9 +525,9 @@ class ModelFollower:
 
     async def close(self) -> None:
         """Stop every unit (draining what each holds) and drop the standby entries."""
-        for task in list(self._draining.values()):
+        for drain in list(self._draining.values()):
             with contextlib.suppress(Exception):
-                await task
+                await drain.task
         self._draining.clear()
         for name in list(self.state.running):
             await self._retire(name, drain=False, why="host stopping")
