@@ -17,6 +17,8 @@ The recommendation, for a latency budget ``B`` (see docs/benchmarks.md):
   more than one batch time (while a batch runs the queue refills anyway).
 
 Without a budget, ``B`` is unbounded: the knee of the curve, and a delay of one batch time.
+A model that does not batch (``max_batch_size`` 0) runs each request alone: no preferred size
+(a config refuses one past ``max_batch_size``, as Triton does) and no delay.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ from plaza.workers.device import select_device
 
 KNEE_TOLERANCE = 0.10
 DELAY_STEP_US = 100
+UNBATCHED = (
+    "max_batch_size 0, the model does not batch (a preferred size past max_batch_size is "
+    "refused) and each request runs alone, so a queue delay would only add latency"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,8 @@ class CurvePoint:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    preferred_batch_size: int
+    preferred_batch_size: int | None
+    """None: none (a model that does not batch takes no preferred size)."""
     max_queue_delay_us: int
     budget_ms: float | None
     worst_case_ms: float
@@ -66,10 +73,17 @@ class Recommendation:
 
     def snippet(self) -> str:
         """The config.pbtxt dynamic_batching block."""
+        if self.preferred_batch_size is None:
+            preferred = (
+                "  # no preferred_batch_size: max_batch_size is 0 (refused past it, as in\n"
+                "  # Triton); each request runs alone, so no delay either\n"
+            )
+        else:
+            preferred = f"  preferred_batch_size: [ {self.preferred_batch_size} ]\n"
         return (
             "dynamic_batching {\n"
-            f"  preferred_batch_size: [ {self.preferred_batch_size} ]\n"
-            f"  max_queue_delay_microseconds: {self.max_queue_delay_us}\n"
+            + preferred
+            + f"  max_queue_delay_microseconds: {self.max_queue_delay_us}\n"
             "}"
         )
 
@@ -158,12 +172,15 @@ def recommend(
     max_batch_size: int | None = None,
 ) -> Recommendation:
     """preferred_batch_size and max_queue_delay_microseconds (module docstring's rule), never
-    above ``max_batch_size`` (a model's config refuses a preferred size past it)."""
+    above ``max_batch_size`` (a model's config refuses a preferred size past it, and any
+    at all for a model that does not batch: ``max_batch_size`` 0)."""
     budget = float("inf") if budget_ms is None else budget_ms
     if max_batch_size is not None:
         curve = [p for p in curve if p.batch_size <= max(1, max_batch_size)]
     if not curve:
         raise ValueError("no batch size of the curve is within max_batch_size")
+    if max_batch_size == 0:
+        return _unbatched(curve, budget_ms)
     feasible = [p for p in curve if 2 * p.p50_ms <= budget]
     if not feasible:
         first = min(curve, key=lambda p: p.batch_size)
@@ -190,6 +207,15 @@ def recommend(
         2 * chosen.p50_ms + delay_us / 1e3,
         chosen.items_per_s,
     )
+
+
+def _unbatched(curve: Sequence[CurvePoint], budget_ms: float | None) -> Recommendation:
+    """A model that does not batch: no preferred size and no delay; one request at a time."""
+    one = min(curve, key=lambda p: p.batch_size)
+    note = UNBATCHED
+    if budget_ms is not None and 2 * one.p50_ms > budget_ms:
+        note += f"; the budget is below twice its latency ({2 * one.p50_ms:.2f} ms)"
+    return Recommendation(None, 0, budget_ms, 2 * one.p50_ms, one.items_per_s, note=note)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +296,7 @@ def format_profile(profile: Profile) -> str:
     budget = "none" if rec.budget_ms is None else f"{rec.budget_ms:g} ms"
     lines += [
         f"  fit: {profile.fit_a_us:.1f} us/row * n + {profile.fit_b_us:.1f} us",
-        f"latency budget {budget}: preferred_batch_size {rec.preferred_batch_size}, "
+        f"latency budget {budget}: preferred_batch_size {rec.preferred_batch_size or 'none'}, "
         f"max_queue_delay_microseconds {rec.max_queue_delay_us} "
         f"(worst case ~{rec.worst_case_ms:.2f} ms, ~{rec.items_per_s:.0f} items/s)",
     ]

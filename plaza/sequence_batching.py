@@ -16,18 +16,22 @@ partition, ``plaza.producer``), and this batcher keeps them so:
 - Each request runs with its ``Step``: its START and END flags, and the state its sequence
   carries (the model's implicit state outputs of the request before; none at a START, where
   the model gets zeros).
-- A request whose sequence has not started (no START came, or its END ran, or it was idle
-  past ``max_sequence_idle_microseconds`` and released) is refused; so is a new sequence
-  beyond ``max_candidate_sequences`` (``queue_full``). Both are clear errors, where serving
-  them would give the model a state that is not theirs. The limit is each version's, as
-  each Triton version's sequence batcher has its own: with 2, versions 1 and 2 hold two
-  sequences each. A sequence that ran on another worker (its partition moved here) is
-  taken up with the state it left there (``resume``: the worker reads it from Redis
-  first, ``workers/sequences.py``).
+- A request whose sequence has not started (no START came, or its END ran, or its START
+  never ran: past its deadline, or let go unrun because its caller cancelled it; or it was
+  idle past ``max_sequence_idle_microseconds`` and released) is refused, those queued
+  behind such a START too; so is a new sequence beyond ``max_candidate_sequences``
+  (``queue_full``). Both are clear errors, where serving them would give the model a state
+  that is not theirs (the sequence's before that START, or zeros for one never started).
+  The limit is each version's, as each Triton version's sequence batcher has its own: with
+  2, versions 1 and 2 hold two sequences each. A sequence that ran on another worker (its
+  partition moved here) is taken up with the state it left there (``resume``: the worker
+  reads it from Redis first, ``workers/sequences.py``).
 - ``oldest.max_queue_delay_microseconds`` lets a batch wait that long after its oldest
   request for more sequences to fill it (0: run at once); with
   ``oldest.preferred_batch_size``, the largest preferred size the waiting sequences fill
   runs at once, before the delay is out (as the dynamic batcher's preferred sizes do).
+  ``direct``'s delay and ``minimum_slot_utilization`` come as the same two
+  (``plaza.sequence_config``).
 """
 
 from __future__ import annotations
@@ -169,7 +173,7 @@ class SequenceBatcher(Generic[T]):
         if self._held.get(version, 0) >= limit:
             raise QueueFull(
                 f"{limit} sequences of version {version} are active on this worker "
-                "(sequence_batching.oldest.max_candidate_sequences); end one first"
+                f"({self.policy.max_sequences_field}); end one first"
             )
 
     def _hold(self, seq: _Sequence[T]) -> _Sequence[T]:
@@ -260,11 +264,14 @@ class SequenceBatcher(Generic[T]):
         expired: list[T],
         refused: list[tuple[T, PlazaError]],
     ) -> None:
-        """Take out the heads that cannot run: past their deadline, or after an END."""
+        """Take out the heads that cannot run: past their deadline, or after an END (or
+        after a START that expired)."""
         while seq.queue:
             head = seq.queue[0]
             if head.deadline is not None and head.deadline <= now:
                 expired.append(seq.queue.popleft().item)
+                if head.flags.start:
+                    self._unstart(seq)
             elif seq.ended and not head.flags.start:
                 refused.append((seq.queue.popleft().item, _not_started(seq.key)))
             else:
@@ -336,10 +343,24 @@ class SequenceBatcher(Generic[T]):
             seq.state = None
 
     def release(self, item: T) -> None:
-        """``item`` was handed out but not run (answered already): its sequence goes on."""
+        """``item`` was handed out but not run (answered already: its caller cancelled it):
+        its sequence goes on, unless ``item`` was its START, which then never ran."""
         entry = self._running.pop(id(item), None)
-        if entry is not None:
-            entry[0].running = False
+        if entry is None:
+            return
+        seq, flags = entry
+        seq.running = False
+        if flags.start:
+            self._unstart(seq)
+
+    @staticmethod
+    def _unstart(seq: _Sequence[T]) -> None:
+        """``seq``'s START will not run: the sequence has not started, as after an END, so
+        neither the state of the sequence before it nor zeros serve the requests that
+        follow (they are refused until a START). It stays held, and counted, until its
+        idle time runs out, so that a request that follows is refused here rather than
+        taken up from a state Redis still keeps for the sequence before."""
+        seq.state, seq.ended = None, True
 
 
 PARAM_ID, PARAM_START, PARAM_END = "sequence_id", "sequence_start", "sequence_end"
@@ -372,6 +393,6 @@ def _not_started(key: SequenceKey) -> InvalidInput:
     version, sequence_id = key
     return InvalidInput(
         f"sequence {sequence_id!r} of version {version} has not started: its first request "
-        "must set sequence_start (or it ended, or was idle past "
-        "max_sequence_idle_microseconds and was released)"
+        "must set sequence_start (or it ended, or its START timed out or was cancelled "
+        "before it ran, or it was idle past max_sequence_idle_microseconds and was released)"
     )

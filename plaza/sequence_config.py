@@ -7,7 +7,9 @@ each with its false and true values) and the implicit state: inputs Plaza feeds 
 same sequence's previous output (``state``). Either strategy (``direct``, ``oldest``) is
 read; Plaza forms batches as ``oldest`` does (``plaza/sequence_batching.py``), which is the
 same thing for a model whose state is implicit or carried by its client, since its backends
-keep nothing between calls. What Plaza does not carry out is refused with the field named.
+keep nothing between calls; ``direct``'s ``minimum_slot_utilization`` becomes the preferred
+sizes it fills. What Plaza does not carry out is refused with the field named (a CORRID
+control of ``TYPE_STRING`` among them).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.datatypes import from_config_type
@@ -32,7 +35,10 @@ DEFAULT_IDLE_US = 1_000_000
 long is released (its state dropped)."""
 DEFAULT_MAX_SEQUENCES = 1024
 """Sequences one worker keeps at once for each version it serves, where
-``oldest.max_candidate_sequences`` is not set."""
+``oldest.max_candidate_sequences`` is not set (and always under ``direct``, which has no
+such field)."""
+DIRECT, OLDEST = "direct", "oldest"
+_CORRID_TYPES = (mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,13 +77,28 @@ class SequenceBatching:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     """``oldest.preferred_batch_size``, increasing: a batch of one of these runs before the
-    queue delay is out."""
+    queue delay is out (under ``direct``: every size that fills its
+    ``minimum_slot_utilization``)."""
     max_sequences: int = DEFAULT_MAX_SEQUENCES
     """``oldest.max_candidate_sequences``: the sequences a worker holds at once for each
     version (each version of a Triton model has its own sequence batcher); a new one past
     it is refused (``queue_full``)."""
     controls: tuple[SequenceControl, ...] = ()
     states: tuple[SequenceState, ...] = ()
+    strategy: str = OLDEST
+    """``direct`` or ``oldest``, as the block names it (neither: ``direct``, Triton's
+    default); both batch alike here, but only ``oldest`` sets ``max_sequences``."""
+
+    @property
+    def max_sequences_field(self) -> str:
+        """Where ``max_sequences`` comes from, and how to change it (a ``queue_full``
+        message names it)."""
+        if self.strategy == OLDEST:
+            return "sequence_batching.oldest.max_candidate_sequences"
+        return (
+            f"Plaza's fixed limit under sequence_batching.{DIRECT}; to change it, use "
+            "oldest { max_candidate_sequences } instead"
+        )
 
     @property
     def model_inputs(self) -> tuple[str, ...]:
@@ -113,16 +134,9 @@ def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatc
         delay = int(oldest.max_queue_delay_microseconds)
         if oldest.max_candidate_sequences > 0:
             max_sequences = int(oldest.max_candidate_sequences)
-        preferred = tuple(sorted({int(n) for n in oldest.preferred_batch_size}))
-        limit = max(1, config.max_batch_size)
-        if preferred and not 1 <= preferred[0] <= preferred[-1] <= limit:
-            raise _fail(
-                source,
-                f"{where}.oldest.preferred_batch_size",
-                f"{list(preferred)}: each must be between 1 and max_batch_size ({limit})",
-            )
+        preferred = _preferred(oldest, config.max_batch_size, source, f"{where}.oldest")
     elif sb.HasField("direct"):
-        delay = int(sb.direct.max_queue_delay_microseconds)
+        delay, preferred = _direct(sb.direct, config.max_batch_size, source, f"{where}.direct")
     controls = _controls(sb, source, where)
     states = _states(sb, source, where)
     names = [c.name for c in controls] + [s.input_name for s in states]
@@ -146,7 +160,40 @@ def parse_sequence_batching(config: mc.ModelConfig, source: str) -> SequenceBatc
         max_sequences=max_sequences,
         controls=controls,
         states=states,
+        strategy=OLDEST if sb.HasField("oldest") else DIRECT,
     )
+
+
+def _preferred(oldest: Any, max_batch_size: int, source: str, where: str) -> tuple[int, ...]:
+    """``oldest.preferred_batch_size``, increasing: each between 1 and ``max_batch_size``,
+    as Triton checks it, so a model that does not batch (0) takes none."""
+    preferred = tuple(sorted({int(n) for n in oldest.preferred_batch_size}))
+    if preferred and not 1 <= preferred[0] <= preferred[-1] <= max_batch_size:
+        raise _fail(
+            source,
+            f"{where}.preferred_batch_size",
+            f"{list(preferred)}: each must be between 1 and max_batch_size ({max_batch_size})",
+        )
+    return preferred
+
+
+def _direct(
+    direct: Any, max_batch_size: int, source: str, where: str
+) -> tuple[int, tuple[int, ...]]:
+    """``direct``'s queue delay, and its ``minimum_slot_utilization`` as preferred sizes,
+    as Triton's direct batcher uses them: with both set, a batch waits up to the delay
+    unless the waiting sequences fill that share of ``max_batch_size`` (so every size from
+    there up is preferred); with either unset (0), it runs at once, the delay unused."""
+    utilization = np.float32(direct.minimum_slot_utilization)
+    if not 0.0 <= utilization <= 1.0:
+        raise _fail(source, f"{where}.minimum_slot_utilization", f"{utilization:g}: must be 0 to 1")
+    delay = int(direct.max_queue_delay_microseconds)
+    if not delay or not utilization:
+        return 0, ()
+    slots = max(1, max_batch_size)
+    # the smallest share that fills it, in Triton's float arithmetic (ready / slots)
+    least = next(n for n in range(1, slots + 1) if np.float32(n) / np.float32(slots) >= utilization)
+    return delay, tuple(range(least, slots + 1))
 
 
 def _controls(sb: Any, source: str, where: str) -> tuple[SequenceControl, ...]:
@@ -167,8 +214,15 @@ def _controls(sb: Any, source: str, where: str) -> tuple[SequenceControl, ...]:
 
 def _control(name: str, kind: str, control: Any, source: str, at: str) -> SequenceControl:
     if kind == CORRID:
-        if control.data_type not in (mc.TYPE_UINT64, mc.TYPE_INT64, mc.TYPE_UINT32, mc.TYPE_INT32):
-            raise _fail(source, f"{at}.data_type", "a CORRID control is an integer type here")
+        if control.data_type not in _CORRID_TYPES:
+            # Triton also takes TYPE_STRING (string sequence ids); Plaza passes the id as a
+            # number only, and checks each request's id against this type
+            raise _fail(
+                source,
+                f"{at}.data_type",
+                f"{_type_name(control.data_type)}: a CORRID control is TYPE_UINT64, "
+                "TYPE_INT64, TYPE_UINT32 or TYPE_INT32 in Plaza (TYPE_STRING is not supported)",
+            )
         return SequenceControl(name, kind, _datatype(control.data_type, source, at))
     given = [
         (f, list(getattr(control, f)))
@@ -219,6 +273,10 @@ def _initial_file(st: Any, datatype: str, dims: tuple[int, ...], source: str, at
     if not name or "/" in name or "\\" in name or name in (".", ".."):
         raise _fail(source, f"{where}.data_file", f"{name!r} is not a file name")
     return str(name)
+
+
+def _type_name(value: int) -> str:
+    return mc.DataType.Name(value) if value in mc.DataType.values() else str(value)
 
 
 def _datatype(value: int, source: str, at: str) -> str:

@@ -6,7 +6,9 @@ Before a batch runs, ``prepare`` gives each request the inputs Plaza fills for t
 inputs, from what the sequence's previous request left) and asks for the state outputs too.
 After it ran, ``complete`` takes the state outputs out of each answer, keeps them for the
 sequence's next request, and lets that request become a candidate (``finish``). A request
-that was not run is let go (``release``) so its sequence goes on.
+that was not run is let go (``release``) so its sequence goes on; a START let go leaves its
+sequence not started, so the requests after it are refused rather than run on the state of
+the sequence before it.
 
 A sequence is one version's (``SequenceKey``: the version and the ``sequence_id``): a
 model that serves several versions has one worker and one batcher for them all, and the
@@ -344,6 +346,7 @@ class SequenceRuns:
         return True
 
     def release(self, items: Sequence[WorkItem]) -> None:
-        """These were handed out and will not run: their sequences go on."""
+        """These were handed out and will not run: their sequences go on, but for those
+        whose START is among them (not started: ``SequenceBatcher.release``)."""
         for item in items:
             self.batcher.release(item)

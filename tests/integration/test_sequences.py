@@ -98,6 +98,38 @@ async def test_sequence_mistakes_are_clear_errors(settings: PlazaSettings) -> No
     assert int(ended.as_numpy("OUTPUT")[0, 0]) == 9
 
 
+async def test_a_start_that_never_runs_leaves_its_sequence_not_started(
+    settings: PlazaSettings,
+) -> None:
+    """A START whose deadline (Triton's ``timeout`` parameter, 1 us) passes in the worker's
+    queue never runs: the request after it is refused as not started, not run on the sum
+    of the sequence before it (the same id, which its client left without an END) nor from
+    zeros (a new id)."""
+    async with running_worker(settings, "accumulate"), gateway_fronts(settings) as gw:
+        http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
+        try:
+            await http.infer("accumulate", _input(http_aio, 5), sequence_id=50, sequence_start=True)
+            before = await http.infer("accumulate", _input(http_aio, 6), sequence_id=50)
+            for key in (50, 51):
+                with pytest.raises(InferenceServerException):  # answered with a timeout
+                    await http.infer(
+                        "accumulate",
+                        _input(http_aio, 100),
+                        sequence_id=key,
+                        sequence_start=True,
+                        timeout=1,
+                    )
+                with pytest.raises(InferenceServerException, match="has not started"):
+                    await http.infer("accumulate", _input(http_aio, 1), sequence_id=key)
+            again = await http.infer(
+                "accumulate", _input(http_aio, 2), sequence_id=50, sequence_start=True
+            )
+        finally:
+            await http.close()
+    assert int(before.as_numpy("OUTPUT")[0, 0]) == 11
+    assert int(again.as_numpy("OUTPUT")[0, 0]) == 2  # a START that runs begins it anew
+
+
 async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings) -> None:
     """Two workers share the model's partitions. The SDK publishes straight to Kafka, and a
     sequence's requests go to the partition of its id: were they spread by request id,

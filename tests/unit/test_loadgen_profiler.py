@@ -125,3 +125,19 @@ def test_version_folder_is_made_for_simulated_models_only(tmp_path: Path) -> Non
     ensure_version_folder(tmp_path, "identity")
     ensure_version_folder(tmp_path, "absent")
     assert not (tmp_path / "identity" / "1").exists() and not (tmp_path / "absent").exists()
+
+
+def test_a_model_that_does_not_batch_gets_no_preferred_size() -> None:
+    """max_batch_size 0: a preferred size of 1 is past it, and the config refuses it (as
+    Triton does); the snippet names none, and no delay, and loads."""
+    rec = recommend(curve({1: 2.0}), budget_ms=10, max_batch_size=0)
+    assert (rec.preferred_batch_size, rec.max_queue_delay_us) == (None, 0)
+    assert "does not batch" in rec.note and "preferred_batch_size" in rec.snippet()
+    text = (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 0\n'
+        'input [{ name: "x" data_type: TYPE_FP32 dims: [ 4 ] }]\n'
+        'output [{ name: "y" data_type: TYPE_FP32 dims: [ 4 ] }]\n' + rec.snippet()
+    )
+    spec = parse_model_config(text, source="m/config.pbtxt", default_name="m")
+    assert spec.batching.enabled and spec.batching.preferred_batch_sizes == ()
+    assert spec.batching.max_queue_delay_us == 0

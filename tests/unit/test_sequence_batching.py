@@ -4,6 +4,7 @@ states the worker keeps in Redis for its sequences (``workers/sequences.py``).""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -259,6 +260,80 @@ def test_preferred_sizes_are_read_and_checked() -> None:
         parse_model_config(too_big, source="t", default_name="m")
 
 
+def test_a_model_that_does_not_batch_takes_no_preferred_size() -> None:
+    """Triton refuses a sequence batcher's preferred size past max_batch_size, so any at
+    all where that is 0 (Plaza allowed 1)."""
+    text = (_BASE + _SEQ.replace("oldest {", "oldest { preferred_batch_size: [ 1 ]")).replace(
+        "max_batch_size: 4", "max_batch_size: 0"
+    )
+    with pytest.raises(ConfigError, match=r"oldest\.preferred_batch_size.*max_batch_size \(0\)"):
+        parse_model_config(text, source="t", default_name="m")
+    plain = text.replace("preferred_batch_size: [ 1 ]", "")
+    assert parse_model_config(plain, source="t", default_name="m").sequence.enabled
+
+
+def _direct(fields: str) -> SequenceBatching:
+    text = _BASE + _SEQ.replace(
+        "oldest { max_candidate_sequences: 3 max_queue_delay_microseconds: 500 }",
+        f"direct {{ {fields} }}",
+    )
+    return parse_model_config(text, source="t", default_name="m").sequence
+
+
+def test_direct_minimum_slot_utilization_is_carried_out_as_triton_does() -> None:
+    """A batch waits up to the delay unless the waiting sequences fill that share of
+    max_batch_size (4): 0.5 -> two or more run at once. Without a utilization Triton's
+    direct batcher does not wait at all, the delay unused."""
+    seq = _direct("max_queue_delay_microseconds: 1000 minimum_slot_utilization: 0.5")
+    assert (seq.max_queue_delay_us, seq.preferred_batch_sizes) == (1000, (2, 3, 4))
+    assert _direct(
+        "max_queue_delay_microseconds: 1000 minimum_slot_utilization: 1"
+    ).preferred_batch_sizes == (4,)
+    assert _direct(
+        "max_queue_delay_microseconds: 1000 minimum_slot_utilization: 0.3"
+    ).preferred_batch_sizes == (2, 3, 4)  # 1/4 < 0.3 <= 2/4
+    unused = _direct("max_queue_delay_microseconds: 1000")
+    assert (unused.max_queue_delay_us, unused.preferred_batch_sizes) == (0, ())
+    clock = Clock()
+    b: SequenceBatcher[Req] = SequenceBatcher(
+        seq, 4, lambda r: SequenceFlags(r.key, r.start, r.end), clock
+    )
+    b.add(Req(1, start=True))
+    assert b.decide().batch == []  # a quarter of the slots: it waits
+    b.add(Req(2, start=True))
+    assert [r.key for r in b.decide().batch] == [1, 2]  # half: runs now
+
+
+def test_direct_minimum_slot_utilization_out_of_range_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"direct\.minimum_slot_utilization"):
+        _direct("max_queue_delay_microseconds: 1000 minimum_slot_utilization: 1.5")
+
+
+def test_queue_full_names_the_limit_that_applies() -> None:
+    """Under direct there is no max_candidate_sequences: the message names Plaza's fixed
+    limit and how to change it."""
+    seq = dataclasses.replace(_direct(""), max_sequences=1)
+    b: SequenceBatcher[Req] = SequenceBatcher(
+        seq, 4, lambda r: SequenceFlags(r.key, r.start, r.end), Clock()
+    )
+    b.add(Req(1, start=True))
+    with pytest.raises(QueueFull) as caught:
+        b.add(Req(2, start=True))
+    assert "oldest.max_candidate_sequences" not in caught.value.message
+    assert "fixed limit under sequence_batching.direct" in caught.value.message
+    assert "oldest { max_candidate_sequences }" in caught.value.message
+    oldest = parse_model_config(_BASE + _SEQ, source="t", default_name="m").sequence
+    assert oldest.max_sequences_field == "sequence_batching.oldest.max_candidate_sequences"
+
+
+def test_a_string_corrid_is_refused_by_name() -> None:
+    """Triton takes a TYPE_STRING CORRID for string sequence ids; Plaza passes the id as a
+    number only, and says so at load rather than failing each request."""
+    text = _BASE + _SEQ.replace("TYPE_UINT64", "TYPE_STRING")
+    with pytest.raises(ConfigError, match=r"control\[0\]\.data_type.*TYPE_STRING is not supported"):
+        parse_model_config(text, source="t", default_name="m")
+
+
 def test_a_revoked_partition_takes_its_sequences_with_it() -> None:
     clock = Clock()
     b = batcher(clock)
@@ -278,11 +353,14 @@ def test_a_revoked_partition_takes_its_sequences_with_it() -> None:
 def test_released_and_adopted_requests() -> None:
     clock = Clock()
     b = batcher(clock)
-    r = Req(5, start=True)
+    r, middle = Req(5, start=True), Req(5)
     b.add(r)
     b.decide()
-    b.release(r)  # answered already: the sequence goes on, its state untouched
-    nxt = Req(5)
+    b.finish(r, None)
+    b.add(middle)
+    b.decide()
+    b.release(middle)  # answered already: the sequence goes on, its state untouched
+    nxt = Req(5)  # (a START let go leaves it not started: test_sequence_start_unrun.py)
     b.add(nxt)
     assert b.decide().batch == [nxt]
     b.finish(nxt, {"SIN": np.array([3.0])})
