@@ -65,7 +65,9 @@ def key_partition(key: bytes | None, all_partitions: list[int], available: list[
 
 
 def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
-    """An idempotent producer with acks=all: no duplicates or reordering from retries."""
+    """An idempotent producer with acks=all: no duplicates or reordering from retries.
+    It publishes to partitions added to a topic once its metadata is refreshed (every
+    ``kafka.metadata_max_age_ms``)."""
     return AIOKafkaProducer(
         bootstrap_servers=k.bootstrap_servers,
         client_id=k.client_id,
@@ -76,12 +78,15 @@ def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
         max_request_size=k.max_request_bytes + 64 * 1024,
         max_batch_size=max(16384, min(k.max_request_bytes, 1024 * 1024)),
         request_timeout_ms=k.request_timeout_ms,
+        metadata_max_age_ms=k.metadata_max_age_ms,
         **kafka_security(k),
     )
 
 
 def kafka_consumer(k: KafkaSettings, group_id: str, **overrides: Any) -> AIOKafkaConsumer:
-    """A consumer in ``group_id`` with manual commits, starting at the earliest offset."""
+    """A consumer in ``group_id`` with manual commits, starting at the earliest offset.
+    Its metadata is refreshed every ``kafka.metadata_max_age_ms``: partitions added to a
+    subscribed topic (or a topic deleted and made again) are assigned only then."""
     opts: dict[str, Any] = {
         "bootstrap_servers": k.bootstrap_servers,
         "client_id": k.client_id,
@@ -92,6 +97,7 @@ def kafka_consumer(k: KafkaSettings, group_id: str, **overrides: Any) -> AIOKafk
         "fetch_max_bytes": max(52428800, k.max_request_bytes * 2),
         "max_partition_fetch_bytes": max(1048576, k.max_request_bytes + 64 * 1024),
         "request_timeout_ms": k.request_timeout_ms,
+        "metadata_max_age_ms": k.metadata_max_age_ms,
         "session_timeout_ms": 10_000,
         "heartbeat_interval_ms": 1_000,
         "max_poll_interval_ms": 300_000,

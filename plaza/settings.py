@@ -39,6 +39,12 @@ class KafkaSettings(_Section):
     linger_ms: int = Field(
         0, ge=0, description="producer linger (records sent while one is in flight batch anyway)"
     )
+    metadata_max_age_ms: int = Field(
+        30_000,
+        ge=1000,
+        description="how often clients refresh Kafka metadata: partitions added to a topic "
+        "(or a topic recreated) are fetched from and published to within this",
+    )
     backlog_check_ttl_ms: int = Field(
         250, ge=0, description="how long a measured backlog (for max_queue_size) is reused"
     )

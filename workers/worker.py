@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher, queue_deadline
@@ -87,6 +88,9 @@ CANCEL_CHECK_S = 0.1
 """How often a Python model's worker looks whether its running requests' callers went away
 (one pipelined Redis call, only while such requests run)."""
 RecordKey = tuple[TopicPartition, int]
+RECORD_OVERHEAD = 64 * 1024
+"""What a record's batch may add to its ``kafka.max_request_bytes`` (as the topics' own
+``max.message.bytes`` allows, ``plaza.connections``)."""
 Record: TypeAlias = ConsumerRecord[Any, Any]
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
 """A request that waits for its sequence's state: ``_queue``'s arguments but ``done``."""
@@ -338,7 +342,7 @@ class Worker:
         await self.services.start()
         self._failed = asyncio.get_running_loop().create_future()
         self._responses = self._response_sink()
-        self._kafka = KafkaClients(self.services.producer, self._make_consumer())
+        self._kafka = KafkaClients(self.services.producer, await self._make_consumer())
         self.consumer.subscribe(self.topics, listener=Rebalance(self))
         await self.consumer.start()
         seq = self.sequences
@@ -374,18 +378,37 @@ class Worker:
             ws.max_pending_bytes,
         )
 
-    def _make_consumer(self) -> AIOKafkaConsumer:
-        # The fetcher's read-ahead (per partition, and per fetch) is memory outside the byte
-        # budget: keep it a fraction of it. A record bigger than a limit still comes (Kafka
-        # returns the first batch whatever its size).
-        budget = self.settings.worker.max_pending_bytes
-        per_partition = max(1 << 20, min(self.settings.kafka.max_request_bytes * 2, budget // 8))
+    async def _make_consumer(self) -> AIOKafkaConsumer:
+        """The group member, its read-ahead kept to a quarter of the byte budget: the
+        fetcher buffers up to ``max_partition_fetch_bytes`` for each partition it owns, and
+        this member may own every partition of every level topic (counted now: partitions
+        added later are not, and aiokafka cannot change the limit of a running consumer).
+        The limit never goes below the largest record a worker takes (plus its batch's
+        overhead), so a record of any accepted size can always be fetched; with many
+        partitions that floor, not the quarter, bounds the read-ahead (docs/guarantees.md)."""
+        kafka = self.settings.kafka
+        quarter = self.settings.worker.max_pending_bytes // 4
+        partitions = await self._partition_count()
+        share = min(kafka.max_request_bytes * 2, quarter // partitions)
+        per_partition = max(kafka.max_request_bytes + RECORD_OVERHEAD, share)
         return kafka_consumer(
-            self.settings.kafka,
+            kafka,
             self.names.consumer_group(self.model),
             max_partition_fetch_bytes=per_partition,
-            fetch_max_bytes=max(per_partition, min(50 << 20, budget // 4)),
+            fetch_max_bytes=max(per_partition, min(50 << 20, quarter)),
         )
+
+    async def _partition_count(self) -> int:
+        """Partitions of the level topics together (their metadata; ``kafka.partitions``
+        each, what Plaza creates them with, where Kafka does not tell)."""
+        total = 0
+        for topic in self.topics:
+            try:
+                total += len(await self.services.producer.partitions_for(topic))
+            except KafkaError as exc:
+                log.warning("%s: partitions of %s unknown (%s)", self.id, topic, exc)
+                total += self.settings.kafka.partitions
+        return max(1, total)
 
     def _pending(self) -> int:
         """Requests held: waiting in the batcher, waiting as suspects, or running."""
@@ -489,6 +512,7 @@ class Worker:
             # the fetch is taken in, leaves the rest of it to the partition's next fetch.
             self._moved.clear()
             await self._take_all(fetched)
+            await self._note_positions()
 
     def _room(self) -> int:
         """Records to fetch now: what both ``max_pending`` and ``max_pending_bytes`` allow.
@@ -526,6 +550,29 @@ class Worker:
         if done.records:
             await self._results.put(done)
         self._arrived.set()
+
+    async def _note_positions(self) -> None:
+        """After a fetch is taken in entirely: each owned partition's position, which moves
+        past what the consumer hands over no record for (transaction markers, aborted
+        transactions), bounds the commit once its records are done, and the lag. Only
+        partitions fetched from in this assignment (a highwater known) are asked: another's
+        position may still be on its way, which would hold the intake up."""
+        consumer = self.consumer
+        tps = [
+            tp
+            for tp in consumer.assignment()
+            if self.offsets.owns(tp) and consumer.highwater(tp) is not None
+        ]
+        moved = False
+        for tp in tps:
+            try:
+                position = await consumer.position(tp)
+            except IllegalStateError:  # revoked meanwhile
+                continue
+            self._fetched[tp] = position
+            moved = self.offsets.fetched_to(tp, position) or moved
+        if moved:
+            self._commit_due.set()
 
     async def _fetch(self, room: int) -> Fetched:
         """Records to take in, highest priority level first: the fetcher buffers every
@@ -741,13 +788,17 @@ class Worker:
         self._record_bytes += (nbytes - self._record_bytes) / 16  # a running mean
 
     def _finish(self, keys: list[RecordKey]) -> None:
-        """These records are done (answer durable, or dead-lettered): release them."""
+        """These records are done (answer durable, or dead-lettered): release them, and
+        have the committer commit them (whatever finished them: a partition's last records
+        may be dead letters, which nothing after them would ever commit)."""
         for tp, offset in keys:
             self.offsets.done(tp, offset)
             held = self._held.pop((tp, offset), None)
             if held is not None:
                 self.pending_bytes -= held.nbytes
         self.deliveries.finished([(tp.topic, tp.partition, off) for tp, off in keys])
+        if keys:
+            self._commit_due.set()
 
     async def _dead_letter(self, tp: TopicPartition, record: Record, error: PlazaError) -> None:
         self.metrics.count("dead_lettered")
@@ -757,10 +808,14 @@ class Worker:
         await dead_letter(self.producer, topic, tp, record, error, self.id, self._stopping)
 
     def _lag(self) -> int:
-        """Records in our partitions that Kafka holds but we have not fetched yet."""
+        """Records in our partitions that Kafka holds but we have not fetched yet: up to
+        the last stable offset (``read_committed`` reads no further; it is the highwater
+        where no transaction is open), from the position (past markers and aborted
+        transactions, which are never fetched as records)."""
         lags: dict[TopicPartition, int] = {}
         for tp, position in self._fetched.items():
-            high = self.consumer.highwater(tp)
+            stable = self.consumer.last_stable_offset(tp)
+            high = stable if stable is not None and stable >= 0 else self.consumer.highwater(tp)
             if high is not None:
                 lags[tp] = max(0, high - position)
         self.metrics.lags = lags
@@ -991,7 +1046,6 @@ class Worker:
                 if self._in_flight == 0:
                     self._idle.set()
                 self._space.set()
-                self._commit_due.set()
             finally:
                 self._results.task_done()
 
