@@ -19,25 +19,32 @@ times: one ``data:`` event per response, sent as it comes (its empty final respo
 none). An error met before the first event (a bad body, a first response that is an
 error, no response in time) is answered as a JSON error with its status, as Triton answers
 an error met before inference began; one met after it ends the stream with an error event,
-``data: {"error": <message>, "code": <code>}``. ``generate`` needs exactly one answer, so it
+``data: {"error": <message>, "code": <code>}``, the body an HTTP error would have (a
+timeout's with the ``job_id`` to poll). ``generate`` needs exactly one answer, so it
 refuses a decoupled model (``unsupported``, 400) and points to ``generate_stream``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from plaza.contract import InferResult, Scalar
 from plaza.errors import InvalidInput, PlazaError, error_from_wire
+from plaza.gateway.errors import error_body
 from plaza.gateway.kserve import MAX_NESTING, encode_json, json_tensor, request_parameters
 from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
+from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 
 CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
+SSE_AHEAD = 1024
+"""Events a generate_stream takes ahead of its client (as a gRPC stream's answers wait)."""
 _RESERVED = frozenset({"parameters", "id"})
 
 
@@ -137,13 +144,23 @@ def sse_event(doc: dict[str, Any]) -> bytes:
     return b"data: " + encode_json(doc) + b"\n\n"
 
 
-async def sse_events(
+def sse_events(
     results: AsyncGenerator[InferResult, None], client_id: str | None
 ) -> AsyncGenerator[bytes, None]:
     """A decoupled model's responses as server-sent events, one per response with data.
 
     Before the first event an error (a response that carries one, or one raised) is raised,
-    for the endpoint to answer with its status; after it, it becomes the last event."""
+    for the endpoint to answer with its status; after it, it becomes the last event. The
+    responses are taken as they come, up to ``SSE_AHEAD`` events ahead of the client, and
+    the events ready together go out as one part (``joined``): sent one part per event, a
+    fast model's responses would pile up in the reply reader (``plaza.replies``) while the
+    client keeps up."""
+    return joined(_events(results, client_id), SSE_AHEAD)
+
+
+async def _events(
+    results: AsyncGenerator[InferResult, None], client_id: str | None
+) -> AsyncGenerator[bytes, None]:
     sent = False
     async with aclosing(results):
         try:
@@ -156,5 +173,46 @@ async def sse_events(
         except PlazaError as exc:
             if not sent:
                 raise
-            code = str(exc.details.get("code", exc.code))
-            yield sse_event({"error": exc.message, "code": code})
+            yield sse_event(error_body(exc))  # as an HTTP error's body: job_id included
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    error: Exception | None = None
+
+
+async def joined(parts: AsyncGenerator[bytes, None], ahead: int) -> AsyncGenerator[bytes, None]:
+    """``parts``, each time joined with the ones that came meanwhile: a task takes them as
+    they come (at most ``ahead`` waiting), so their source never waits for the reader of
+    this one while there is room. What ``parts`` raises is raised after the parts before
+    it; closing this closes ``parts``."""
+    ready: asyncio.Queue[bytes | _End] = asyncio.Queue(ahead)
+
+    async def pump() -> None:
+        try:
+            async for part in parts:
+                await ready.put(part)
+        except Exception as exc:
+            await ready.put(_End(exc))
+        else:
+            await ready.put(_End())
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            part = bytearray()
+            item = await ready.get()
+            while isinstance(item, bytes):
+                part += item
+                if ready.empty():
+                    break
+                item = ready.get_nowait()
+            if part:
+                yield bytes(part)
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                return
+    finally:
+        await cancel_and_wait([task])
+        await parts.aclose()

@@ -12,9 +12,11 @@ each response as it completes, tagged with the request's ``id``, as Triton does.
 decoupled model's request gets each of its responses as it comes, interleaved with the
 stream's other requests (at most ``STREAM_MAX_INFLIGHT`` responses wait to be sent; past
 it the requests wait, and a request whose responses then pile up in the reply reader past
-its bound gets an error); with ``triton_enable_empty_final_response`` each response
-(an ordinary model's one too) carries ``triton_final_response`` and a decoupled model's
-empty final response is sent too.
+its bound gets an error). As Triton's stream does, every response carries
+``triton_final_response`` (true on a request's last one: an ordinary model's one answer,
+an error that ends the request), and ``triton_enable_empty_final_response`` only decides
+whether a decoupled model's empty final response is sent too. An error response that a
+timed-out wait ends names the job to poll (its message, and a ``job_id`` parameter).
 ``ModelInfer`` refuses a decoupled model (UNIMPLEMENTED, as Triton). A call the
 client cancels, or a stream it closes, stops waiting at once; the producer core then stores
 a ``cancelled`` answer, so a worker that has not run the request yet skips it. With
@@ -62,6 +64,8 @@ SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 STREAM_MAX_INFLIGHT = 1024
 """Requests one ModelStreamInfer stream may have in flight before it stops reading; also
 the responses that may wait to be sent on it."""
+PARAM_JOB_ID = "job_id"
+"""The parameter of a stream's error response that names the job to poll (a timeout)."""
 DECOUPLED_REFUSED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 """Triton's words for a unary call to a decoupled model (status UNIMPLEMENTED)."""
 
@@ -77,7 +81,7 @@ def _answers_errors(handler: Handler[Req, Resp]) -> Handler[Req, Resp]:
         try:
             return await handler(self, request, context)
         except PlazaError as exc:
-            await context.abort(grpc_status(exc), exc.message)
+            await context.abort(grpc_status(exc), _error_text(exc))
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as exc:
@@ -308,8 +312,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         empty_final = grpc_codec.wants_empty_final(request)
         if not model.spec.decoupled:  # its one response is its final one
             response = await self._infer(request)
-            if empty_final:
-                grpc_codec.mark_final(response, True)
+            grpc_codec.mark_final(response, True)
             yield pb.ModelStreamInferResponse(infer_response=response)
             return
         decoded = grpc_codec.decode_infer_request(request, self.service.shm)
@@ -325,11 +328,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
                 if result.empty and not empty_final:
                     continue
                 if result.error is not None:
-                    answer = _stream_error(request, result.error.message)
+                    answer = _stream_error(request, result.error.message, final=result.final)
                 else:
                     encoded = grpc_codec.encode_infer_response(result, request.id)
                     answer = pb.ModelStreamInferResponse(infer_response=encoded)
-                if empty_final:
                     grpc_codec.mark_final(answer.infer_response, result.final)
                 yield answer
 
@@ -421,7 +423,7 @@ class _Stream:
                 async for answer in answers:
                     await self._send(answer)
         except PlazaError as exc:
-            await self._send(_stream_error(request, exc.message))
+            await self._send(_stream_error(request, _error_text(exc), exc.details.get("job_id")))
         except Exception as exc:
             log.exception("gRPC stream request failed")
             await self._send(_stream_error(request, f"internal error: {type(exc).__name__}"))
@@ -448,11 +450,28 @@ def _sequence_key(request: pb.ModelInferRequest) -> int | str | None:
     return value or None
 
 
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    """A stream's per-request error: the message, and the request's id and model."""
+def _error_text(exc: PlazaError) -> str:
+    """A gRPC error's message: ``exc``'s, naming the job to poll where it has one (a wait
+    that timed out) and does not say it yet: the HTTP front's body has ``job_id`` beside it,
+    a gRPC status has only its message."""
+    job_id = exc.details.get("job_id")
+    if job_id is None or str(job_id) in exc.message:
+        return exc.message
+    return f"{exc.message} (job_id {job_id})"
+
+
+def _stream_error(
+    request: pb.ModelInferRequest, message: str, job_id: object = None, *, final: bool = True
+) -> pb.ModelStreamInferResponse:
+    """A stream's per-request error: the message, and the request's id and model, with
+    ``triton_final_response`` (Triton sets it on every stream response, error ones too;
+    an error raised here ends its request) and the ``job_id`` to poll, where there is one."""
     echo = pb.ModelInferResponse(
         model_name=request.model_name, model_version=request.model_version, id=request.id
     )
+    grpc_codec.mark_final(echo, final)
+    if job_id is not None:
+        echo.parameters[PARAM_JOB_ID].string_param = str(job_id)
     return pb.ModelStreamInferResponse(error_message=message, infer_response=echo)
 
 

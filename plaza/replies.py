@@ -8,11 +8,18 @@ Cluster).
 
 A decoupled model answers one request many times (``InferResult.index``, ``final``). Its
 caller registers a ``ResponseStream`` instead (``expect_responses``): every result of its
-id goes there, in order, until the final one. The stream holds at most ``limit`` responses
-that its reader has not taken yet; one more ends it with QueueFull (its reader gets the
-ones before, then the error), so the read loop never waits for a slow reader and nothing
-grows without bound. A future waits for a request's final result only: a response that is
-not final (there are none for an ordinary model) leaves it waiting.
+id goes there, in order, until the final one. The read loop never waits for a slow reader,
+so a stream is bounded instead: it may hold at most ``limit`` responses that its reader
+has not taken after the reader had its turn. The loop hands an entry's results over
+whole; once an entry takes a stream past ``limit``, the loop stops handing over the rest of
+that read and reads again from there, which gives every reader a turn (the event loop runs
+them while the read waits for Redis). A stream still past ``limit`` at that next read ends
+with QueueFull (its reader gets the responses it holds, then the error). A reader that
+takes what came on its turn is therefore never cut off, however many responses one entry
+carries, and a stream never holds more than ``limit`` plus one entry's worth (a worker
+puts at most ``MAX_ENTRY_RESPONSES`` of one request in an entry, ``workers/writer.py``). A
+future waits for a request's final result only: a response that is not final (there are
+none for an ordinary model) leaves it waiting.
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ READ_GRACE_S = 10.0
 """How long past its ``BLOCK`` a read may take before the connection counts as dead."""
 
 MAX_PENDING_RESPONSES = 1024
-"""Responses of one request a ``ResponseStream`` holds for its reader by default; one more
-ends the stream with QueueFull (the reader is too slow for the model)."""
+"""Responses of one request a ``ResponseStream`` may hold for its reader by default after
+the reader had its turn; more ends the stream with QueueFull (the reader is too slow for
+the model)."""
 
 
 def _field(flat: list[bytes], name: bytes) -> bytes | None:
@@ -55,17 +63,25 @@ class ResponseStream:
     """Every result of one request, in order, until its final one: ``async for`` over it.
 
     Fed by the reply reader (``deliver``, never blocking); ends after the final result, or
-    with the error that ended it (QueueFull past ``limit`` undelivered responses,
-    Unavailable when the reader stops), raised once the responses before it are taken.
-    A response whose index was delivered already (a duplicate) is dropped.
+    with the error that ended it (QueueFull when more than ``limit`` responses are still
+    waiting at ``check_limit``, Unavailable when the reader stops), raised once the
+    responses before it are taken. A response whose index was delivered already (a
+    duplicate) is dropped.
     """
 
     def __init__(
-        self, correlation_id: str, limit: int, on_end: Callable[[ResponseStream], None]
+        self,
+        correlation_id: str,
+        limit: int,
+        on_end: Callable[[ResponseStream], None],
+        on_over: Callable[[ResponseStream], None] | None = None,
     ) -> None:
+        """``on_over`` is called when a delivery takes the stream past ``limit``: its
+        reader must have a turn before ``check_limit`` judges it."""
         self.correlation_id = correlation_id
         self.limit = limit
         self._on_end = on_end
+        self._on_over = on_over
         self._buffer: deque[InferResult] = deque()
         self._next_index = 0
         self._finished = False
@@ -77,26 +93,37 @@ class ResponseStream:
         """The final result (or an error) came: nothing more will be delivered."""
         return self._finished or self._error is not None
 
+    @property
+    def over_limit(self) -> bool:
+        """More than ``limit`` responses wait for the reader."""
+        return len(self._buffer) > self.limit
+
     def deliver(self, result: InferResult) -> None:
         """Take ``result`` for the reader (the reply reader calls this)."""
         if self.ended or result.index < self._next_index:
-            return
-        if len(self._buffer) >= self.limit:
-            self.fail(
-                QueueFull(
-                    f"request {self.correlation_id}: {self.limit} responses waited undelivered "
-                    "(the caller reads them more slowly than the model answers); the rest are "
-                    "dropped",
-                    limit=self.limit,
-                )
-            )
             return
         self._buffer.append(result)
         self._next_index = result.index + 1
         if result.final:
             self._finished = True
             self._on_end(self)
+        elif len(self._buffer) == self.limit + 1 and self._on_over is not None:
+            self._on_over(self)
         self._ready.set()
+
+    def check_limit(self) -> None:
+        """End the stream with QueueFull if more than ``limit`` responses still wait (the
+        reply reader calls this once the reader had a turn to take them)."""
+        if self.ended or not self.over_limit:
+            return
+        self.fail(
+            QueueFull(
+                f"request {self.correlation_id}: {len(self._buffer)} responses waited "
+                f"undelivered, more than its limit of {self.limit} (the caller reads them "
+                "more slowly than the model answers); the rest are dropped",
+                limit=self.limit,
+            )
+        )
 
     def fail(self, error: PlazaError) -> None:
         """End the stream with ``error`` (after the responses it holds)."""
@@ -137,6 +164,8 @@ class ReplyMux:
         self._maxlen = maxlen
         self._waiters: dict[str, asyncio.Future[InferResult]] = {}
         self._streams: dict[str, ResponseStream] = {}
+        self._over: list[ResponseStream] = []
+        """Streams a delivery took past their limit, judged at the next read."""
         self._task: asyncio.Task[None] | None = None
         self._last_id = b"0-0"
         self._block_ms = 500
@@ -187,10 +216,11 @@ class ReplyMux:
     ) -> ResponseStream:
         """Register interest in every response of a request before publishing it (a
         decoupled model's); ``async for`` over the stream until its final result. It holds
-        at most ``limit`` responses its reader has not taken (``ResponseStream``)."""
+        at most ``limit`` responses its reader has not taken once it had its turn
+        (``ResponseStream``)."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, not {limit}")
-        stream = ResponseStream(correlation_id, limit, self._end_stream)
+        stream = ResponseStream(correlation_id, limit, self._end_stream, self._past_limit)
         self._streams[correlation_id] = stream
         return stream
 
@@ -224,6 +254,7 @@ class ReplyMux:
                 log.warning("reply stream read failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
+            self._check_limits()
             for entry_id, packed, count in entries:
                 self._last_id = entry_id
                 if packed is not None:
@@ -231,6 +262,8 @@ class ReplyMux:
                         self._dispatch(packed, count)
                     except Exception:  # one bad entry must not end the reader of them all
                         log.exception("reply entry %r on %s not dispatched", entry_id, self.stream)
+                if self._over:
+                    break  # read the rest again: the readers past their limit get a turn first
             now = asyncio.get_running_loop().time()
             if now - touched > self._ttl_s / 3:
                 touched = now
@@ -264,6 +297,16 @@ class ReplyMux:
             for _, entries in raw or []
             for entry_id, flat in entries
         ]
+
+    def _past_limit(self, stream: ResponseStream) -> None:
+        self._over.append(stream)
+
+    def _check_limits(self) -> None:
+        """End the streams still past their limit now that their readers had a turn (the
+        read that just returned waited for Redis; the event loop ran them meanwhile)."""
+        over, self._over = self._over, []
+        for stream in over:
+            stream.check_limit()
 
     def _dispatch(self, packed: bytes, count: bytes | None = None) -> None:
         try:

@@ -8,7 +8,10 @@ the writer to come (``wake``: once per batch of them, so the writer's queue hold
 most one such call per take); the writer ``take``s everything gathered, always before
 it writes anything else. That is what keeps a request's responses before its final one:
 the final one is queued only after the model's batch returned, so its responses are in
-the buffer by then, and the writer empties the buffer first.
+the buffer by then, and the writer empties the buffer first. One take may hold thousands
+of one request's responses; the writer puts them on the reply stream in entries of at
+most ``MAX_ENTRY_RESPONSES`` each (``workers/writer.py``), which a caller's reply reader
+can take whole (``plaza.replies``).
 
 Bounded: past ``limit`` responses waiting, ``add`` holds the model's thread until the
 writer takes them (a model that sends faster than Redis takes its responses is slowed,

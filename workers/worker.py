@@ -65,7 +65,7 @@ from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.workers import classification, warmup
 from plaza.workers.admission import DeadLetter, Rejected, admit, monotonic_deadline, wait_began
-from plaza.workers.answered import AnsweredCheck
+from plaza.workers.answered import RECHECK_AFTER_S, AnsweredCheck
 from plaza.workers.backends import Backend, create_backend
 from plaza.workers.backends.base import CancellableBackend, hears_cancels
 from plaza.workers.backends.python_backend import PythonBackend
@@ -851,16 +851,21 @@ class Worker:
             due.arm(decision.wake_at)
             await self._arrived.wait()
 
-    async def _unanswered(self, batch: list[WorkItem]) -> list[WorkItem]:
+    async def _unanswered(
+        self, batch: list[WorkItem], *, in_flight: bool = False
+    ) -> list[WorkItem]:
         """The items of ``batch`` to run: those already answered (cancelled by their
-        callers, or replays of answered requests) are finished here, unrun."""
+        callers, or replays of answered requests) are finished here, unrun (``in_flight``:
+        the batch counts as in flight, and those leave it once finished)."""
         batch, answered = await self.answered.split(batch)
         if answered:
             if self.sequences is not None:
                 self.sequences.release(answered)
             self.metrics.count("skipped", len(answered))
             done = [(it.partition, it.offset) for it in answered]
-            await self._results.put(Completed(records=done))
+            await self._results.put(
+                Completed(records=done, in_flight=len(answered) if in_flight else 0)
+            )
         return batch
 
     async def _launch(self, batch: list[WorkItem]) -> None:
@@ -871,9 +876,21 @@ class Worker:
             return
         self._in_flight += len(batch)
         self._idle.clear()
+        asked = granted = time.monotonic()
+        grant: Grant | None = None
         try:
             grant = await self.device.acquire(self.model)
+            granted = time.monotonic()
+            if granted - asked > RECHECK_AFTER_S:
+                # The grant waited for another execution: the requests cancelled meanwhile
+                # are skipped too, as by the look above (which they passed).
+                batch = await self._unanswered(batch, in_flight=True)
+                if not batch:
+                    self.device.finish(grant, time.monotonic() - granted)
+                    return
         except BaseException:
+            if grant is not None:
+                self.device.finish(grant, time.monotonic() - granted)
             self._in_flight -= len(batch)
             if self._in_flight == 0:
                 self._idle.set()

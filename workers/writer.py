@@ -5,7 +5,11 @@ each result it does ``SET result-key payload NX EX ttl``; only when that SET win
 first answer for this correlation id) is the result also added to its reply stream. A
 replayed request (after a crash or a rebalance) therefore never shows a second, different
 answer: first write wins. The results that a batch sends to one stream travel as one stream
-entry (``n`` = count, ``r`` = the result batch of ``plaza.codec``).
+entry (``n`` = count, ``r`` = the result batch of ``plaza.codec``), save that an entry holds
+at most ``MAX_ENTRY_RESPONSES`` results of one request (a decoupled model's responses, the
+next ones go into the stream's next entry): the reply reader hands an entry over whole,
+and a request's responses must reach its caller in parts smaller than the responses it may
+hold for them (``plaza.replies``).
 
 Each result is encoded once, here in Python, with the codec; the script only stores those
 bytes and joins the winners of a stream (``plaza.codec.join_results`` is the same join), so
@@ -64,9 +68,10 @@ from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
 
-# KEYS: n result keys, the distinct streams, then m state keys.
-# ARGV: result ttl, maxlen, stream ttl, n, then per result: payload, stream index (0 = none;
-# 1-based into the streams); then (only where there are states) m, and per state: the
+# KEYS: n result keys, the streams of the entries (one per entry, in order: a stream may
+# take several), then m state keys.
+# ARGV: result ttl, maxlen, stream ttl, n, then per result: payload, entry index (0 = none;
+# 1-based into the entries); then (only where there are states) m, and per state: the
 # 1-based index of its result, the state ('' drops the key), its ttl in ms.
 # Returns {first writes, results lost to failed XADDs, error}.
 _WRITE_SCRIPT = """
@@ -97,14 +102,17 @@ for j = 1, m do
   end
 end
 local lost, last_error = 0, ''
-for s, payloads in pairs(per_stream) do
-  local stream = KEYS[n + s]
-  local added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*',
-                            'n', #payloads, 'r', table.concat(payloads))
-  if type(added) == 'table' and added.err then
-    lost, last_error = lost + #payloads, stream .. ': ' .. added.err
-  else
-    redis.call('EXPIRE', stream, stream_ttl)
+for s = 1, #KEYS - n - m do  -- in order: a stream's entries keep its results' order
+  local payloads = per_stream[s]
+  if payloads then
+    local stream = KEYS[n + s]
+    local added = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+                              'n', #payloads, 'r', table.concat(payloads))
+    if type(added) == 'table' and added.err then
+      lost, last_error = lost + #payloads, stream .. ': ' .. added.err
+    else
+      redis.call('EXPIRE', stream, stream_ttl)
+    end
   end
 end
 return {written, lost, last_error}
@@ -143,6 +151,9 @@ redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ''
 """
 _MAX_PER_CALL = 8192  # results per script call: Redis serves nothing else while one runs
+MAX_ENTRY_RESPONSES = 256
+"""Results of one request in one reply stream entry, at most: well below the responses a
+reply reader holds for a caller (``plaza.replies.MAX_PENDING_RESPONSES``)."""
 Results = Sequence[tuple[InferResult, str | None]]
 """(result, reply stream) pairs; None: the result key alone."""
 
@@ -157,6 +168,28 @@ class StateWrite:
     key: str
     state: bytes | None
     ttl_ms: int
+
+
+class _Entries:
+    """Which reply stream entry each result goes into: a stream's results share its latest
+    entry, until one request has ``per_request`` results there; its next one opens the
+    stream's next entry (so a batch of ordinary results, one per request, stays one entry)."""
+
+    def __init__(self, per_request: int = MAX_ENTRY_RESPONSES) -> None:
+        self.streams: list[str] = []
+        """Each entry's stream, in order (1-based indexes: ``place``'s answers)."""
+        self._per_request = per_request
+        self._latest: dict[str, int] = {}
+        self._counts: dict[tuple[int, str], int] = {}
+
+    def place(self, stream: str, request_id: str) -> int:
+        """The (1-based) entry of ``stream`` that the next result of ``request_id`` joins."""
+        entry = self._latest.get(stream)
+        if entry is None or self._counts.get((entry, request_id), 0) >= self._per_request:
+            self.streams.append(stream)
+            entry = self._latest[stream] = len(self.streams)
+        self._counts[entry, request_id] = self._counts.get((entry, request_id), 0) + 1
+        return entry
 
 
 class ResultWriter:
@@ -190,7 +223,7 @@ class ResultWriter:
     async def _write_chunk(self, results: Results, states: Sequence[StateWrite] = ()) -> int:
         if self._cluster:
             return await self._write_chunk_by_slot(results, states)
-        streams: dict[str, int] = {}
+        entries = _Entries()
         keys: list[str] = []
         args: list[bytes | int | str] = [
             self._settings.result_ttl_s,
@@ -201,8 +234,8 @@ class ResultWriter:
         for result, stream in results:
             keys.append(self._names.answer_key(result.id, result.index, result.final))
             args.append(encode_result(result))
-            args.append(streams.setdefault(stream, len(streams) + 1) if stream else 0)
-        keys.extend(streams)
+            args.append(entries.place(stream, result.id) if stream else 0)
+        keys.extend(entries.streams)
         if states:
             args.append(len(states))
             for w in states:
@@ -232,12 +265,13 @@ class ResultWriter:
             args = (payload, ttl, w.state or b"", w.ttl_ms)
             pipe.eval(_CLAIM_WITH_STATE_SCRIPT, 2, key, slot_key, *args)
         won = [int(claimed) for claimed in await pipe.execute()]
-        per_stream: dict[str, list[bytes]] = {}
-        for (_, stream), payload, first in zip(results, payloads, won, strict=True):
+        entries = _Entries()
+        joined: dict[int, list[bytes]] = {}
+        for (result, stream), payload, first in zip(results, payloads, won, strict=True):
             if first and stream:
-                per_stream.setdefault(stream, []).append(payload)
-        if per_stream:
-            await self._add_to_streams(per_stream)
+                joined.setdefault(entries.place(stream, result.id), []).append(payload)
+        if joined:
+            await self._add_to_streams([(entries.streams[i - 1], joined[i]) for i in joined])
         kept = [w for w in states if won[w.index]]
         if kept:
             pipe = self._redis.pipeline(transaction=False)
@@ -249,13 +283,14 @@ class ResultWriter:
             await pipe.execute()
         return sum(1 for first in won if first)
 
-    async def _add_to_streams(self, per_stream: dict[str, list[bytes]]) -> None:
+    async def _add_to_streams(self, entries: list[tuple[str, list[bytes]]]) -> None:
+        """One entry each, in order (a stream's entries keep its results' order)."""
         pipe = self._redis.pipeline(transaction=False)
-        for stream, payloads in per_stream.items():
+        for stream, payloads in entries:
             args = [self._settings.stream_maxlen, self._settings.reply_stream_ttl_s]
             pipe.eval(_STREAM_SCRIPT, 1, stream, *args, len(payloads), join_results(payloads))
         errors = await pipe.execute()
-        for (stream, payloads), error in zip(per_stream.items(), errors, strict=True):
+        for (stream, payloads), error in zip(entries, errors, strict=True):
             if error:
                 log.warning(
                     "%d results not added to their reply stream: %r",

@@ -181,10 +181,10 @@ async def test_each_streamed_response_carries_its_own_parameters(
         async with PlazaClient(settings) as client:
             x = {"IN": np.array([[11, 12]], np.int32)}
             sdk = [dict(r.parameters) async for r in client.infer_stream("annotated_stream", x)]
-    assert plain == [
-        {"index": 0, "word": "w3", "even": True},
-        {"index": 1, "word": "w4", "even": False},
-        {"index": 2, "word": "w5", "even": True},
+    assert plain == [  # marked without the opt-in too, as Triton's stream marks them
+        {"index": 0, "word": "w3", "even": True, "triton_final_response": False},
+        {"index": 1, "word": "w4", "even": False, "triton_final_response": False},
+        {"index": 2, "word": "w5", "even": True, "triton_final_response": False},
     ]
     assert marked == [  # the gateway's marker beside the model's own, not in their place
         {"index": 0, "word": "w6", "even": True, "triton_final_response": False},

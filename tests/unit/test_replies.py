@@ -46,13 +46,16 @@ async def test_past_its_limit_a_stream_ends_with_queue_full_after_what_it_holds(
     replies = mux()
     stream = replies.expect_responses("a", limit=2)
     replies._dispatch(encode_results([response("a", i) for i in range(4)]))
-    assert replies.waiting == 0 and stream.ended  # dropped at once: the reader never waits
+    assert not stream.ended  # an entry is handed over whole: its reader gets a turn first
+    replies._check_limits()  # the next read: the reader took none of them
+    assert replies.waiting == 0 and stream.ended  # dropped: the reader loop never waits
+    replies._dispatch(encode_results([response("a", 4)]))  # the rest are dropped
     got = []
-    with pytest.raises(QueueFull, match="2 responses waited undelivered"):
+    with pytest.raises(QueueFull, match="4 responses waited undelivered, more than its limit of 2"):
         async with asyncio.timeout(2):
             async for result in stream:
                 got.append(result.index)
-    assert got == [0, 1]
+    assert got == [0, 1, 2, 3]
 
 
 async def test_a_reader_that_keeps_up_is_never_cut_off() -> None:
