@@ -341,8 +341,10 @@ class Endpoints:
         return doc
 
     async def repository_index(self, request: Request) -> Response:
-        doc = await self._json_object(request)
-        rows = await self.service.repository_index(bool(doc.get("ready", False)))
+        ready = (await self._json_object(request)).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidInput("'ready' must be true or false")
+        rows = await self.service.repository_index(ready)
         return JSONBody(
             [{k: v for k, v in dataclasses.asdict(r).items() if v or k == "name"} for r in rows]
         )

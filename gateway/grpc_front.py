@@ -211,8 +211,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
     ) -> pb.RepositoryModelUnloadResponse:
         self._authorize(context)
         flag = request.parameters.get("unload_dependents")
-        dependents = flag is not None and flag.WhichOneof("parameter_choice") == "bool_param"
-        await self.service.unload_model(request.model_name, dependents and flag.bool_param)
+        if flag is not None and flag.WhichOneof("parameter_choice") != "bool_param":
+            raise InvalidInput("parameter 'unload_dependents' must be a bool_param")
+        await self.service.unload_model(request.model_name, flag is not None and flag.bool_param)
         return pb.RepositoryModelUnloadResponse()
 
     # -- log settings (Triton's logging extension, plaza/log_settings.py) ------------------------

@@ -20,7 +20,6 @@ it, then unloads. Across gateways the table's own check does it (``ModelControl.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from plaza.model_control import (
     ModelControl,
     check_load,
     dependents,
+    folder_fingerprint,
     read_load,
     read_model,
 )
@@ -96,6 +96,12 @@ class ModelRegistry:
         """Models that could not be read, with the reason (one still served at an older
         config included, when the table's newer one could not be read)."""
         self.unloaded: set[str] = set()
+        self.refused: dict[str, str] = {}
+        """Models loaded whose current generation a model host could not load (the model
+        table's ``failed``), with the host's reason: no worker will serve them."""
+        self._along: set[str] = set()
+        """Explicit mode: start models served only as steps of the ensembles named at start
+        (marked loaded along with them, not ``explicit``, in the model table)."""
         self._generations: dict[str, int] = {}
         """The model table's generation each model is served at (or was dropped at):
         ``follow`` re-reads a model whose generation in the table differs (one that failed
@@ -132,6 +138,7 @@ class ModelRegistry:
         self.models, self.failed = {}, {}
         for name in chosen:
             self._read(name)
+        self._along = set()
         if self.mode == "explicit":
             self._read_steps()
 
@@ -149,6 +156,7 @@ class ModelRegistry:
             if not new:
                 return
             for name in new:
+                self._along.add(name)
                 self._read(name)
 
     async def start(self, redis: aioredis.Redis) -> None:
@@ -163,7 +171,9 @@ class ModelRegistry:
         for name in list(self.models):
             desired = table.get(name)
             if desired is None or not desired.loaded:
-                desired = await self._control.table.load(name)
+                folder = folder_fingerprint(self.repo, name)
+                explicit = name not in self._along
+                desired = await self._control.table.load(name, explicit=explicit, folder=folder)
             if desired.config == "":  # as read from the repository just now
                 self._followed(name, desired.generation)
         if self.mode == "poll":
@@ -179,6 +189,7 @@ class ModelRegistry:
             return
         known = dict(self._generations)
         for name, desired in (await self._control.table.read()).items():
+            self._note_refusal(desired)
             async with self._lock(name):
                 if self._generations.get(name) != known.get(name):
                     continue  # loaded or unloaded through this gateway since the table was read
@@ -252,17 +263,30 @@ class ModelRegistry:
                     self.failed[name] = exc.details["reason"]
                 raise
             for each in marked:
+                self.refused.pop(each.desired.name, None)  # a new generation, not failed yet
                 self._serve(each.desired.name, each.model)
                 self._followed(each.desired.name, each.desired.generation)
                 log.info("model %s loaded (versions %s)", each.desired.name, each.model.versions)
         if wait:
-            await control.wait_served(marked[-1])
+            try:
+                await control.wait_served(marked[-1])
+            except ConfigError as exc:  # a host refused it: no worker will serve it
+                self.refused[name] = str(exc.details.get("reason", exc.message))
+                raise
         return model
 
+    def _note_refusal(self, desired: DesiredModel) -> None:
+        """Follow the table's word that no host could load ``desired``'s generation."""
+        if desired.loaded and desired.failed:
+            self.refused[desired.name] = desired.failed
+        else:
+            self.refused.pop(desired.name, None)
+
     async def unload(self, name: str, dependents: bool = False) -> None:
-        """Stop serving ``name`` and mark it unloaded (its workers drain, then stop); with
-        ``dependents`` (Triton's ``unload_dependents``), the served ensembles that call it,
-        directly or through other ensembles, too."""
+        """Stop serving ``name`` and mark it unloaded (its workers drain, then stop), with
+        what Triton unloads with it (``ModelControl.unload``): the served ensembles that
+        call it, directly or through other ensembles; with ``dependents`` (Triton's
+        ``unload_dependents``), first its step models loaded only along with it."""
         control = self._changes_allowed()
         async with self._lock(name):
             specs = self._specs()
@@ -272,7 +296,8 @@ class ModelRegistry:
                 log.info("model %s unloaded", desired.name)
 
     def dependents(self, name: str) -> list[str]:
-        """The served ensembles that run ``name`` in a step, or run one that does."""
+        """The served ensembles that run ``name`` in a step, or run one that does (an unload
+        of ``name`` unloads them too)."""
         return dependents(name, self._specs())
 
     def _specs(self) -> dict[str, ModelSpec]:
@@ -303,6 +328,11 @@ class ModelRegistry:
             if model is not None:
                 state = "READY" if live.get(name, 0) > 0 else "LOADING"
                 reason = "" if state == "READY" else "no worker serves it yet"
+                if state == "LOADING" and name in self.refused:
+                    state, reason = (
+                        "UNAVAILABLE",
+                        f"a model host could not load it: {self.refused[name]}",
+                    )
                 if name in self.failed:  # the table's newer config could not be read here
                     reason = f"serves its previous config; the new one failed: {self.failed[name]}"
                 rows += [IndexEntry(name, str(v), state, reason) for v in model.versions]
@@ -353,24 +383,9 @@ class ModelRegistry:
 
     def _drop(self, name: str) -> None:
         self.models.pop(name, None)
+        self.refused.pop(name, None)
         self.unloaded.add(name)
 
     def _fingerprint(self, name: str) -> str:
-        """What poll mode compares: the config text (none for a model whose config is made
-        from its ONNX file) and every file of the model's folder at any depth (a version's
-        model file, a label file beside the config, a module a model.py imports), by size
-        and time; Python's bytecode caches are left out (loading a model writes them)."""
-        folder = self.repo.root / name
-        digest = hashlib.sha256()
-        try:
-            config = self.repo.config_path(folder)
-            digest.update(config.read_bytes() if config.exists() else b"no config")
-            for item in sorted(folder.rglob("*")):
-                relative = item.relative_to(folder)
-                if "__pycache__" in relative.parts or not item.is_file():
-                    continue
-                stat = item.stat()
-                digest.update(f"{relative}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-        except OSError:
-            digest.update(b"unreadable")
-        return digest.hexdigest()
+        """What poll mode compares (``folder_fingerprint``)."""
+        return folder_fingerprint(self.repo, name)

@@ -24,7 +24,12 @@ gateway's repository API and a Python model's ``pb_utils.load_model`` / ``unload
 ``is_model_ready`` (``workers/backends/pb_model_loader.py``) run: read the model
 (``read_load``), mark it loaded (an ensemble's step models first, those not loaded yet, as
 Triton's explicit mode loads an ensemble's composing models), create its request topics,
-wait for a live worker (the worker registry's heartbeats, ``live_workers``). The later
+wait for a live worker of the generation it wrote (the worker registry's heartbeats,
+``serves_generation``; a host that refuses it says why in the table, ``ModelTable.fail``,
+which ends the wait at once); and unload
+as Triton's model repository manager does (``unload_plan``: an ensemble whose step model is
+unloaded goes too, and ``unload_dependents`` takes an ensemble's steps that were loaded only
+along with it, which the table remembers as not ``explicit``). The later
 request wins: a load writes its entry only if the model's generation in the table is still
 the one it saw before reading the model (``ModelTable.load_if_unchanged``, one atomic Redis
 script), so an unload sent through any gateway while the load was reading is never undone.
@@ -33,9 +38,11 @@ script), so an unload sent through any gateway while the load was reading is nev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -61,7 +68,7 @@ must be in the repository every worker reads."""
 LOAD_POLL_S = 0.2
 """How often a load checks whether a worker serves the model yet."""
 
-_LOAD_IF_UNCHANGED = """
+_WRITE_IF_GENERATION = """
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 local generation = ''
 if current then
@@ -88,15 +95,45 @@ class DesiredModel:
     config: str = ""
     """A config override in Triton's JSON form (a load's ``parameters.config``); "" uses
     the repository's config.pbtxt."""
+    explicit: bool = True
+    """Loaded by a load that named it (or at start), not only along with an ensemble that
+    runs it in a step: an unload with ``unload_dependents`` of that ensemble leaves it."""
+    folder: str = ""
+    """The model folder's fingerprint when this generation was loaded (``folder_fingerprint``;
+    "": unknown): a load of the same config and folder keeps the generation."""
+    failed: str = ""
+    """Why a host could not load this generation (a bad config its worker refused); "" none.
+    Written by hosts (``ModelTable.fail``), read by a load waiting for a worker."""
 
     def encode(self) -> str:
-        doc = {"loaded": self.loaded, "generation": self.generation, "config": self.config}
+        doc = {
+            "loaded": self.loaded,
+            "generation": self.generation,
+            "config": self.config,
+            "explicit": self.explicit,
+            "folder": self.folder,
+            "failed": self.failed,
+        }
         return json.dumps(doc)
 
     @classmethod
     def decode(cls, name: str, raw: bytes | str) -> DesiredModel:
         doc = json.loads(raw)
-        return cls(name, bool(doc["loaded"]), int(doc["generation"]), str(doc.get("config", "")))
+        return cls(
+            name,
+            bool(doc["loaded"]),
+            int(doc["generation"]),
+            str(doc.get("config", "")),
+            bool(doc.get("explicit", True)),  # an entry written before the field: explicit
+            str(doc.get("folder", "")),
+            str(doc.get("failed", "")),
+        )
+
+    def same_load(self, config: str, folder: str) -> bool:
+        """Whether a load of ``config`` with the model folder at ``folder`` would load what
+        this entry already loads (and no host failed it): it keeps its generation."""
+        unchanged = (self.config, self.folder) == (config, folder)
+        return self.loaded and not self.failed and bool(folder) and unchanged
 
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
@@ -188,23 +225,125 @@ async def live_workers(
     return counts
 
 
-def dependents(name: str, specs: Mapping[str, ModelSpec]) -> list[str]:
-    """The ensembles among ``specs`` (the loaded models) that run ``name`` in a step, or run
-    one that does, directly or through other ensembles (Triton's ``unload_dependents``)."""
+def _generation_of(raw: bytes | str | None) -> int | None:
+    """The generation a worker's entry (``worker_info_key``) names; None: none named, or
+    no entry."""
+    if raw is None:
+        return None
+    try:
+        generation = json.loads(raw).get("generation")
+    except (ValueError, AttributeError):
+        return None
+    return generation if isinstance(generation, int) else None
+
+
+async def serves_generation(
+    redis: aioredis.Redis, names: Names, group: Sequence[str], generation: int
+) -> bool:
+    """Whether a live worker of ``generation`` (the model table's) serves ``group[0]``,
+    and each other model of the group (``serving_models``) has a live worker. A worker
+    started by a model host names its generation in its entry (``worker_info_key``); one
+    whose entry names none (started otherwise: ``plaza worker``, ``plaza up
+    --process-per-model``, an ensemble runner) counts for any generation."""
+    now = time.time()  # registry scores are epoch seconds
+    pipe = redis.pipeline(transaction=False)
+    for name in group:
+        pipe.zrangebyscore(names.worker_registry_key(name), now, "+inf")
+    members = await pipe.execute()
+    if not all(members):
+        return False
+    ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members[0]]
+    infos = await redis.mget([names.worker_info_key(i) for i in ids])
+    return any(raw is not None and _generation_of(raw) in (None, generation) for raw in infos)
+
+
+def dependents(names: str | Collection[str], specs: Mapping[str, ModelSpec]) -> list[str]:
+    """The ensembles among ``specs`` (the loaded models) that run one of ``names`` in a step,
+    or run one that does, directly or through other ensembles: those an unload of ``names``
+    unloads with them (Triton unloads an ensemble whose composing model is unloaded)."""
+    start = {names} if isinstance(names, str) else set(names)
     found: list[str] = []
-    callees = {name}
+    callees = set(start)
     while True:
         more = [
             m
             for m, spec in sorted(specs.items())
             if m not in found
-            and m != name
+            and m not in start
             and any(step.model_name in callees for step in spec.ensemble_steps)
         ]
         if not more:
             return found
         found += more
         callees.update(more)
+
+
+def _steps(spec: ModelSpec | None) -> list[str]:
+    """The step models an ensemble runs (none for another model, or one not read)."""
+    return [] if spec is None else list(dict.fromkeys(s.model_name for s in spec.ensemble_steps))
+
+
+def loaded_along(
+    name: str, specs: Mapping[str, ModelSpec], table: Mapping[str, DesiredModel]
+) -> list[str]:
+    """What Triton's ``unload_dependents`` unloads with ``name``: the step models it runs
+    (through nested ensembles too) that were loaded only along with an ensemble (not
+    ``explicit``) and that no other loaded ensemble runs once these are unloaded. ``specs``:
+    the loaded models' specs; ``table``: the model table."""
+    loaded = {m for m, desired in table.items() if desired.loaded}
+    gone, found, queue = {name}, [], [name]
+    while queue:
+        for step in _steps(specs.get(queue.pop(0))):
+            desired = table.get(step)
+            if step in gone or desired is None or not desired.loaded or desired.explicit:
+                continue
+            if any(step in _steps(specs.get(m)) for m in loaded - gone):
+                continue  # another loaded ensemble runs it (checked again if that one goes)
+            gone.add(step)
+            found.append(step)
+            queue.append(step)
+    return found
+
+
+def unload_plan(
+    name: str,
+    specs: Mapping[str, ModelSpec],
+    table: Mapping[str, DesiredModel],
+    *,
+    with_dependents: bool,
+) -> list[str]:
+    """Every model an unload of ``name`` unloads, ``name`` first, as Triton's model
+    repository manager does: with ``with_dependents``, the step models loaded only along
+    with it (``loaded_along``); then, always, the loaded ensembles that run one of those,
+    directly or through other ensembles (``dependents``: they could serve nothing)."""
+    chosen = [name, *(loaded_along(name, specs, table) if with_dependents else [])]
+    loaded = {m: spec for m, spec in specs.items() if m in table and table[m].loaded}
+    return chosen + [m for m in dependents(chosen, loaded) if m not in chosen]
+
+
+def folder_fingerprint(repo: ModelRepository, name: str) -> str:
+    """What tells two states of a model's folder apart: the config text (none for a model
+    whose config is made from its ONNX file), every file of the folder at any depth (a
+    version's model file, a label file beside the config, a module a model.py imports), by
+    size and time, and every folder by name (a new version folder, even empty); Python's
+    bytecode caches are left out (loading a model writes them)."""
+    folder = repo.root / name
+    digest = hashlib.sha256()
+    try:
+        config = repo.config_path(folder)
+        digest.update(config.read_bytes() if config.exists() else b"no config")
+        for item in sorted(folder.rglob("*")):
+            relative = item.relative_to(folder)
+            if "__pycache__" in relative.parts:
+                continue
+            if item.is_dir():
+                digest.update(f"{relative}/".encode())
+            elif item.is_file():
+                stat = item.stat()
+                digest.update(f"{relative}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    except OSError:
+        digest.update(b"unreadable")
+    return digest.hexdigest()
 
 
 def check_config_override(config: str) -> str:
@@ -224,7 +363,7 @@ class ModelTable:
     def __init__(self, redis: aioredis.Redis, names: Names) -> None:
         self._redis = redis
         self._key = names.model_table_key()
-        self._load_if_unchanged = redis.register_script(_LOAD_IF_UNCHANGED)
+        self._write_if_generation = redis.register_script(_WRITE_IF_GENERATION)
 
     async def read(self) -> dict[str, DesiredModel]:
         """Every model the table knows, loaded or not."""
@@ -241,34 +380,81 @@ class ModelTable:
         raw = await self._redis.hget(self._key, name)
         return None if raw is None else DesiredModel.decode(name, raw)
 
+    async def get_many(self, names: Sequence[str]) -> list[DesiredModel | None]:
+        """``get`` for each of ``names``, in one round trip."""
+        raws = await self._redis.hmget(self._key, list(names))
+        return [
+            None if r is None else DesiredModel.decode(n, r)
+            for n, r in zip(names, raws, strict=True)
+        ]
+
     async def loaded(self) -> dict[str, DesiredModel]:
         """The models that should be served."""
         return {name: m for name, m in (await self.read()).items() if m.loaded}
 
-    async def load(self, name: str, config: str = "") -> DesiredModel:
-        """Mark ``name`` loaded, with a new generation (its workers restart if running)."""
-        desired = DesiredModel(name, True, time.time_ns(), config)
+    async def load(
+        self, name: str, config: str = "", *, explicit: bool = True, folder: str = ""
+    ) -> DesiredModel:
+        """Mark ``name`` loaded, with a new generation (its workers restart if running);
+        ``explicit`` False: only along with an ensemble that runs it; ``folder``: the model
+        folder's fingerprint."""
+        desired = DesiredModel(name, True, time.time_ns(), config, explicit, folder)
         await self._redis.hset(self._key, name, desired.encode())
         return desired
 
     async def load_if_unchanged(
-        self, name: str, seen: DesiredModel | None, config: str = ""
+        self,
+        name: str,
+        seen: DesiredModel | None,
+        config: str = "",
+        *,
+        explicit: bool = True,
+        folder: str = "",
     ) -> DesiredModel | None:
         """``load``, in one atomic step with the check that the table still holds ``seen``
         for ``name`` (its generation; None: nothing yet). None, and nothing written, when a
-        load or unload of ``name`` came in between."""
-        desired = DesiredModel(name, True, time.time_ns(), config)
+        load or unload of ``name`` came in between. A load of what ``seen`` loads already
+        (``DesiredModel.same_load``) keeps its generation, so hosts keep its workers (only
+        ``explicit`` is raised on it)."""
+        if seen is not None and seen.same_load(config, folder):
+            desired = dataclasses.replace(seen, explicit=seen.explicit or explicit)
+        else:
+            desired = DesiredModel(name, True, time.time_ns(), config, explicit, folder)
+        return desired if await self._write_if(seen, desired) else None
+
+    async def fail(self, desired: DesiredModel, reason: str) -> bool:
+        """Record that a host could not load ``desired`` (its generation; ``reason``: why),
+        for the load waiting on it; nothing when the table has moved past that generation."""
+        now = await self.get(desired.name)
+        if now is None or now.generation != desired.generation or not now.loaded:
+            return False
+        return await self._write_if(now, dataclasses.replace(now, failed=reason))
+
+    async def _write_if(self, seen: DesiredModel | None, desired: DesiredModel) -> bool:
+        """Write ``desired`` if the table's generation for its model is still ``seen``'s."""
         expected = "" if seen is None else str(seen.generation)
-        written = await self._load_if_unchanged(
-            keys=[self._key], args=[name, expected, desired.encode()]
+        written = await self._write_if_generation(
+            keys=[self._key], args=[desired.name, expected, desired.encode()]
         )
-        return desired if int(written) == 1 else None
+        return int(written) == 1
 
     async def unload(self, name: str) -> DesiredModel:
         """Mark ``name`` unloaded: its workers drain and stop."""
         desired = DesiredModel(name, False, time.time_ns())
         await self._redis.hset(self._key, name, desired.encode())
         return desired
+
+
+def _raise_failed(name: str, entries: Sequence[DesiredModel | None]) -> None:
+    """ConfigError when a host could not load the current generation of ``name`` or of
+    one of its step models (``entries``: theirs in the model table, ``name``'s first)."""
+    for entry in entries:
+        if entry is None or not entry.loaded or not entry.failed:
+            continue
+        reason = (
+            entry.failed if entry.name == name else f"step model '{entry.name}': {entry.failed}"
+        )
+        raise ConfigError(f"failed to load '{name}': {reason}", model=name, reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,20 +505,22 @@ class ModelControl:
         self, name: str, config: str, model: LoadedModel, seen: DesiredModel | None
     ) -> list[Marked]:
         """Mark ``name`` loaded in the table (a new generation: hosts start it, or restart
-        it) and create its request topics; ``model`` is what the load read, ``seen`` what
-        the table held for ``name`` before that read.
+        it; a load of the config and model folder it is loaded with already keeps its
+        generation, and hosts keep its workers) and create its request topics; ``model`` is
+        what the load read, ``seen`` what the table held for ``name`` before that read.
 
         An ensemble's steps come first, as Triton's explicit mode loads an ensemble's
         composing models with it: each step model not loaded yet is read and marked loaded
-        (its own steps first, through nested ensembles); a step that cannot be read fails the
-        load (ConfigError naming the ensemble) before the ensemble is marked.
+        along with it (not ``explicit``; its own steps first, through nested ensembles); a
+        step that cannot be read fails the load (ConfigError naming the ensemble) before the
+        ensemble is marked. ``name`` itself is marked ``explicit``.
 
         The later request wins: when the table's entry for ``name`` moved past ``seen``
         while the load read it (an unload, or a load with another config, through any
         gateway or model), nothing is written for ``name`` and the load fails with
         Unavailable; the steps it marked stay loaded, as Triton's unload leaves them.
         Returns the models marked, ``name`` last."""
-        return await self._mark(name, config, model, seen, frozenset({name}))
+        return await self._mark(name, config, model, seen, frozenset({name}), explicit=True)
 
     async def _mark(
         self,
@@ -341,13 +529,18 @@ class ModelControl:
         model: LoadedModel,
         seen: DesiredModel | None,
         chain: frozenset[str],
+        *,
+        explicit: bool,
     ) -> list[Marked]:
         # Kafka's client is imported here, not above: a Python model's process imports this
         # module for its checks at start, and needs Kafka only if the model loads something.
         from plaza.connections import ensure_topics
 
         marked = await self._mark_steps(name, model.spec, chain)
-        desired = await self.table.load_if_unchanged(name, seen, config)
+        folder = await asyncio.to_thread(folder_fingerprint, self.repo, name)
+        desired = await self.table.load_if_unchanged(
+            name, seen, config, explicit=explicit, folder=folder
+        )
         if desired is None:
             desired = await self._superseded(name, config)
         levels = model.spec.batching.priority_levels
@@ -383,18 +576,33 @@ class ModelControl:
                 raise ConfigError(
                     f"failed to load '{name}': {reason}", model=name, reason=reason
                 ) from exc
-            marked += await self._mark(step, "", model, seen, chain | {step})
+            marked += await self._mark(step, "", model, seen, chain | {step}, explicit=False)
         return marked
 
     async def wait_served(self, marked: Marked) -> None:
-        """Wait until a live worker serves the model ``marked`` (an ensemble: a runner and
-        a worker of each step's model). Unavailable when none comes within
-        ``load_timeout_s`` (the model stays loaded, and is ready when one comes), or when
-        the model is unloaded meanwhile."""
+        """Wait until a live worker of the generation ``marked`` holds serves the model (an
+        ensemble: a runner, and a worker of each step's model; ``serves_generation``): a
+        reload answers once its new config runs, not on the old workers' heartbeats.
+
+        ConfigError at once, with the host's reason, when a host could not load that
+        generation (or a step model's: ``DesiredModel.failed``); Unavailable when no worker
+        comes within ``load_timeout_s`` (the model stays loaded, and is ready when one
+        comes), or when the model is unloaded meanwhile. A load of the model made meanwhile
+        is waited for instead (the later request stands)."""
         name, spec = marked.desired.name, marked.model.spec
+        generation = marked.desired.generation
         deadline = time.monotonic() + self._load_timeout_s
         group = serving_models(name, spec)
-        while (await live_workers(self._redis, self._names, [group]))[0] < 1:
+        while not await serves_generation(self._redis, self._names, group, generation):
+            entries = await self.table.get_many(group)
+            now = entries[0]
+            if now is None or not now.loaded:
+                raise Unavailable(
+                    f"failed to load '{name}': it was unloaded before a worker served it",
+                    model=name,
+                )
+            generation = now.generation
+            _raise_failed(name, entries)
             if time.monotonic() > deadline:
                 raise Unavailable(
                     f"model '{name}' is loaded but no worker serves it after "
@@ -403,12 +611,6 @@ class ModelControl:
                     model=name,
                 )
             await asyncio.sleep(LOAD_POLL_S)
-            now = await self.table.get(name)
-            if now is None or not now.loaded:
-                raise Unavailable(
-                    f"failed to load '{name}': it was unloaded before a worker served it",
-                    model=name,
-                )
 
     async def unload(
         self,
@@ -418,19 +620,18 @@ class ModelControl:
         specs: Mapping[str, ModelSpec] | None = None,
     ) -> list[DesiredModel]:
         """Triton's unload: mark ``name`` unloaded (its workers answer what is queued, then
-        stop) and, ``with_dependents``, the loaded ensembles that call it (``dependents``
-        among ``specs``, the loaded models' specs; read from the table when not given).
-        ModelNotFound for a model neither in the repository nor in the table. Returns the
-        table's entries written, ``name``'s first. An ensemble's steps stay loaded (Triton's
-        unload leaves an ensemble's composing models loaded)."""
+        stop), with what Triton unloads with it (``unload_plan``): ``with_dependents``, its
+        step models that were loaded only along with it; always, the loaded ensembles that
+        run one of the models unloaded (directly or through other ensembles), which could
+        serve nothing. ``specs``: the loaded models' specs (read from the table when not
+        given). ModelNotFound for a model neither in the repository nor in the table.
+        Returns the table's entries written, ``name``'s first."""
         table = await self.table.read()
         if name not in table and name not in self.repo.model_names():
             raise ModelNotFound(f"failed to unload '{name}': no such model", model=name)
-        chosen = [name]
-        if with_dependents:
-            if specs is None:
-                specs = await asyncio.to_thread(self._specs, table)
-            chosen += dependents(name, specs)
+        if specs is None:
+            specs = await asyncio.to_thread(self._specs, table)
+        chosen = unload_plan(name, specs, table, with_dependents=with_dependents)
         return [await self.table.unload(model) for model in chosen]
 
     def _specs(self, table: Mapping[str, DesiredModel]) -> dict[str, ModelSpec]:

@@ -26,9 +26,13 @@ growth)`` (the estimate alone when a reading is unknown).
 Failures: a load that finds no room in time, or fails to start for any reason but a bad
 config (Kafka restarting, ...), is tried again on a later round, after a back-off that
 doubles from ``host.follow_interval_s`` up to ``RETRY_MAX_S``; a bad config
-(``ConfigError``) gives the model up until its next load (a new generation). Either way the
-model has no standby entry meanwhile. Every load, unload and eviction is a log line and a
-counter on the host's /metrics (``HostMetrics``).
+(``ConfigError``) gives the model up until its next load (a new generation), and so does
+a model larger than the whole budget: those are reported in the model table
+(``ModelTable.fail``), which ends a load waiting for that generation with the reason. Either
+way the model has no standby entry meanwhile. A unit's worker names the table's generation
+it serves in its registry entry (a load waits for a worker of its own generation). Every
+load, unload and eviction is a log line and a counter on the host's /metrics
+(``HostMetrics``).
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class ModelFollower:
         self._standby: set[str] = set()
         self._draining: dict[str, _Drain] = {}
         """Units of unloaded models serving their queues before they stop."""
+        self._failures: dict[str, tuple[DesiredModel, str]] = {}
+        """Generations given up this round, with why: reported in the model table."""
         self.memory_samples: list[int] = []
         """The accounted bytes after every change of the budget (bounded)."""
 
@@ -191,8 +197,19 @@ class ModelFollower:
                 await self._consider(name, desired)
             except Exception as exc:  # one model's failure must not stop the round for the others
                 self._failed(name, desired, exc)
+        await self._report_failures()
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
+
+    async def _report_failures(self) -> None:
+        """Tell a load waiting for a generation given up this round why it failed
+        (``ModelTable.fail``: 400 at once, not a timeout)."""
+        failures, self._failures = self._failures, {}
+        for desired, why in failures.values():
+            try:
+                await self._table.fail(desired, why)
+            except Exception as exc:  # Redis restarting: the load times out instead
+                log.warning("host: could not report %s's failure: %s", desired.name, exc)
 
     def _due(self, name: str, desired: DesiredModel) -> bool:
         """Whether a model's load may be tried this round (not backing off)."""
@@ -218,6 +235,7 @@ class ModelFollower:
             )
             self.state.given_up[name] = desired.generation
             self.state.retrying.pop(name, None)
+            self._failures[name] = (desired, exc.message)
             return
         text = str(exc)
         if type(exc).__name__ not in text:
@@ -256,6 +274,8 @@ class ModelFollower:
                 self.budget.limit,
             )
             self.state.given_up[name] = desired.generation
+            why = f"it needs {need} bytes, more than the host's whole memory budget"
+            self._failures[name] = (desired, f"{why} ({self.budget.limit})")
             return
         on_demand = is_lazy(spec) or name in self.state.evicted
         if on_demand and not await self._waiting_requests(name, spec):
@@ -302,6 +322,8 @@ class ModelFollower:
         before = await asyncio.to_thread(self._meter.used)  # RSS scans /proc: off the loop
         try:
             unit = self._host.make_unit(name, desired.config)
+            if isinstance(unit, Worker):  # its registry entry names the generation it serves
+                unit.generation = desired.generation
             await unit.start()
         except Exception as exc:
             self.budget.remove(name)
@@ -505,6 +527,7 @@ class ModelFollower:
             pipe.expire(key, int(ttl) + 1)
             info = {
                 "model": name,
+                "generation": table[name].generation,
                 "standby": True,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),

@@ -1124,6 +1124,11 @@ class Worker:
         await self.deliveries.flush()
 
     # -- registry --------------------------------------------------------------------------
+    generation: int | None = None
+    """The model table's generation this worker serves, named in its registry entry (set by
+    the model host that starts it; ``plaza.model_control.serves_generation``); None: a
+    worker not started from the table."""
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.worker.heartbeat_interval_s)
@@ -1137,6 +1142,7 @@ class Worker:
         info = json.dumps(
             {
                 "model": self.model,
+                "generation": self.generation,
                 "versions": self.versions,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
