@@ -30,6 +30,7 @@ from plaza.errors import (
     InvalidInput,
     PayloadTooLarge,
     PlazaError,
+    SharedMemoryError,
     Unauthorized,
     Unsupported,
 )
@@ -252,8 +253,8 @@ class Endpoints:
     async def submit_job(self, request: Request) -> Response:
         model, version = _model_path(request)
         body = await self._infer_body(request, model, version)
-        if body.uses_shm_outputs:
-            raise InvalidInput(
+        if body.uses_shm_outputs:  # as the other shared memory refusals: shared_memory
+            raise SharedMemoryError(
                 "an async job cannot write its outputs to shared memory: its answer is "
                 "polled later (GET /v2/jobs/{job_id}); request them in the response"
             )

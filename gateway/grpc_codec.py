@@ -11,8 +11,8 @@ tritonclient's ``as_numpy`` reads. Anything malformed raises ``InvalidInput``.
 Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
 parameters name a registered region is read from it (``raw_input_contents`` then hold the
 other inputs', in order, as tritonclient sends them), and an output requested into a region
-is written there and answered with an empty ``raw_output_contents`` entry, which keeps the
-other outputs' entries at their index.
+is checked against it as the request is decoded, written there and answered with an empty
+``raw_output_contents`` entry, which keeps the other outputs' entries at their index.
 
 Triton's ``triton_enable_empty_final_response`` request parameter (a bool, for streams to
 decoupled models) is the front's own: taken out of the parameters the worker receives and
@@ -31,7 +31,7 @@ from tritonclient.grpc import service_pb2 as pb
 from plaza.contract import InferResult, Scalar
 from plaza.datatypes import DATATYPES, to_numpy_dtype
 from plaza.errors import InvalidInput
-from plaza.gateway.kserve import shm_tensor, write_shm_output
+from plaza.gateway.kserve import check_shm_output, shm_tensor, write_shm_output
 from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
 from plaza.gateway.shared_memory import (
     PARAM_BYTE_SIZE,
@@ -70,7 +70,8 @@ def decode_infer_request(
     msg: pb.ModelInferRequest, regions: SharedMemoryRegions | None = None
 ) -> FrontRequest:
     """A ``ModelInferRequest`` as Plaza tensors and parameters, inputs in shared memory read
-    from ``regions``; InvalidInput if malformed. (The response echoes the message's ``id``.)"""
+    from ``regions`` (outputs' regions checked there); InvalidInput if malformed. (The
+    response echoes the message's ``id``.)"""
     raw = msg.raw_input_contents
     refs = [_input_shm(item) for item in msg.inputs]
     in_messages = len(refs) - refs.count(None)
@@ -98,6 +99,7 @@ def decode_infer_request(
         if count is not None:
             classes[str(o.name)] = count
         if ref is not None:
+            check_shm_output(o.name, ref, regions)  # before the request is published
             shm_outputs[str(o.name)] = ref
     params = decode_parameters(msg.parameters, "request")
     refuse_unsupported(params, "request")

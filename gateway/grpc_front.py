@@ -225,9 +225,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         changes = {}
         for name, value in request.settings.items():
             kind = value.WhichOneof("parameter_choice")
-            if kind is None:
-                raise InvalidInput(f"log setting {name!r} has no value")
-            changes[name] = getattr(value, kind)
+            # No value (tritonclient's None): left as it is, as Triton does.
+            changes[name] = None if kind is None else getattr(value, kind)
         if changes:
             settings = await self.service.update_log_settings(changes)
         else:

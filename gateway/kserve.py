@@ -18,7 +18,7 @@ them (orjson would write null, which a client reads as NaN).
 
 Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
 parameters name a registered region is read from it, and an output requested into one is
-written there and answered without data.
+checked against it as the request is decoded, written there and answered without data.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def decode_infer_request(
     doc = _load_json(header)
     inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None, regions)
     params = request_parameters(doc.get("parameters"), "request")
-    outputs = _decode_outputs(doc.get("outputs"))
+    outputs = _decode_outputs(doc.get("outputs"), regions)
     names = tuple(o.name for o in outputs)
     classes = {o.name: o.classes for o in outputs if o.classes is not None}
     return InferBody(
@@ -265,7 +265,7 @@ def _flag(params: Mapping[str, Scalar], key: str) -> bool:
     return value
 
 
-def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
+def _decode_outputs(value: Any, regions: SharedMemoryRegions | None) -> tuple[RequestedOutput, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
@@ -276,6 +276,8 @@ def _decode_outputs(value: Any) -> tuple[RequestedOutput, ...]:
             raise InvalidInput(f"outputs[{i}] must be an object with a non-empty 'name'")
         params = request_parameters(item.get("parameters"), None)
         shm = shm_ref(params, f"output {item['name']!r}")
+        if shm is not None:
+            check_shm_output(item["name"], shm, regions)
         binary = params.get("binary_data")
         if binary is not None and not isinstance(binary, bool):
             raise InvalidInput(f"output {item['name']!r}: 'binary_data' must be true or false")
@@ -553,6 +555,16 @@ def encode_infer_response(
     if not blobs:
         return EncodedBody(header)
     return EncodedBody(b"".join([header, *blobs]), header_length=len(header))
+
+
+def check_shm_output(name: str, ref: ShmRef, regions: SharedMemoryRegions | None) -> None:
+    """A requested output's shared memory (both fronts), checked as its request is decoded,
+    before it is published: the region is registered and holds ``offset`` + ``byte_size``
+    (an output larger than its byte size is found when it is written)."""
+    what = f"output {name!r}"
+    if regions is None:
+        raise InvalidInput(f"{what}: shared memory is not served here")
+    regions.check(ref, what)
 
 
 def write_shm_output(tensor: Tensor, ref: ShmRef, regions: SharedMemoryRegions | None) -> None:

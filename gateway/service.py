@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
+from redis.exceptions import RedisError
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
@@ -133,6 +134,8 @@ class GatewayService:
         self.metrics = GatewayMetrics()
         self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
         """Triton's logging extension (``plaza.log_settings``): the deployment's settings."""
+        self._log_lock = asyncio.Lock()
+        """Held while this gateway reads or changes the stored log settings."""
         gw = settings.gateway
         # Shared memory regions and trace settings live in one process: with several
         # gateway processes a client's next call may reach another, so both are refused.
@@ -403,7 +406,9 @@ class GatewayService:
     # -- log settings (Triton's logging extension) ------------------------------------------
     async def _follow_log(self) -> None:
         redis = self._require(self._redis)
-        await self.log_settings.follow_stored(redis, self.names.log_settings_key())
+        # Not beside a change: a read begun before it would apply the old settings after it.
+        async with self._log_lock:
+            await self.log_settings.follow_stored(redis, self.names.log_settings_key())
 
     async def get_log_settings(self) -> LogSettings:
         """The deployment's log settings (as stored; this process's own before any change)."""
@@ -412,18 +417,17 @@ class GatewayService:
 
     async def update_log_settings(self, changes: Mapping[str, Any]) -> LogSettings:
         """Change the settings ``changes`` names, for the whole deployment: stored in Redis
-        (every process applies them on its next beat) and applied here at once."""
+        (every process applies them on its next beat) and applied here at once. One change
+        at a time here, and a compare-and-set across gateway processes
+        (``LogFollower.change_stored``): concurrent changes all land."""
         redis = self._require(self._redis)
-        key = self.names.log_settings_key()
-        await self.log_settings.follow_stored(redis, key)  # change the deployment's
-        settings = self.log_settings.current.changed(changes)
-        raw = settings.to_json()
-        try:
-            await redis.set(key, raw)
-        except Exception as exc:
-            raise Unavailable(f"Redis did not take the log settings: {exc}") from exc
-        self.log_settings.follow(raw)
-        return settings
+        async with self._log_lock:
+            try:
+                return await self.log_settings.change_stored(
+                    redis, self.names.log_settings_key(), changes
+                )
+            except (RedisError, OSError) as exc:
+                raise Unavailable(f"Redis did not take the log settings: {exc}") from exc
 
     @property
     def producer(self) -> Producer:

@@ -6,7 +6,8 @@ A client creates a POSIX shared memory object (``shm_open``; on Linux a file und
 the region in an input's or a requested output's parameters (``shared_memory_region``,
 ``shared_memory_byte_size``, optional ``shared_memory_offset``). The gateway copies an
 input's bytes out of the region when it decodes the request (the copy is what travels to
-Kafka) and writes an output's bytes into the region when it answers; the response then
+Kafka), checks there that an output's region is registered and holds its offset and byte
+size, and writes the output's bytes into the region when it answers; the response then
 carries the output's name, type and shape but no data.
 
 Regions belong to one gateway process: with ``gateway.workers`` above 1 a client's calls
@@ -183,6 +184,12 @@ class SharedMemoryRegions:
         region = self._region(ref, what)
         start, end = region.span(ref, what)
         return region.mapped[start:end]
+
+    def check(self, ref: ShmRef, what: str) -> None:
+        """That ``ref`` (a requested output's place) lies in a registered region, checked
+        when its request is decoded, before it runs; whether the output fits in its byte
+        size is known only when it is written."""
+        self._region(ref, what).span(ref, what)
 
     def write(self, ref: ShmRef, data: Buffer, what: str) -> None:
         """Put an output's ``data`` where ``ref`` names; SharedMemoryError if it does not fit."""

@@ -5,9 +5,10 @@ The settings are Triton's (``GET/POST /v2/trace/setting``, per model under
 strings, the level a list): ``trace_level`` OFF or TIMESTAMPS, ``trace_rate`` (one request
 in that many is traced), ``trace_count`` (traces left to take; -1: no limit),
 ``log_frequency`` (write the file every that many traces; 0: when the buffer is full or the
-gateway stops), ``trace_file`` and ``trace_mode`` (triton). A model's settings are the
-global ones with its own on top; a null value takes a model's setting back to the global one
-(a global setting back to Triton's default).
+gateway stops; either way, at once when ``trace_count`` is used up), ``trace_file`` and
+``trace_mode`` (triton). A model's settings are the global ones with its own on top; a null
+value takes a model's setting back to the global one (a global setting back to Triton's
+default).
 
 A traced request carries ``trace`` in its envelope; its worker stamps its stages
 (``InferResult.trace_ns``: QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END,
@@ -240,7 +241,10 @@ class Tracer:
         )
         self._buffer.append((trace_file, line))
         every = settings.log_frequency
-        if (every and len(self._buffer) >= every) or len(self._buffer) >= MAX_BUFFERED:
+        limit = min(every, MAX_BUFFERED) if every else MAX_BUFFERED
+        # As Triton: once trace_count is used up, what was collected is written whatever
+        # log_frequency says (a trace still in flight then flushes as it ends).
+        if len(self._buffer) >= limit or settings.trace_count == 0:
             self.flush()
 
     def flush(self) -> None:

@@ -1,11 +1,13 @@
 """Triton's logging extension: the deployment's log settings, changed at run time.
 
 ``GET /v2/logging`` (gRPC ``LogSettings`` with no settings) answers them, ``POST
-/v2/logging`` changes the ones it names. A change is the deployment's, as in Triton it is the
-server's: the gateway that takes it stores the settings in Redis (one key, ``Names.
-log_settings_key``) and applies them to itself; every other Plaza process (workers, hosts,
-ensemble runners, the other gateway processes) reads the key on its heartbeat and applies
-what changed. Applying sets the level of the process's root logger and its handlers' time
+/v2/logging`` changes the ones it names (a null value, as in Triton, leaves its setting as it
+is). A change is the deployment's, as in Triton it is the server's: the gateway that takes it
+stores the settings in Redis (one key, ``Names.log_settings_key``) and applies them to
+itself; every other Plaza process (workers, hosts, ensemble runners, the other gateway
+processes) reads the key on its heartbeat and applies what changed. The change is stored
+with a compare-and-set (``change_stored``), so changes made at once by several gateways
+all land. Applying sets the level of the process's root logger and its handlers' time
 format:
 
 - ``log_verbose_level`` >= 1: DEBUG; else ``log_info``: INFO; else ``log_warnings``:
@@ -24,11 +26,14 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-from plaza.errors import InvalidInput
+from plaza.errors import InvalidInput, Unavailable
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """Every Plaza process's log line."""
@@ -37,6 +42,16 @@ _OFF = logging.CRITICAL + 10
 MAX_VERBOSE_LEVEL = 2**32 - 1
 """The largest ``log_verbose_level``: gRPC's ``LogSettings`` carries it as a uint32."""
 LogFormat = Literal["default", "ISO8601"]
+STORE_TRIES = 16
+"""Compare-and-set rounds a change may take while other changes keep landing first."""
+_SET_IF_UNCHANGED = """
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+"""Store ARGV[2] only while the key still holds ARGV[1] ("": nothing stored yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +86,17 @@ class LogSettings:
         return logging.ERROR if self.log_errors else _OFF
 
     def changed(self, changes: Mapping[str, Any]) -> LogSettings:
-        """These settings with ``changes`` (a log settings request) applied; InvalidInput
-        for an unknown name, a value of the wrong type or out of its range (a
-        ``log_verbose_level`` past ``MAX_VERBOSE_LEVEL``), or a log file."""
+        """These settings with ``changes`` (a log settings request) applied, a None value
+        skipped (Triton's null: no change); InvalidInput for an unknown name, a value of
+        the wrong type or out of its range (a ``log_verbose_level`` past
+        ``MAX_VERBOSE_LEVEL``), or a log file."""
         fields = {f.name: f for f in dataclasses.fields(self)}
         updates: dict[str, Any] = {}
         for name, value in changes.items():
             if name not in fields:
                 raise InvalidInput(f"unknown log setting {name!r} (known: {sorted(fields)})")
+            if value is None:
+                continue  # as Triton: a null value leaves the setting as it is
             default = fields[name].default
             if type(value) is not type(default):
                 kind = {bool: "true or false", int: "an integer"}.get(type(default), "a string")
@@ -175,6 +193,28 @@ class LogFollower:
             apply(settings, self.logger)
             return True
         return False
+
+    async def change_stored(
+        self, redis: aioredis.Redis, key: str, changes: Mapping[str, Any]
+    ) -> LogSettings:
+        """Apply ``changes`` to the stored settings (``Names.log_settings_key``) and to
+        this process; the settings now. Read, change, then a compare-and-set that writes
+        only if no other change was stored since the read, else read again: two gateways
+        changing different settings at once both land. InvalidInput for a bad change;
+        Unavailable past ``STORE_TRIES`` rounds; Redis's own errors pass through."""
+        store = redis.register_script(_SET_IF_UNCHANGED)
+        for _ in range(STORE_TRIES):
+            raw = await redis.get(key)
+            self.follow(raw)  # change the deployment's settings, not this process's
+            settings = self.current.changed(changes)
+            stored = settings.to_json()
+            if int(await store(keys=[key], args=[raw or b"", stored])) == 1:
+                self.follow(stored)
+                return settings
+        raise Unavailable(
+            f"the log settings were changed {STORE_TRIES} times while this change was being "
+            "stored: try again"
+        )
 
     async def follow_stored(self, redis: Store, key: str) -> None:
         """Read the stored settings (``Names.log_settings_key``) and apply them if new; a

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as grpc_aio
@@ -139,3 +140,56 @@ async def test_shared_memory_errors_are_answered_not_crashed(settings: PlazaSett
                 assert await http.is_server_live()
             finally:
                 await http.close()
+
+
+async def test_an_output_region_is_checked_before_the_request_is_published(
+    settings: PlazaSettings,
+) -> None:
+    """No worker serves identity here: a request that got past its checks would be
+    published and wait out its timeout (504). An output region not registered, or a place
+    past its region's end, is refused at once instead (400 shared_memory over HTTP,
+    INVALID_ARGUMENT over gRPC), and so is an async job asking for shared memory outputs."""
+    settings = allowing_shm(settings)
+    gateway = settings.gateway.model_copy(update={"sync_timeout_s": 5.0})
+    settings = settings.model_copy(update={"gateway": gateway})
+    item = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}
+    places: list[dict[str, str | int]] = [
+        {"shared_memory_region": "never", "shared_memory_byte_size": 16},
+        {"shared_memory_region": "out", "shared_memory_byte_size": 16, "shared_memory_offset": 8},
+    ]
+    with region(16) as (out_key, _):
+        async with gateway_fronts(settings) as gw, httpx.AsyncClient(timeout=30) as client:
+            grpc = grpc_aio.InferenceServerClient(gw.grpc_address)
+            try:
+                await grpc.register_system_shared_memory("out", out_key, 16)
+                answers = []
+                for params in places:
+                    body = {
+                        "inputs": [item],
+                        "outputs": [{"name": "OUTPUT0", "parameters": params}],
+                    }
+                    answers.append(
+                        await client.post(f"{gw.http_url}/v2/models/identity/infer", json=body)
+                    )
+                    g_in = grpc_aio.InferInput("INPUT0", [1, 4], "FP32")
+                    g_in.set_data_from_numpy(np.ones((1, 4), np.float32))
+                    g_out = grpc_aio.InferRequestedOutput("OUTPUT0")
+                    g_out.set_shared_memory(
+                        str(params["shared_memory_region"]),
+                        16,
+                        offset=int(params.get("shared_memory_offset", 0)),
+                    )
+                    invalid = "INVALID_ARGUMENT.*(not registered|run past)"
+                    with pytest.raises(InferenceServerException, match=invalid):
+                        await grpc.infer("identity", [g_in], outputs=[g_out])
+                fits = {"shared_memory_region": "out", "shared_memory_byte_size": 16}
+                job = {"inputs": [item], "outputs": [{"name": "OUTPUT0", "parameters": fits}]}
+                answers.append(
+                    await client.post(f"{gw.http_url}/v2/models/identity/jobs", json=job)
+                )
+            finally:
+                await grpc.close()
+    assert [(a.status_code, a.json()["code"]) for a in answers] == [(400, "shared_memory")] * 3
+    assert "'never' is not registered" in answers[0].json()["error"]
+    assert "run past shared memory region 'out'" in answers[1].json()["error"]
+    assert "async job" in answers[2].json()["error"]

@@ -136,3 +136,34 @@ async def test_a_streamed_request_is_traced_to_its_final_response(
         # the first response passed the gateway after the worker started on the request
         assert names.index("COMPUTE_START") < names.index("INFER_RESPONSE_COMPLETE")
         assert set(names) == {*STAGES, "INFER_RESPONSE_COMPLETE"}
+
+
+async def test_traces_are_written_once_trace_count_is_used_up(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """As Triton: with log_frequency 0, the traces are written when trace_count reaches 0,
+    while the gateway still runs (not held until it stops)."""
+    gateway = settings.gateway.model_copy(update={"trace_dir": tmp_path})
+    settings = settings.model_copy(update={"gateway": gateway})
+    trace_file = tmp_path / "counted.jsonl"
+    async with running_worker(settings, "identity"), gateway_fronts(settings) as gw:
+        http = http_aio.InferenceServerClient(gw.http_url.removeprefix("http://"))
+        try:
+            on = {
+                "trace_level": ["TIMESTAMPS"],
+                "trace_rate": "1",
+                "trace_count": "3",
+                "trace_file": trace_file.name,
+            }
+            await http.update_trace_settings(settings=on)
+            for _ in range(4):  # the fourth is not traced: the count is used up
+                await http.infer("identity", _input(http_aio))
+            left = await http.get_trace_settings()
+        finally:
+            await http.close()
+        await wait_for(
+            lambda: trace_file.exists() and trace_file.read_bytes().count(b"\n") == 3,
+            what="3 traces in the file while the gateway runs",
+        )
+    assert (left["trace_count"], left["log_frequency"]) == ("0", "0")
+    assert trace_file.read_bytes().count(b"\n") == 3

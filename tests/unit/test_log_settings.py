@@ -41,6 +41,17 @@ def test_bad_changes_are_refused(changes: dict[str, object], words: str) -> None
         LogSettings().changed(changes)
 
 
+def test_a_null_value_leaves_its_setting_as_it_is() -> None:
+    """As Triton: a null (tritonclient's None, over gRPC a setting with no value) is no
+    change; an unknown name is refused all the same."""
+    quiet = LogSettings().changed({"log_info": False, "log_format": "ISO8601"})
+    nulls = dict.fromkeys(("log_info", "log_verbose_level", "log_file", "log_format"))
+    assert quiet.changed(nulls) == quiet
+    assert quiet.changed({"log_info": None, "log_errors": False}).log_info is False
+    with pytest.raises(InvalidInput, match="unknown log setting"):
+        quiet.changed({"log_level": None})
+
+
 def test_the_verbose_level_takes_every_uint32() -> None:
     """gRPC's front answers it in a uint32_param: the largest one is taken, no more."""
     loudest = LogSettings().changed({"log_verbose_level": 2**32 - 1})

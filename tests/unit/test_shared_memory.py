@@ -207,3 +207,61 @@ def test_a_gateway_of_several_processes_refuses_regions(root: Path) -> None:
     one.register("r", "/obj", 0, 8)
     assert [s.name for s in one.status()] == ["r"]
     one.close()
+
+
+@pytest.mark.parametrize(
+    ("region", "size", "offset", "words"),
+    [
+        ("never", 8, 0, "'never' is not registered"),
+        ("r", 8, 60, "run past shared memory region 'r'"),  # 60 + 8 > 64
+        ("r", 72, 0, "run past shared memory region 'r'"),
+    ],
+)
+def test_an_output_region_is_checked_when_the_request_is_decoded(
+    root: Path, region: str, size: int, offset: int, words: str
+) -> None:
+    """Before the request is published (so before its model runs), over both fronts: a
+    region not registered, or a place past the region's end."""
+    shm = regions(root)
+    shm.register("r", "/obj", 0, 64)
+    params = {
+        "shared_memory_region": region,
+        "shared_memory_byte_size": size,
+        "shared_memory_offset": offset,
+    }
+    doc = {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+        "outputs": [{"name": "Y", "parameters": params}],
+    }
+    with pytest.raises(SharedMemoryError, match=words):
+        kserve.decode_infer_request(orjson.dumps(doc), None, shm)
+
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1])
+    msg.raw_input_contents.append(np.array([1.0], np.float32).tobytes())
+    out = msg.outputs.add(name="Y")
+    out.parameters["shared_memory_region"].string_param = region
+    out.parameters["shared_memory_byte_size"].int64_param = size
+    out.parameters["shared_memory_offset"].int64_param = offset
+    with pytest.raises(SharedMemoryError, match=words):
+        grpc_codec.decode_infer_request(msg, shm)
+
+
+def test_an_output_that_fits_its_region_but_not_its_byte_size_fails_when_written(
+    root: Path,
+) -> None:
+    """Its size is known only once the model answered: decoding takes it."""
+    shm = regions(root)
+    shm.register("r", "/obj", 0, 64)
+    params = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
+    doc = {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [1.0]}],
+        "outputs": [{"name": "Y", "parameters": params}],
+    }
+    body = kserve.decode_infer_request(orjson.dumps(doc), None, shm)
+    y = Tensor.from_numpy("Y", np.zeros((1, 2), np.float32))
+    result = InferResult(id="c", model="m", version="1", outputs=(y,))
+    with pytest.raises(SharedMemoryError, match="byte size is 4"):
+        kserve.encode_infer_response(
+            result, response_id="c", binary=body.wants_binary, shm=body.shm_of, regions=shm
+        )

@@ -13,6 +13,7 @@ from plaza.codec import decode_request, decode_result, encode_request, encode_re
 from plaza.contract import InferRequest, InferResult
 from plaza.errors import InvalidInput
 from plaza.gateway.tracing import Tracer, TraceSettings
+from tests.support import wait_for
 
 ON = {"trace_level": ["TIMESTAMPS"], "trace_rate": "2", "trace_file": "t.jsonl"}
 
@@ -81,6 +82,26 @@ def test_traces_are_written_as_json_lines_in_time_order(tmp_path: Path) -> None:
         "REQUEST_END",
     ]
     assert len(lines) == 2
+
+
+async def test_traces_are_written_when_trace_count_is_used_up(tmp_path: Path) -> None:
+    """As Triton: the count reaching 0 writes what was collected, whatever log_frequency
+    (0 here: else only a full buffer or the gateway's stop would)."""
+    tracer = Tracer(tmp_path)
+    tracer.update("", {**ON, "trace_rate": "1", "trace_count": "3"})
+    path = tmp_path / "t.jsonl"
+    for i in range(2):
+        tracer.record("m", "1", f"r{i}", 10, 50, {}, trace_file=tracer.sample("m"))
+    assert not path.exists()  # count 1 left: held
+    tracer.record("m", "1", "r2", 12, 52, {}, trace_file=tracer.sample("m"))
+    assert tracer.settings().trace_count == 0 and not tracer.sample("m")
+
+    def written() -> int:
+        return len(path.read_bytes().splitlines()) if path.exists() else 0
+
+    await wait_for(lambda: written() == 3, 10, "the 3 traces in the file before close")
+    tracer.close()
+    assert written() == 3
 
 
 def test_several_gateway_processes_refuse_changes(tmp_path: Path) -> None:
