@@ -16,8 +16,9 @@ is checked against it as the request is decoded, written there and answered with
 
 Triton's ``triton_enable_empty_final_response`` request parameter (a bool, for streams to
 decoupled models) is the front's own: taken out of the parameters the worker receives and
-read with ``wants_empty_final``; each response then says whether it is the request's last
-in its ``triton_final_response`` parameter (``mark_final``), beside the parameters its model
+read with ``wants_empty_final``: it only decides whether an empty final response is sent.
+Every stream response says whether it is the request's last in its
+``triton_final_response`` parameter (``mark_final``), as Triton's, beside the parameters its model
 attached to it (``ModelInferResponse.parameters``, each as its kind: ``encode_parameters``).
 """
 

@@ -457,7 +457,8 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Triton's model loading API: unload ``model_name`` (its workers answer what is queued,
-    then stop); with ``unload_dependents``, the loaded ensembles that call it too. Raises
+    then stop), and the loaded ensembles that call it, as Triton's; with ``unload_dependents``,
+    also the step models loaded only along with ``model_name`` (an ensemble). Raises
     TritonModelException on failure, and unless the model control mode is explicit."""
     _loading("unload_model").unload(model_name, unload_dependents)
 
