@@ -17,6 +17,7 @@ import uuid
 
 import numpy as np
 
+from plaza.cli.argtypes import count
 from plaza.client import PlazaClient, make_request
 from plaza.settings import PlazaSettings
 
@@ -72,17 +73,6 @@ async def main(jobs: int, consumers: int) -> int:
             f"{elapsed:.2f}s ({len(seen) / elapsed:.0f} jobs/s); wrong or missing: {wrong}"
         )
         return wrong
-
-
-def count(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -20,32 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from plaza.cli.argtypes import count, seconds
 from plaza.stack import ServiceError, Services, ensure_kafka_jars, ensure_redis_server
 from plaza.stack.data_dir import prepare_data_dir
 from plaza.stack.errors import Interrupted
 from plaza.stack.ports import check_ports, require_free
 
 __all__ = ["interrupted_status", "run_services_cli", "stop_signals"]
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return value
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -57,7 +38,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     up.add_argument("--data-dir", default="var/services", help="where data and logs go")
     up.add_argument("--kafka-port", type=int, default=9092)
     up.add_argument(
-        "--kafka-nodes", type=_at_least_one, default=1, help="KRaft nodes (ports from --kafka-port)"
+        "--kafka-nodes", type=count, default=1, help="KRaft nodes (ports from --kafka-port)"
     )
     up.add_argument("--redis-port", type=int, default=6379)
     up.add_argument("--redis-password", default=None)
@@ -66,9 +47,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="delete the data dir's kafka/ and redis/ first (refused if it holds anything else)",
     )
-    up.add_argument(
-        "--timeout", type=_positive, default=120.0, help="seconds to wait for readiness"
-    )
+    up.add_argument("--timeout", type=seconds, default=120.0, help="seconds to wait for readiness")
     commands.add_parser("deps", help="fetch Kafka's jars and install redis-server, then exit")
     return parser.parse_args(argv)
 

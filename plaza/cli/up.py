@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import math
 import os
 import sys
 import threading
 from pathlib import Path
 
+from plaza.cli.argtypes import count, seconds
 from plaza.cli.services import interrupted_status, stop_signals
 from plaza.errors import ConfigError, PlazaError
 from plaza.modelconfig import PLATFORM_TORCH
@@ -47,28 +47,6 @@ WATCH_S = 0.5
 """How often plaza up checks its processes (and, in modes explicit and poll, the model table)."""
 STOP_TIMEOUT_S = 40.0
 """Grace period of the workers and the gateway: a worker drains and commits first."""
-
-
-def _count(text: str) -> int:
-    """An argparse type: a whole number of at least 1 (refused at parse, exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds above 0 (refused at parse)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
-    return value
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -102,7 +80,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=8002, help="the gateway's Prometheus port")
     p.add_argument(
         "--gateway-workers",
-        type=_count,
+        type=count,
         default=None,
         help="gateway processes sharing the HTTP and gRPC ports (gateway.workers; default 1)",
     )
@@ -125,10 +103,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         help="explicit mode: a model to load at start (repeatable; '*' for all; none: no "
         "model is loaded until the repository API loads it)",
     )
-    p.add_argument("--repository-poll-secs", type=_seconds, default=15.0, help="poll mode")
+    p.add_argument("--repository-poll-secs", type=seconds, default=15.0, help="poll mode")
     p.add_argument(
         "--ready-timeout",
-        type=_seconds,
+        type=seconds,
         default=180.0,
         help="seconds to wait for the gateway to be ready",
     )
