@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import shutil
 import socket
@@ -12,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
 
+from plaza.connections import kafka_admin
 from plaza.gateway.main import Serving, serving
 from plaza.settings import (
     GatewaySettings,
@@ -138,3 +142,48 @@ def explicit_sim_settings(
     (root / "sim" / "config.pbtxt").write_text(config + "\nversion_policy { all { } }\n")
     gateway = {"model_control_mode": "explicit", "load_timeout_s": 1}
     return make_settings(kafka_bootstrap, redis_url, unique_id, repository=root, gateway=gateway)
+
+
+@contextlib.asynccontextmanager
+async def serving_worker(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
+    """``worker`` started and serving as a host runs it (``run_until_stopped``, which ends
+    and raises when one of its tasks fails); the task is yielded, and the worker stopped on
+    exit."""
+    stop = asyncio.Event()
+    await worker.start()
+    watch = asyncio.create_task(worker.run_until_stopped(stop))
+    try:
+        yield watch
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await watch
+        await worker.stop()
+
+
+def still_serving(watch: asyncio.Task[None]) -> None:
+    """Fail at once, with the worker's own error, if the worker (``serving_worker``) stopped."""
+    if watch.done():
+        watch.result()
+        raise AssertionError("the worker stopped")
+
+
+async def group_offsets(
+    settings: PlazaSettings, model: str, tps: list[TopicPartition]
+) -> dict[TopicPartition, tuple[int, int]]:
+    """Per partition of ``tps``: the model's worker group's committed offset (-1: none) and
+    the partition's end offset."""
+    admin = kafka_admin(settings.kafka)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers, group_id=None)
+    try:
+        await admin.start()
+        await consumer.start()
+        group = settings.names.consumer_group(model)
+        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+        ends = await consumer.end_offsets(tps)
+    finally:
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        with contextlib.suppress(Exception):
+            await admin.close()
+    return {tp: (committed[tp].offset if tp in committed else -1, ends[tp]) for tp in tps}

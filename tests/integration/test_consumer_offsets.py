@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import NewPartitions
 from aiokafka.structs import TopicPartition
 
@@ -31,7 +31,7 @@ from plaza.connections import ensure_topics, kafka_admin, kafka_producer
 from plaza.queueing import BacklogProbe
 from plaza.settings import PlazaSettings
 from plaza.workers.offsets import OffsetTracker
-from tests.support import make_settings, running_worker, wait_for
+from tests.support import group_offsets, make_settings, running_worker, wait_for
 
 MODEL = "identity"
 UNREADABLE = b"\xc1 not msgpack"
@@ -46,20 +46,8 @@ async def committed_and_ends(settings: PlazaSettings, topic: str) -> dict[int, t
     """Per partition of ``topic`` (``kafka.partitions`` of them): the worker group's
     committed offset (-1: none) and the partition's end offset."""
     tps = [TopicPartition(topic, p) for p in range(settings.kafka.partitions)]
-    admin = kafka_admin(settings.kafka)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers, group_id=None)
-    try:
-        await admin.start()
-        await consumer.start()
-        group = settings.names.consumer_group(MODEL)
-        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-        ends = await consumer.end_offsets(tps)
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        with contextlib.suppress(Exception):
-            await admin.close()
-    return {tp.partition: (committed[tp].offset if tp in committed else -1, ends[tp]) for tp in tps}
+    state = await group_offsets(settings, MODEL, tps)
+    return {tp.partition: offsets for tp, offsets in state.items()}
 
 
 async def all_committed(settings: PlazaSettings, topic: str) -> bool:

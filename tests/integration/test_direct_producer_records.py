@@ -10,8 +10,6 @@ the intake stops every worker that takes its partition next, for good.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -25,7 +23,7 @@ from plaza.connections import ensure_topics, kafka_producer
 from plaza.contract import InferResult
 from plaza.settings import PlazaSettings
 from plaza.workers.worker import Worker
-from tests.support import wait_for, with_model
+from tests.support import serving_worker, still_serving, wait_for, with_model
 
 MODEL = "identity"
 
@@ -51,30 +49,6 @@ def nested_past_the_readers(depth: int = 5000) -> bytes:
     assert head[0] & 0xF0 == 0x80  # a fixmap: its entry count is in its first byte
     deep = b"\x81\xa1a" * depth + b"\xc0"
     return bytes([head[0] + 1]) + head[1:] + msgpack.packb("parameters") + deep
-
-
-@contextlib.asynccontextmanager
-async def serving(settings: PlazaSettings) -> AsyncIterator[asyncio.Task[None]]:
-    """A worker of MODEL serving as a host runs it (``run_until_stopped`` ends, raising,
-    when one of its tasks fails); stopped on exit."""
-    worker = Worker(with_model(settings, MODEL))
-    stop = asyncio.Event()
-    await worker.start()
-    watch = asyncio.create_task(worker.run_until_stopped(stop))
-    try:
-        yield watch
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await watch
-        await worker.stop()
-
-
-def still_serving(watch: asyncio.Task[None]) -> None:
-    """Fail at once, with the worker's own error, if the worker stopped."""
-    if watch.done():
-        watch.result()
-        raise AssertionError("the worker stopped")
 
 
 async def publish(settings: PlazaSettings, values: list[bytes]) -> list[int]:
@@ -127,7 +101,7 @@ async def test_a_redelivered_record_with_a_negative_priority_is_answered_and_the
     await redis_client.hset(key, "deliveries", 1)
     await redis_client.expire(key, 300)
 
-    async with serving(settings) as watch:
+    async with serving_worker(Worker(with_model(settings, MODEL))) as watch:
         results = await answers(settings, redis_client, watch, ["negative", "after"])
         still_serving(watch)
 
@@ -175,7 +149,7 @@ async def test_every_record_with_a_readable_id_is_answered_and_only_the_others_d
     )
     await dead.start()
     try:
-        async with serving(settings) as watch:
+        async with serving_worker(Worker(with_model(settings, MODEL))) as watch:
             results = await answers(settings, redis_client, watch, list(records))
             letters: list[Any] = []
 

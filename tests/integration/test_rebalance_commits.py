@@ -14,13 +14,10 @@ must commit everything.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import numpy as np
 import pytest
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from plaza.client import make_request
@@ -28,7 +25,7 @@ from plaza.codec import encode_request
 from plaza.connections import ensure_topics, kafka_producer
 from plaza.settings import PlazaSettings
 from plaza.workers.worker import Worker
-from tests.support import wait_for, with_model
+from tests.support import group_offsets, wait_for, with_model
 
 MODEL = "identity"
 PER_PARTITION = 20
@@ -37,22 +34,8 @@ PARTITIONS = 4
 
 async def committed_lag(settings: PlazaSettings, tps: list[TopicPartition]) -> int:
     """Records of ``tps`` that the model's worker group has not committed."""
-    bootstrap = settings.kafka.bootstrap_servers
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-    try:
-        await admin.start()
-        await consumer.start()
-        group = settings.names.consumer_group(MODEL)
-        committed = await admin.list_consumer_group_offsets(group, partitions=tps)
-        ends = await consumer.end_offsets(tps)
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.stop()
-        with contextlib.suppress(Exception):
-            await admin.close()
-    done = {tp: committed[tp].offset if tp in committed else -1 for tp in tps}
-    return sum(max(0, ends[tp] - max(0, done[tp])) for tp in tps)
+    state = await group_offsets(settings, MODEL, tps)
+    return sum(max(0, end - max(0, done)) for done, end in state.values())
 
 
 async def publish(settings: PlazaSettings, start: int, garbage: bool) -> list[str]:

@@ -10,9 +10,7 @@ the record was never committed, so every restart stopped on it again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -33,33 +31,10 @@ from plaza.naming import (
 from plaza.settings import PlazaSettings
 from plaza.workers.host_services import HostServices
 from plaza.workers.worker import Worker
-from tests.support import wait_for, with_model
+from tests.support import serving_worker, still_serving, wait_for, with_model
 
 MODEL = "identity"
 BIG = 1 << 20
-
-
-@contextlib.asynccontextmanager
-async def serving(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
-    """``worker`` started and serving as a host runs it (``run_until_stopped``, which ends
-    and raises when one of its tasks fails); stopped on exit."""
-    stop = asyncio.Event()
-    await worker.start()
-    watch = asyncio.create_task(worker.run_until_stopped(stop))
-    try:
-        yield watch
-    finally:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await watch
-        await worker.stop()
-
-
-def still_serving(watch: asyncio.Task[None]) -> None:
-    """Fail at once (with the worker's own error) if the worker stopped."""
-    if watch.done():
-        watch.result()
-        raise AssertionError("the worker stopped")
 
 
 async def publish(settings: PlazaSettings, value: bytes, *, gzip: bool = False) -> None:
@@ -140,7 +115,7 @@ async def test_a_record_too_big_to_forward_is_dead_lettered_without_its_value(
         update={"kafka": settings.kafka.model_copy(update={"max_request_bytes": 64 * 1024})}
     )
     worker = Worker(with_model(small, MODEL))
-    async with serving(worker) as watch:
+    async with serving_worker(worker) as watch:
         # 1 MiB, unreadable and keyless: about 1 KiB gzip-compressed, so the topic takes it;
         # the dead-letter producer refuses it (its size is checked before compression)
         await publish(small, b"\xc1" * BIG, gzip=True)
@@ -180,7 +155,7 @@ async def test_a_dead_letter_send_that_fails_for_a_while_is_retried(
     topic = settings.names.dead_letter_topic(MODEL)
     caplog.set_level(logging.WARNING, logger="plaza.retry")
     try:
-        async with serving(worker) as watch:
+        async with serving_worker(worker) as watch:
             # The dead-letter topic goes away (auto-creation is off): sends to it fail.
             admin = kafka_admin(settings.kafka)
             await admin.start()
