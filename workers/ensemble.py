@@ -29,24 +29,29 @@ each such branch gives the ensemble one response, in the step's order
 one goes through the writer loop like any answer.
 
 Replay after a crash. The ensemble record's offset is committed only after its final
-answer is written (``ResultWriter``: first write wins), as a worker's. A runner that dies
-leaves its uncommitted requests to the next member of the group, which runs them again
-with the same step ids: before publishing a step it looks up the step's result key and
-uses a stored answer, and a step it publishes again is skipped by the step's worker if
-answered meanwhile (``workers/answered.py``); the runner then finds that answer on the
-result key, which it polls while it waits. A request whose own answer is stored already
-(a replay, or cancelled by its caller) is skipped. So a crash costs time, never an
-answer, and never a second one.
+answer is written (``ResultWriter``: first write wins), as a worker's; and, as a worker's,
+the commit moves past what the consumer hands over no record for (a transaction's markers,
+an aborted transaction's records) once the records before are answered
+(``workers/offsets.py``, ``follow_positions``). A runner that dies leaves its uncommitted
+requests to the next member of the group, which runs them again with the same step ids:
+before publishing a step it looks up the step's result key and uses a stored answer, and a
+step it publishes again is skipped by the step's worker if answered meanwhile
+(``workers/answered.py``); the runner then finds that answer on the result key, which it
+polls while it waits. A request whose own answer is stored already (a replay, or cancelled
+by its caller) is skipped. So a crash costs time, never an answer, and never a second one.
 
 Bounds: at most ``worker.max_pending`` ensemble requests (and ``worker.max_pending_bytes``
-of their records) are in flight; a step waits at most until the request's deadline (plus
-``DEADLINE_GRACE_S``) or ``STEP_WAIT_S`` without one. Step answers live under their result
-keys for ``redis.result_ttl_s``, like any answer.
+of their records) are in flight, and the consumer reads ahead a quarter of that byte budget
+over the topics' partitions, as a worker's (``read_ahead``); a step waits at most until the
+request's deadline (plus ``DEADLINE_GRACE_S``) or ``STEP_WAIT_S`` without one. Step answers
+live under their result keys for ``redis.result_ttl_s``, like any answer.
 
-Liveness: the runner heartbeats in the ensemble's worker registry (``worker_registry_key``)
-and flushes the ensemble's statistics there (success, failure, request time, and each
-request that succeeds as one execution of its rows, as Triton counts), as a worker;
-the gateway reports the ensemble ready when a runner and every step model's workers live.
+Liveness: the runner heartbeats in the ensemble's worker registry (``worker_registry_key``;
+a runner that a model host started names there the model table's generation it serves, as
+a worker does) and flushes the ensemble's statistics there (success, failure, request time,
+and each request that succeeds as one execution of its rows, as Triton counts), as a
+worker; the gateway reports the ensemble ready when a runner and every step model's
+workers live.
 
 Run one with ``python -m plaza.workers.ensemble --worker.model NAME`` (the settings of
 ``plaza worker``); ``EnsembleRunner`` has a worker's lifecycle (``start``,
@@ -103,7 +108,7 @@ from plaza.workers.ensemble_responses import (
     until_failed,
 )
 from plaza.workers.metrics import MetricsHub, WorkerMetrics
-from plaza.workers.offsets import OffsetTracker
+from plaza.workers.offsets import OffsetTracker, follow_positions, read_ahead
 from plaza.workers.result_lookup import ResultLookup
 from plaza.workers.runner import WorkItem, error_result
 from plaza.workers.writer import ResultWriter
@@ -294,7 +299,7 @@ class EnsembleRunner:
         await self.producer.replies()
         self._dead_letters = kafka_producer(self.settings.kafka)
         await self._dead_letters.start()
-        self._consumer = kafka_consumer(self.settings.kafka, self.names.consumer_group(self.model))
+        self._consumer = await self._make_consumer(self._dead_letters)
         self._consumer.subscribe(self.topics, listener=Rebalance(self))
         await self._consumer.start()
         self.metrics.start(
@@ -318,6 +323,15 @@ class EnsembleRunner:
         log.info(
             "ensemble runner %s serving %s (%s) from %s", self.id, self.model, steps, self.topics
         )
+
+    async def _make_consumer(self, producer: AIOKafkaProducer) -> AIOKafkaConsumer:
+        """The group member, its read-ahead a quarter of the byte budget over every
+        partition of the ensemble's topics, as a worker's (``read_ahead``; ``producer``
+        reads their metadata)."""
+        kafka = self.settings.kafka
+        budget = self.settings.worker.max_pending_bytes
+        limits = await read_ahead(producer, self.topics, kafka, budget, self.id)
+        return kafka_consumer(kafka, self.names.consumer_group(self.model), **limits)
 
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set or a task fails (then re-raise after stopping)."""
@@ -370,6 +384,10 @@ class EnsembleRunner:
             for tp, records in fetched.items():
                 for record in records:
                     await self._take(tp, record)
+            # the fetch is taken in: the positions, past transaction markers and aborted
+            # records (never handed over), bound the commit once the records before are done
+            if await follow_positions(self.consumer, self.offsets):
+                self._finished.set()
 
     async def _take(self, tp: TopicPartition, record: Record) -> None:
         if not self.offsets.started(tp, record.offset):
@@ -750,6 +768,11 @@ class EnsembleRunner:
         )
 
     # -- registry --------------------------------------------------------------------------
+    generation: int | None = None
+    """The model table's generation this runner serves, named in its registry entry (set by
+    the model host that starts it; ``plaza.model_control.serves_generation``); None: a
+    runner not started from the table."""
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.worker.heartbeat_interval_s)
@@ -763,6 +786,7 @@ class EnsembleRunner:
             {
                 "model": self.model,
                 "kind": "ensemble",
+                "generation": self.generation,
                 "steps": [s.model_name for s in self.spec.ensemble_steps],
                 "versions": self.versions,
                 "pid": os.getpid(),

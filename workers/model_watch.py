@@ -29,8 +29,9 @@ doubles from ``host.follow_interval_s`` up to ``RETRY_MAX_S``; a bad config
 (``ConfigError``) gives the model up until its next load (a new generation), and so does
 a model larger than the whole budget: those are reported in the model table
 (``ModelTable.fail``), which ends a load waiting for that generation with the reason. Either
-way the model has no standby entry meanwhile. A unit's worker names the table's generation
-it serves in its registry entry (a load waits for a worker of its own generation). Every
+way the model has no standby entry meanwhile. A unit (a worker, or an ensemble's runner)
+names the table's generation it serves in its registry entry (a load waits for a worker of
+its own generation, and an ensemble's load for a runner of its own). Every
 load, unload and eviction is a log line and a counter on the host's /metrics
 (``HostMetrics``).
 """
@@ -322,8 +323,8 @@ class ModelFollower:
         before = await asyncio.to_thread(self._meter.used)  # RSS scans /proc: off the loop
         try:
             unit = self._host.make_unit(name, desired.config)
-            if isinstance(unit, Worker):  # its registry entry names the generation it serves
-                unit.generation = desired.generation
+            # its registry entry names the generation it serves (a worker or a runner)
+            unit.generation = desired.generation
             await unit.start()
         except Exception as exc:
             self.budget.remove(name)

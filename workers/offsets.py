@@ -14,11 +14,30 @@ Only assigned partitions are tracked: a record taken in after its partition was 
 (the rest of a fetch, while a dead-letter send was in flight) is refused by ``started``, so
 a revoked partition never comes back into ``to_commit``. Kafka refuses a commit that names a
 partition the consumer does not own, and refuses the whole commit with it.
+
+The worker and the ensemble runner consume alike, with two functions here: ``follow_positions``
+(what they call after each fetch taken in) and ``read_ahead`` (their consumer's fetch limits).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+import logging
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from aiokafka.errors import IllegalStateError, KafkaError
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.structs import TopicPartition
+
+    from plaza.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+RECORD_OVERHEAD = 64 * 1024
+"""What a record's batch may add to its ``kafka.max_request_bytes`` (as the topics' own
+``max.message.bytes`` allows, ``plaza.connections``)."""
 
 
 class _Partition:
@@ -112,3 +131,71 @@ class OffsetTracker:
         """Partitions revoked: their outstanding records will be replayed by the next owner."""
         for tp in tps:
             self._parts.pop(tp, None)
+
+
+async def follow_positions(
+    consumer: AIOKafkaConsumer,
+    offsets: OffsetTracker,
+    positions: dict[TopicPartition, int] | None = None,
+) -> bool:
+    """After a fetch is taken in entirely: each owned partition's position, which moves
+    past what the consumer hands over no record for (transaction markers, aborted
+    transactions), bounds the commit once its records are done (``fetched_to``); each is
+    also written to ``positions`` as it is read. Only partitions fetched from in this
+    assignment (a highwater known) are asked: another's position may still be on its way,
+    which would hold the intake up. Whether ``offsets.to_commit`` now holds more."""
+    tps = [
+        tp
+        for tp in consumer.assignment()
+        if offsets.owns(tp) and consumer.highwater(tp) is not None
+    ]
+    moved = False
+    for tp in tps:
+        try:
+            position = await consumer.position(tp)
+        except IllegalStateError:  # revoked meanwhile
+            continue
+        if positions is not None:
+            positions[tp] = position
+        moved = offsets.fetched_to(tp, position) or moved
+    return moved
+
+
+async def read_ahead(
+    producer: AIOKafkaProducer,
+    topics: Sequence[str],
+    kafka: KafkaSettings,
+    budget: int,
+    who: str,
+) -> dict[str, int]:
+    """A group member's fetch limits (``kafka_consumer``'s overrides), its read-ahead kept
+    to a quarter of the byte ``budget``: the fetcher buffers up to
+    ``max_partition_fetch_bytes`` for each partition it owns, and the member may own every
+    partition of ``topics`` (counted now through ``producer``'s metadata: partitions added
+    later are not, and aiokafka cannot change the limit of a running consumer). The limit
+    never goes below the largest record taken (plus its batch's overhead), so a record of
+    any accepted size can always be fetched; with many partitions that floor, not the
+    quarter, bounds the read-ahead (docs/guarantees.md). ``who`` names the member in logs."""
+    quarter = budget // 4
+    partitions = await _partition_count(producer, topics, kafka.partitions, who)
+    share = min(kafka.max_request_bytes * 2, quarter // partitions)
+    per_partition = max(kafka.max_request_bytes + RECORD_OVERHEAD, share)
+    return {
+        "max_partition_fetch_bytes": per_partition,
+        "fetch_max_bytes": max(per_partition, min(50 << 20, quarter)),
+    }
+
+
+async def _partition_count(
+    producer: AIOKafkaProducer, topics: Sequence[str], each: int, who: str
+) -> int:
+    """Partitions of ``topics`` together (their metadata; ``each``, what Plaza creates them
+    with, where Kafka does not tell)."""
+    total = 0
+    for topic in topics:
+        try:
+            total += len(await producer.partitions_for(topic))
+        except KafkaError as exc:
+            log.warning("%s: partitions of %s unknown (%s)", who, topic, exc)
+            total += each
+    return max(1, total)

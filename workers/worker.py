@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher, queue_deadline
@@ -75,7 +74,7 @@ from plaza.workers.deliveries import DeliveryCounter
 from plaza.workers.device_scheduler import Grant, instance_specs
 from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
-from plaza.workers.offsets import OffsetTracker
+from plaza.workers.offsets import OffsetTracker, follow_positions, read_ahead
 from plaza.workers.responses import ResponseBuffer
 from plaza.workers.runner import BatchRunner, ResponseSink, WorkItem, error_result
 from plaza.workers.sequences import SequenceRuns, initial_states, read_states
@@ -88,9 +87,6 @@ CANCEL_CHECK_S = 0.1
 """How often a Python model's worker looks whether its running requests' callers went away
 (one pipelined Redis call, only while such requests run)."""
 RecordKey = tuple[TopicPartition, int]
-RECORD_OVERHEAD = 64 * 1024
-"""What a record's batch may add to its ``kafka.max_request_bytes`` (as the topics' own
-``max.message.bytes`` allows, ``plaza.connections``)."""
 Record: TypeAlias = ConsumerRecord[Any, Any]
 Deferred = tuple[WorkItem, int, Record, float | None, float | None]
 """A request that waits for its sequence's state: ``_queue``'s arguments but ``done``."""
@@ -379,36 +375,12 @@ class Worker:
         )
 
     async def _make_consumer(self) -> AIOKafkaConsumer:
-        """The group member, its read-ahead kept to a quarter of the byte budget: the
-        fetcher buffers up to ``max_partition_fetch_bytes`` for each partition it owns, and
-        this member may own every partition of every level topic (counted now: partitions
-        added later are not, and aiokafka cannot change the limit of a running consumer).
-        The limit never goes below the largest record a worker takes (plus its batch's
-        overhead), so a record of any accepted size can always be fetched; with many
-        partitions that floor, not the quarter, bounds the read-ahead (docs/guarantees.md)."""
+        """The group member, its read-ahead a quarter of the byte budget over every
+        partition of the level topics (``read_ahead``)."""
         kafka = self.settings.kafka
-        quarter = self.settings.worker.max_pending_bytes // 4
-        partitions = await self._partition_count()
-        share = min(kafka.max_request_bytes * 2, quarter // partitions)
-        per_partition = max(kafka.max_request_bytes + RECORD_OVERHEAD, share)
-        return kafka_consumer(
-            kafka,
-            self.names.consumer_group(self.model),
-            max_partition_fetch_bytes=per_partition,
-            fetch_max_bytes=max(per_partition, min(50 << 20, quarter)),
-        )
-
-    async def _partition_count(self) -> int:
-        """Partitions of the level topics together (their metadata; ``kafka.partitions``
-        each, what Plaza creates them with, where Kafka does not tell)."""
-        total = 0
-        for topic in self.topics:
-            try:
-                total += len(await self.services.producer.partitions_for(topic))
-            except KafkaError as exc:
-                log.warning("%s: partitions of %s unknown (%s)", self.id, topic, exc)
-                total += self.settings.kafka.partitions
-        return max(1, total)
+        budget = self.settings.worker.max_pending_bytes
+        limits = await read_ahead(self.services.producer, self.topics, kafka, budget, self.id)
+        return kafka_consumer(kafka, self.names.consumer_group(self.model), **limits)
 
     def _pending(self) -> int:
         """Requests held: waiting in the batcher, waiting as suspects, or running."""
@@ -552,26 +524,9 @@ class Worker:
         self._arrived.set()
 
     async def _note_positions(self) -> None:
-        """After a fetch is taken in entirely: each owned partition's position, which moves
-        past what the consumer hands over no record for (transaction markers, aborted
-        transactions), bounds the commit once its records are done, and the lag. Only
-        partitions fetched from in this assignment (a highwater known) are asked: another's
-        position may still be on its way, which would hold the intake up."""
-        consumer = self.consumer
-        tps = [
-            tp
-            for tp in consumer.assignment()
-            if self.offsets.owns(tp) and consumer.highwater(tp) is not None
-        ]
-        moved = False
-        for tp in tps:
-            try:
-                position = await consumer.position(tp)
-            except IllegalStateError:  # revoked meanwhile
-                continue
-            self._fetched[tp] = position
-            moved = self.offsets.fetched_to(tp, position) or moved
-        if moved:
+        """After a fetch is taken in entirely: each owned partition's position bounds the
+        commit once its records are done, and the lag (``follow_positions``)."""
+        if await follow_positions(self.consumer, self.offsets, self._fetched):
             self._commit_due.set()
 
     async def _fetch(self, room: int) -> Fetched:
