@@ -332,14 +332,15 @@ class ModelFollower:
             self._failed(name, desired, exc)
             return
         self.state.retrying.pop(name, None)
-        await self._measured(name, need, before, await asyncio.to_thread(self._meter.used))
         stop = asyncio.Event()
         task = asyncio.create_task(unit.run_until_stopped(stop), name=f"unit-{name}")
         # Counted before the unit shows as running: whoever sees it running sees the load.
+        # Both before the measuring below yields: the started unit may answer meanwhile.
         HostMetrics.count(self.metrics.loads, name)
-        self.metrics.memory_bytes = self.budget.total
         self.state.running[name] = Running(desired, spec, unit, task, stop, self._executions(unit))
         self.state.evicted.discard(name)
+        await self._measured(name, need, before, await asyncio.to_thread(self._meter.used))
+        self.metrics.memory_bytes = self.budget.total
         await self._drop_standby(name)
         log.info(
             "host: loaded %s (generation %d, %d bytes; %d of %d accounted)",
