@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from plaza.connections import kafka_admin, kafka_security
+from plaza.connections import kafka_admin, kafka_consumer
 from plaza.errors import QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
@@ -29,6 +29,17 @@ from plaza.settings import KafkaSettings
 from plaza.single_flight import SingleFlight
 
 log = logging.getLogger(__name__)
+
+
+def backlog_consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
+    """The probe's consumer: no group, only offsets asked of it. Built by the shared
+    helper, so its metadata (the topic's partitions) is refreshed every
+    ``kafka.metadata_max_age_ms``: a partition added to a level's topic counts in its backlog
+    within that, as it is published to and served within it (aiokafka's own default is
+    five minutes). End offsets are high-water marks, as before (``read_uncommitted``)."""
+    # group_id None: no group (the helper's annotation names only a group's str)
+    no_group: Any = None
+    return kafka_consumer(kafka, no_group, isolation_level="read_uncommitted")
 
 
 class BacklogProbe:
@@ -46,13 +57,7 @@ class BacklogProbe:
     async def start(self) -> None:
         self._admin = kafka_admin(self._kafka)
         await self._admin.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._kafka.bootstrap_servers,
-            group_id=None,
-            enable_auto_commit=False,
-            request_timeout_ms=self._kafka.request_timeout_ms,
-            **kafka_security(self._kafka),
-        )
+        self._consumer = backlog_consumer(self._kafka)
         await self._consumer.start()
 
     async def stop(self) -> None:
