@@ -18,7 +18,10 @@ version may hold ``max_candidate_sequences`` of them at once.
 The state also goes to Redis, with each answer (``StateWrite``; the result writer keeps it
 only where the answer is the first written, in the same script call): under the sequence's
 key (``Names.sequence_state_key``) the state after its last answered request and when it
-was made, and nothing after its END. A request of a sequence this worker does not hold, and
+was made, and nothing after its END, nor after a START answered unrun (``unrun_starts``,
+``drop_before_starts``): that key would still hold the state of the sequence before it,
+which a worker taking the partition over within the idle time would resume. A request of a
+sequence this worker does not hold, and
 that does not start one, is one whose partition moved here (a rebalance, a worker that
 stopped or crashed): the worker reads that state (``needs_state``, ``resume``) and the
 sequence goes on where its answers left it, unless the request was sent more than the
@@ -39,7 +42,9 @@ runs again on the state before it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -68,6 +73,8 @@ from plaza.sequence_config import CORRID, END, READY, START, SequenceControl
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
 from plaza.workers.writer import StateWrite
+
+log = logging.getLogger(__name__)
 
 
 class _Kept(msgspec.Struct, array_like=True):
@@ -105,6 +112,19 @@ def decode_state(data: bytes) -> tuple[State, float, float]:
     }
     return state, kept.at, kept.sent
 
+
+DROP_TIMEOUT_S = 0.5
+"""How long dropping the states of STARTs found answered at launch may take: past it they
+stay (the batcher here refuses the requests after them anyway)."""
+
+# KEYS: a sequence's state key. ARGV: the state read from it. Drops the key only while it
+# still holds that state (a request that ran since wrote a newer one).
+_DROP_IF_UNCHANGED = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 MAX_ANSWERED = 10_000
 """Sequences whose answered requests found at intake are remembered at once, at most."""
@@ -154,6 +174,16 @@ async def read_states(
         values = [next(found) for _ in keys]
         firsts.append(next((v for v in values if v is not None), None))
     return firsts
+
+
+def _made_before(data: bytes, sent: float) -> bool:
+    """Whether the kept state ``data`` was made by a request sent before ``sent`` (its send
+    time, else when it was made, as ``SequenceRuns.resume`` judges); False if unreadable."""
+    try:
+        _, made, made_sent = decode_state(data)
+    except Exception:  # not a state this worker wrote: left alone
+        return False
+    return (made_sent or made) < sent
 
 
 class SequenceRuns:
@@ -278,6 +308,54 @@ class SequenceRuns:
         kept = None if step.end else encode_state(state, now, item.request.sent_us / 1e6)
         key = self.state_key(step.sequence)
         return StateWrite(index, key, kept, self.state_ttl_ms)
+
+    def unrun_starts(self, items: Sequence[WorkItem]) -> list[StateWrite]:
+        """The state writes that go with error answers to ``items`` (``answers[i]`` is
+        ``items[i]``'s) written instead of running them (past their deadline): each START
+        among them drops its sequence's key, as an END's answer does. Its sequence has not
+        started (``SequenceBatcher``), and the key still holds the state of the sequence
+        before it (the same id, left without an END), which a worker taking the partition
+        over would resume. Dropped only where the answer is the first written, so a replay
+        of a START that ran leaves the state it made."""
+        writes: list[StateWrite] = []
+        for index, item in enumerate(items):
+            key = self._start_of(item)
+            if key is not None:
+                writes.append(StateWrite(index, self.state_key(key), None, self.state_ttl_ms))
+        return writes
+
+    async def drop_before_starts(self, redis: aioredis.Redis, items: Sequence[WorkItem]) -> None:
+        """``items`` were found answered before they ran (``workers/answered.py``): cancelled
+        by their callers, or replays. For each START among them, drop its sequence's key
+        where the state there was made by a request sent before that START: the sequence
+        before it, which the cancelled START left not started. A state made by the START
+        or after it (a replay of a START that ran) stays, as does one whose START's send
+        time is not known. Redis not answering in ``DROP_TIMEOUT_S`` leaves them."""
+        starts = [(self.state_key(k), it.request.sent_us / 1e6) for it, k in self._starts(items)]
+        starts = [(key, sent) for key, sent in starts if sent > 0]
+        if not starts:
+            return
+        try:
+            async with asyncio.timeout(DROP_TIMEOUT_S):
+                stored = await read_states(redis, [(key,) for key, _ in starts])
+                pipe = redis.pipeline(transaction=False)
+                for (key, sent), data in zip(starts, stored, strict=True):
+                    if data is not None and _made_before(data, sent):
+                        pipe.eval(_DROP_IF_UNCHANGED, 1, key, data)
+                await pipe.execute()
+        except Exception as exc:  # Redis away: the batcher here still refuses them
+            log.warning("states of %d unrun sequence STARTs not dropped: %s", len(starts), exc)
+
+    def _starts(self, items: Sequence[WorkItem]) -> list[tuple[WorkItem, SequenceKey]]:
+        return [(it, key) for it in items if (key := self._start_of(it)) is not None]
+
+    def _start_of(self, item: WorkItem) -> SequenceKey | None:
+        """``item``'s sequence when ``item`` is its START, else None."""
+        try:
+            flags = self._flags(item)
+        except PlazaError:
+            return None
+        return flags.sequence if flags.start else None
 
     def key_of(self, item: WorkItem) -> SequenceKey | None:
         """``item``'s sequence (its version and id); None where its parameters name none

@@ -816,6 +816,7 @@ class Worker:
         if answered:
             if self.sequences is not None:
                 self.sequences.release(answered)
+                await self.sequences.drop_before_starts(self.redis, answered)
             self.metrics.count("skipped", len(answered))
             done = [(it.partition, it.offset) for it in answered]
             await self._results.put(
@@ -984,7 +985,10 @@ class Worker:
     def _timeouts(self, items: list[WorkItem]) -> Completed:
         self.metrics.count("expired", len(items))
         err = DeadlineExceeded("the request's deadline passed before it could run")
-        return self._errors([(it, err) for it in items])
+        done = self._errors([(it, err) for it in items])
+        if self.sequences is not None:  # a START among them drops its sequence's state
+            done.states = self.sequences.unrun_starts(items)
+        return done
 
     def _refusals(self, refused: list[tuple[WorkItem, PlazaError]]) -> Completed:
         """Requests the batcher will not run (a sequence's request after its END)."""

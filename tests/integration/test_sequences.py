@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,11 +20,15 @@ import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
 from plaza.client import PlazaClient
+from plaza.contract import InferRequest, Scalar
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.measure import Load, WindowConfig, measure
 from plaza.loadgen.targets import make_target
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
+from plaza.tensors import Tensor
+from plaza.workers.runner import WorkItem
+from plaza.workers.sequences import SequenceRuns, encode_state
 from tests.support import REPOSITORY, gateway_fronts, running_worker
 
 pytestmark = pytest.mark.timeout(180)
@@ -128,6 +133,60 @@ async def test_a_start_that_never_runs_leaves_its_sequence_not_started(
             await http.close()
     assert int(before.as_numpy("OUTPUT")[0, 0]) == 11
     assert int(again.as_numpy("OUTPUT")[0, 0]) == 2  # a START that runs begins it anew
+
+
+async def test_a_start_that_expires_drops_the_state_of_the_sequence_before(
+    settings: PlazaSettings,
+) -> None:
+    """A START answered with a timeout, unrun, drops its sequence's key, as an END does: the
+    key held the sum of the sequence before it (the same id, left without an END), which a
+    worker taking the partition over within the idle time would resume."""
+    async with running_worker(settings, "accumulate") as worker, PlazaClient(settings) as client:
+        key = worker.names.sequence_state_key("accumulate", 1, 80)
+        for value, start in ((5, True), (6, False)):
+            params = {"sequence_id": 80, "sequence_start": start}
+            await client.infer(
+                "accumulate", {"INPUT": np.array([[value]], np.int32)}, parameters=params
+            )
+        held = await worker.redis.exists(key)  # the sum, 11, for a next owner
+        params = {"sequence_id": 80, "sequence_start": True}
+        x = {"INPUT": np.array([[100]], np.int32)}
+        job = await client.submit("accumulate", x, parameters=params, timeout_s=1e-6)
+        answer = await client.result(job, raise_on_error=False)
+        after = await worker.redis.exists(key)  # gone in the script call of the answer
+    assert held == 1
+    assert answer.error is not None and answer.error.code == "timeout"
+    assert after == 0
+
+
+async def test_a_start_found_cancelled_drops_only_a_state_from_before_it(
+    settings: PlazaSettings, redis_client: Any
+) -> None:
+    """STARTs found answered at launch (a caller's ``cancelled`` answer, or a replay):
+    their sequences' keys are dropped where the state there was made by a request sent
+    before the START (the sequence before it), never where the START or a request after
+    it made it (a replay of a START that ran), nor for a request that is not a START."""
+    spec = ModelRepository(REPOSITORY).spec("accumulate")
+    runs = SequenceRuns(spec, settings.names, keep_s=60)
+    sent = time.time()
+    old = encode_state({"SUM_IN": np.array([11], np.int32)}, sent - 9, sent - 10)
+    own = encode_state({"SUM_IN": np.array([5], np.int32)}, sent + 0.001, sent)
+    keys = {k: settings.names.sequence_state_key("accumulate", 1, k) for k in (90, 91, 92)}
+    await redis_client.set(keys[90], old)  # cancelled START: the sequence before it
+    await redis_client.set(keys[91], own)  # a replayed START that ran: its own state
+    await redis_client.set(keys[92], old)  # not a START: the sequence goes on
+    sent_us = int(sent * 1e6)
+    found = [_item(90, 1, True, sent_us), _item(91, 1, True, sent_us), _item(92, 1, False, sent_us)]
+    await runs.drop_before_starts(redis_client, found)
+    kept = [await redis_client.get(keys[k]) for k in (90, 91, 92)]
+    assert kept == [None, own, old]
+
+
+def _item(key: int, value: int, start: bool, sent_us: int) -> WorkItem:
+    params: dict[str, Scalar] = {"sequence_id": key, "sequence_start": start}
+    x = Tensor.from_numpy("INPUT", np.array([[value]], np.int32))
+    req = InferRequest(f"{key}-{value}", "accumulate", "", (x,), parameters=params, sent_us=sent_us)
+    return WorkItem(req, rows=1, version=1)
 
 
 async def test_each_sequence_stays_on_one_of_two_workers(settings: PlazaSettings) -> None:
