@@ -375,19 +375,27 @@ class Producer:
     async def _check_queue(
         self, spec: ModelSpec | None, level: int, timeout_s: float | None = None
     ) -> None:
-        """QueueFull at once when the level's queue is at max_queue_size; Unavailable when
-        Kafka does not answer the backlog check, within ``timeout_s`` (a sync call's own
-        timeout: the check is part of the call's time) or the Kafka request timeout."""
+        """QueueFull at once when the level's queue is at max_queue_size. The check is part
+        of a sync call's time (``timeout_s``): when that runs out first, DeadlineExceeded
+        with no job (nothing was published, so a retry is safe); Unavailable when Kafka does
+        not answer it within its own request timeout."""
         if spec is None:
             return
+        limit_s = self.settings.kafka.request_timeout_ms / 1000
+        caller_first = timeout_s is not None and timeout_s < limit_s
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s if caller_first else limit_s):
                 await self._guard.check(spec, level)
         except PlazaError:
             raise
         except TimeoutError as exc:
+            if caller_first:
+                raise DeadlineExceeded(
+                    f"the call's {max(timeout_s or 0.0, 0.0):g} s ran out during the backlog "
+                    "check (Kafka had not answered it); nothing was published"
+                ) from exc
             raise Unavailable(
-                f"Kafka did not answer the backlog check within the call's {timeout_s:g} s"
+                f"Kafka did not answer the backlog check within {limit_s:g} s"
             ) from exc
         except Exception as exc:
             raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from plaza.client import PlazaClient, make_request
-from plaza.errors import DeadlineExceeded, QueueFull, Unavailable
+from plaza.errors import DeadlineExceeded, QueueFull
 from plaza.settings import PlazaSettings
 from tests.support import model_variant, running_worker, wait_for
 
@@ -166,8 +166,8 @@ async def test_a_backlog_check_that_hangs_ends_within_the_calls_timeout(
     settings: PlazaSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The backlog check is part of a sync call's time: a Kafka that does not answer it
-    (held here, where an unreachable broker would take the request timeout) fails the call
-    with Unavailable inside its timeout, and nothing is published."""
+    (held here, where an unreachable broker would take the request timeout) ends the call
+    as a timeout inside its own time, with no job, and nothing is published."""
     s = variant(
         tmp_path,
         settings,
@@ -186,8 +186,11 @@ async def test_a_backlog_check_that_hangs_ends_within_the_calls_timeout(
 
         monkeypatch.setattr(probe, "_measure", hung)
         async with asyncio.timeout(30):  # the bug: the call waited for the check alone
-            with pytest.raises(Unavailable, match=r"backlog check within the call's 0\.5 s"):
+            with pytest.raises(
+                DeadlineExceeded, match=r"0\.5 s ran out during the backlog"
+            ) as late:
                 await client.infer("held", x(1), timeout_s=0.5)
+        assert "job_id" not in late.value.details  # nothing was published: no job to poll
         monkeypatch.setattr(probe, "_measure", measure)
         never.set()  # the held measurement ends; the next reading is Kafka's own
         assert await probe.lag("held", s.names.request_topic("held")) == 0

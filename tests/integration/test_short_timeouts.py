@@ -5,6 +5,11 @@ caller's timeout: a request Kafka takes after the caller's time ran out is a job
 ``timeout`` / DEADLINE_EXCEEDED with its id, pollable), never a retriable 503 that a client
 would send again. No worker runs while the calls are made, so none can answer before the
 deadline; the one started afterwards answers each request once.
+
+The backlog check of a model with ``max_queue_size`` comes before publishing, and is part of
+the call's time: a call whose time runs out during it ends as a timeout with no job (nothing
+was published, so a retry is safe), not as a 503 that blames Kafka for the call's short
+timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,10 +30,18 @@ from plaza.client import PlazaClient
 from plaza.errors import DeadlineExceeded
 from plaza.settings import PlazaSettings
 from plaza.workers.worker import Worker
-from tests.support import gateway_fronts, running_worker, wait_for
+from tests.support import gateway_fronts, model_variant, running_worker, wait_for
 
 ONE_US = 1
 """The shortest request timeout there is (microseconds): it passes before any ack."""
+
+BOUNDED = """
+name: "bounded" platform: "onnxruntime_onnx" max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { default_queue_policy { max_queue_size: 50 } }
+"""
+"""identity with a queue limit: every call checks the model's Kafka backlog first."""
 
 
 def identity_json(x: np.ndarray[Any, Any]) -> dict[str, Any]:
@@ -103,3 +117,22 @@ async def test_sdk_infer_answers_timeout_with_a_pollable_job(
             result = await sdk.result(job_id, timeout_s=60)  # no deadline: it runs
             np.testing.assert_array_equal(result.as_numpy()["OUTPUT0"], x)
             await answered_once(worker, 1)
+
+
+async def test_a_call_whose_time_runs_out_in_the_backlog_check_is_a_timeout_unpublished(
+    settings: PlazaSettings, tmp_path: Path, redis_client: Any
+) -> None:
+    """The backlog is measured anew for the call (``backlog_check_ttl_ms`` 0) and its 1 us
+    passes meanwhile: the call ends as a timeout, with no job and nothing published (was a
+    503, "Kafka did not answer the backlog check within the call's 1e-06 s", which blamed
+    Kafka for the call's own short time)."""
+    kafka = settings.kafka.model_copy(update={"backlog_check_ttl_ms": 0})
+    repository = model_variant(tmp_path, "bounded", BOUNDED)
+    s = settings.model_copy(update={"repository": repository, "kafka": kafka})
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    async with PlazaClient(s) as sdk:
+        with pytest.raises(DeadlineExceeded, match="nothing was published") as late:
+            await sdk.infer("bounded", {"INPUT0": x}, timeout_s=ONE_US / 1e6)
+        assert "job_id" not in late.value.details  # no job: a retry is safe
+        topic = s.names.request_topic("bounded")
+        assert await sdk.producer.backlog.lag("bounded", topic) == 0  # nothing published
