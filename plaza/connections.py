@@ -83,10 +83,11 @@ def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
     )
 
 
-def kafka_consumer(k: KafkaSettings, group_id: str, **overrides: Any) -> AIOKafkaConsumer:
-    """A consumer in ``group_id`` with manual commits, starting at the earliest offset.
-    Its metadata is refreshed every ``kafka.metadata_max_age_ms``: partitions added to a
-    subscribed topic (or a topic deleted and made again) are assigned only then."""
+def kafka_consumer(k: KafkaSettings, group_id: str | None, **overrides: Any) -> AIOKafkaConsumer:
+    """A consumer in ``group_id`` (None: in no group, offsets only) with manual commits,
+    starting at the earliest offset. Its metadata is refreshed every
+    ``kafka.metadata_max_age_ms``: partitions added to a subscribed topic (or a topic
+    deleted and made again) are assigned only then."""
     opts: dict[str, Any] = {
         "bootstrap_servers": k.bootstrap_servers,
         "client_id": k.client_id,

@@ -37,9 +37,7 @@ def backlog_consumer(kafka: KafkaSettings) -> AIOKafkaConsumer:
     ``kafka.metadata_max_age_ms``: a partition added to a level's topic counts in its backlog
     within that, as it is published to and served within it (aiokafka's own default is
     five minutes). End offsets are high-water marks, as before (``read_uncommitted``)."""
-    # group_id None: no group (the helper's annotation names only a group's str)
-    no_group: Any = None
-    return kafka_consumer(kafka, no_group, isolation_level="read_uncommitted")
+    return kafka_consumer(kafka, None, isolation_level="read_uncommitted")
 
 
 class BacklogProbe:
