@@ -52,7 +52,11 @@ _REASON_BY_CODE = {
 
 
 def failure_reason(code: str) -> str:
-    """Triton's failure reason for a PlazaError code: REJECTED, BACKEND, CANCELED or OTHER."""
+    """Triton's failure reason for a PlazaError code: REJECTED, BACKEND, CANCELED or OTHER.
+    A model's error answer is BACKEND whatever Triton code it names (``model_error`` and
+    the Python backend's ``model_error_<triton code>``)."""
+    if code.startswith(ModelExecutionError.code + "_"):
+        return REASON_BACKEND
     return _REASON_BY_CODE.get(code, REASON_OTHER)
 
 

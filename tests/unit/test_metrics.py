@@ -86,6 +86,7 @@ def test_failure_reasons_are_tritons() -> None:
     assert failure_reason(QueueFull.code) == "REJECTED"
     assert failure_reason(DeadlineExceeded.code) == "REJECTED"
     assert failure_reason("model_error") == "BACKEND"
+    assert failure_reason("model_error_not_found") == "BACKEND"  # a Python model's NOT_FOUND
     assert failure_reason(Cancelled.code) == "CANCELED"  # a model's TritonError.CANCELLED
     assert failure_reason(InvalidInput.code) == "OTHER"
     assert failure_reason("something new") == "OTHER"

@@ -8,25 +8,30 @@ Kafka topic, and ``async_exec()``, its awaitable form), Triton's model loading A
 (``load_model``, ``unload_model``, ``is_model_ready``: ``pb_model_loader``) and custom
 metrics (``MetricFamily``, ``pb_metrics``). What Triton has and Plaza does not build raises
 ``TritonModelException`` whose message says "not supported" (shared memory arguments, for
-one). A decoupled model (``model_transaction_policy { decoupled: true }``) answers through
-each request's ``get_response_sender()``. Only numpy and Plaza's contract are imported
+one; a Triton name this module lacks, such as ``TRITONSERVER_REQUEST_RELEASE_RESCHEDULE``,
+raises it too, an ``AttributeError`` as well, so that ``hasattr`` says False). A decoupled
+model (``model_transaction_policy { decoupled: true }``) answers through each request's
+``get_response_sender()``. Only numpy and Plaza's contract are imported
 here; torch only for DLPack, Kafka and Redis only for BLS and model loading.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import enum
 import json
 import logging
 import struct
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, overload
 
 import numpy as np
 
 from plaza.contract import INT64_MAX, INT64_MIN
-from plaza.workers.backends.pb_exception import TritonModelException
+from plaza.workers.backends.pb_exception import TritonModelException as TritonModelException
+from plaza.workers.backends.pb_metrics import CustomMetric
 from plaza.workers.backends.pb_metrics import MetricFamily as MetricFamily  # model.py's
 
 _log = logging.getLogger("triton_python_backend_utils")
@@ -34,6 +39,38 @@ _log = logging.getLogger("triton_python_backend_utils")
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class MemoryType(enum.IntEnum):
+    """Triton's preferred memory types (its numbers): accepted, and unused by Plaza."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """Where a BLS call would like its outputs (``InferenceRequest(preferred_memory=...)``):
+    accepted and unused, as every tensor reaches model code in CPU memory."""
+
+    def __init__(self, preferred_memory_type: int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = int(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+
+class MetricKind:
+    """Triton's metric kinds, as ``MetricFamily``'s constants."""
+
+    COUNTER: ClassVar[int] = MetricFamily.COUNTER
+    GAUGE: ClassVar[int] = MetricFamily.GAUGE
+    HISTOGRAM: ClassVar[int] = MetricFamily.HISTOGRAM
+
+
+Metric = CustomMetric
+"""What ``MetricFamily.Metric(...)`` makes."""
 
 # config.pbtxt's data_type names -> numpy types, as Triton's utils map them.
 _STRING_TO_NUMPY: dict[str, type[Any]] = {
@@ -53,6 +90,8 @@ _STRING_TO_NUMPY: dict[str, type[Any]] = {
 }
 # TRITONSERVER_DataType numbers (the same as model_config.proto's DataType enum).
 _TYPE_NUMBER = {name: i for i, name in enumerate(_STRING_TO_NUMPY, start=1)}
+TRITON_STRING_TO_NUMPY = dict(_STRING_TO_NUMPY)
+"""Triton's table of config type names to numpy types, by its name (a copy)."""
 
 
 def not_supported(what: str) -> TritonModelException:
@@ -107,6 +146,10 @@ class Tensor:
 
     def shape(self) -> list[int]:
         return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        """The TRITONSERVER_DataType number of the data (``TYPE_FP32``: 11; BYTES: 13)."""
+        return numpy_to_triton_type(self._array.dtype)
 
     def is_cpu(self) -> bool:
         return True
@@ -296,6 +339,40 @@ def set_bls_call(call: BlsCall | None, stream: BlsStream | None = None) -> None:
     _bls_stream = stream
 
 
+class ResponseIterator:
+    """What ``exec(decoupled=True)`` returns: the called model's responses as they come.
+
+    ``cancel()`` cancels the call: the transport's stream is closed (Plaza's stores the
+    caller's ``cancelled`` answer for the called request, so the called model's
+    ``is_cancelled()`` turns True, and a call not yet sent is never sent) and the iteration
+    ends there. From another thread than the one iterating, it takes effect once the
+    response that thread waits for came (that one is still handed over)."""
+
+    def __init__(self, responses: Iterator[InferenceResponse]) -> None:
+        self._responses = responses
+        self._cancelled = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._cancelled:
+            self._close()
+            raise StopIteration
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        """Cancel the BLS call (nothing happens once its last response came)."""
+        self._cancelled = True
+        with contextlib.suppress(ValueError):  # iterated on another thread: closed at its next
+            self._close()
+
+    def _close(self) -> None:
+        close = getattr(self._responses, "close", None)
+        if callable(close):
+            close()
+
+
 class InferenceRequest:
     """A request: one that ``execute`` receives, or one a model sends to another (BLS)."""
 
@@ -345,10 +422,13 @@ class InferenceRequest:
         return self._correlation_id
 
     def flags(self) -> int:
+        """TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2), as set: for a request
+        that ``execute`` receives, its ``sequence_start`` and ``sequence_end``."""
         return self._flags
 
     def timeout(self) -> int:
-        """Microseconds (0: none), as Triton's BLS request takes it."""
+        """Microseconds (0: none), as Triton's BLS request takes it; for a request that
+        ``execute`` receives, the time its caller gave it (to its deadline)."""
         return self._timeout_us
 
     def parameters(self) -> str:
@@ -374,23 +454,26 @@ class InferenceRequest:
     def exec(self, decoupled: Literal[False] = False) -> InferenceResponse: ...
 
     @overload
-    def exec(self, decoupled: Literal[True]) -> Iterator[InferenceResponse]: ...
+    def exec(self, decoupled: Literal[True]) -> ResponseIterator: ...
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse | Iterator[InferenceResponse]:
+    def exec(self, decoupled: bool = False) -> InferenceResponse | ResponseIterator:
         """Run this request on the Plaza model ``model_name`` and wait for its answer (BLS).
 
         An error of the called model comes back as the response's error, as in Triton. With
         ``decoupled=True`` an iterator of the called model's responses, each as it comes
         (a decoupled model's many, an ordinary model's one); the last one is empty (no
-        output tensors) when the model closed the request without a response."""
+        output tensors) when the model closed the request without a response; its
+        ``cancel()`` cancels the call (``ResponseIterator``)."""
         if not self.model_name:
             raise TritonModelException("InferenceRequest.exec: model_name is required")
-        transport = _bls_stream if decoupled else _bls_call
-        if transport is None:
-            raise TritonModelException(
-                "InferenceRequest.exec runs only inside Plaza's Python backend process"
-            )
-        return transport(self, self._timeout_us / 1e6)
+        timeout_s = self._timeout_us / 1e6
+        if decoupled:
+            if _bls_stream is None:
+                raise _outside_the_backend()
+            return ResponseIterator(_bls_stream(self, timeout_s))
+        if _bls_call is None:
+            raise _outside_the_backend()
+        return _bls_call(self, timeout_s)
 
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` as an awaitable, for an ``async def execute``: the call waits on a thread
@@ -406,6 +489,12 @@ class InferenceRequest:
         if decoupled:
             return loop.run_in_executor(None, lambda: list(self.exec(decoupled=True)))
         return loop.run_in_executor(None, self.exec)
+
+
+def _outside_the_backend() -> TritonModelException:
+    return TritonModelException(
+        "InferenceRequest.exec runs only inside Plaza's Python backend process"
+    )
 
 
 class ModelLoading(Protocol):
@@ -524,10 +613,19 @@ def numpy_to_triton_type(data_type: Any) -> int:
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Triton's BYTES layout (uint32 LE length, then the bytes, per element) as uint8."""
+    """Triton's BYTES layout (uint32 LE length, then the bytes, per element, in C order) as
+    uint8. Elements as Triton takes them: bytes as they are, any other element of an object
+    array as ``str(x)`` in UTF-8 (``300`` is ``b"300"``); a ``bytes_`` or ``str_`` array's
+    elements as their bytes. An array of any other dtype (numbers) raises
+    TritonModelException: it has no BYTES form."""
+    if input_tensor.dtype.kind not in "OSU":
+        raise TritonModelException(
+            f"serialize_byte_tensor: a {input_tensor.dtype} array is not a BYTES tensor (give "
+            "an object, bytes or str array)"
+        )
     parts: list[bytes] = []
-    for item in input_tensor.reshape(-1):
-        raw = item.encode() if isinstance(item, str) else bytes(item)
+    for item in input_tensor.reshape(-1, order="C"):
+        raw = item if isinstance(item, bytes) else str(item).encode("utf-8")
         parts.append(struct.pack("<I", len(raw)))
         parts.append(raw)
     return np.frombuffer(b"".join(parts), dtype=np.uint8)
@@ -552,12 +650,45 @@ def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray[Any, Any]) -> np
     return out
 
 
+class _LogLevel(enum.IntEnum):
+    """Triton's log levels (its numbers), as ``Logger.log`` takes them: ``Logger.LogLevel``,
+    each also ``Logger``'s own (``Logger.INFO``)."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_LEVELS = {
+    _LogLevel.INFO: logging.INFO,
+    _LogLevel.WARNING: logging.WARNING,
+    _LogLevel.ERROR: logging.ERROR,
+    _LogLevel.VERBOSE: logging.DEBUG,
+}
+
+
 class Logger:
-    """Triton's ``pb_utils.Logger``: messages go to the worker's log (stderr)."""
+    """Triton's ``pb_utils.Logger``: messages go to the worker's log (the model process's
+    stderr, at the worker's level: VERBOSE shows at DEBUG)."""
+
+    LogLevel = _LogLevel
+    INFO: ClassVar[_LogLevel] = _LogLevel.INFO
+    WARNING: ClassVar[_LogLevel] = _LogLevel.WARNING
+    ERROR: ClassVar[_LogLevel] = _LogLevel.ERROR
+    VERBOSE: ClassVar[_LogLevel] = _LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        _log.info("%s", message)
+    def log(message: str, level: int = _LogLevel.INFO) -> None:
+        """``message`` at ``level`` (``Logger.INFO``, ``WARNING``, ``ERROR``, ``VERBOSE``);
+        TritonModelException for any other level."""
+        try:
+            python_level = _LEVELS[_LogLevel(level)]
+        except (ValueError, TypeError):
+            raise TritonModelException(
+                f"Logger.log: level {level!r} is not Logger.INFO, WARNING, ERROR or VERBOSE"
+            ) from None
+        _log.log(python_level, "%s", message)
 
     @staticmethod
     def log_info(message: str) -> None:
@@ -574,6 +705,32 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug("%s", message)
+
+
+_NOT_BUILT = {
+    "TRITONSERVER_REQUEST_RELEASE_ALL": "request rescheduling",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE": "request rescheduling",
+    "InferenceTrace": "tracing from model code (InferenceTrace)",
+    "SharedMemory": "Triton's shared memory manager (SharedMemory)",
+}
+"""Names Triton's pb_utils has and this module does not, with what they are for."""
+
+
+class NotSupportedName(TritonModelException, AttributeError):
+    """A Triton pb_utils name that Plaza does not build: TritonModelException for model
+    code, AttributeError so that ``hasattr`` and ``getattr(..., default)`` say it is not
+    here."""
+
+
+if not TYPE_CHECKING:  # mypy keeps checking every name used from this module
+
+    def __getattr__(name: str) -> Any:
+        what = _NOT_BUILT.get(name)
+        if what is None:
+            raise AttributeError(
+                f"module 'triton_python_backend_utils' has no attribute {name!r}", name=name
+            )
+        raise NotSupportedName(f"{name} ({what}) is not supported by Plaza's Python backend")
 
 
 from plaza.workers.backends.pb_model_config import ModelConfig as ModelConfig  # noqa: E402

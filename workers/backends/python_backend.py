@@ -43,13 +43,14 @@ import plaza
 from plaza.client import make_request
 from plaza.codec import decode_result, encode_request
 from plaza.contract import InferRequest
-from plaza.errors import ConfigError, ModelExecutionError, PlazaError, error_from_wire
+from plaza.errors import ConfigError, ModelExecutionError, PlazaError
 from plaza.modelconfig import int64_as_numbers
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.base import Answer, Arrays, Response, Send
 from plaza.workers.backends.pb_metrics import Snapshot
 from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
+from plaza.workers.backends.python_errors import answer_error
 from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
@@ -283,13 +284,15 @@ class PythonBackend:
         root = str(Path(plaza.__file__).parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         argv = [sys.executable, "-m", STUB_MODULE, str(to_child_r), str(from_child_w)]
+        # The model process logs at the worker's level (its root logger's, now).
+        log_level = str(logging.getLogger().getEffectiveLevel())
         try:
             # No preexec_fn (unsafe in a threaded parent): the child watches for the
             # worker's exit itself. Its own session keeps a terminal's ^C for the worker,
             # and makes it the leader of a group that holds whatever model.py forks (and
             # not the worker): ``_stop`` ends that group.
             self._process = subprocess.Popen(
-                [*argv, str(os.getpid())],
+                [*argv, str(os.getpid()), log_level],
                 pass_fds=(to_child_r, from_child_w),
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -389,7 +392,7 @@ class PythonBackend:
         except PlazaError as exc:
             return ModelExecutionError(f"model {self.spec.name!r}: {exc.message}")
         if result.error is not None:
-            return error_from_wire(result.error.code, result.error.message)
+            return answer_error(result.error.code, result.error.message)
         given = {t.name: t for t in result.outputs}
         wanted = list(req.outputs) or self._outputs
         missing = [n for n in wanted if n not in given]

@@ -1,7 +1,8 @@
 """The Python model's own process: runs a Triton ``model.py`` for the Python backend.
 
 Started by ``PythonBackend`` as ``python -m plaza.workers.backends.python_stub READ_FD
-WRITE_FD PARENT_PID``. It puts ``pb_utils`` into ``sys.modules`` as
+WRITE_FD PARENT_PID LOG_LEVEL`` (the worker's log level, a number: ``pb_utils.Logger`` and
+the rest of this process log at it, to stderr). It puts ``pb_utils`` into ``sys.modules`` as
 ``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
 (``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
 per request out) and ``finalize``; an answer carries the model's custom metrics
@@ -26,6 +27,7 @@ import contextlib
 import importlib.util
 import inspect
 import json
+import logging
 import os
 import signal
 import sys
@@ -41,6 +43,8 @@ from typing import Any
 from plaza.codec import decode_request, encode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import PlazaError
+from plaza.log_settings import configure_logging
+from plaza.sequence_batching import PARAM_END, PARAM_ID, PARAM_START
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor as WireTensor
 from plaza.workers.backends import pb_metrics, pb_utils
@@ -231,7 +235,7 @@ class ModelHost:
             if not array.flags.writeable:  # a view of the frame: model code may write to it
                 array = array.copy()
             inputs.append(pb_utils.Tensor(t.name, array))
-        sequence = req.parameters.get("sequence_id", 0)
+        sequence = req.parameters.get(PARAM_ID, 0)
         request = pb_utils.InferenceRequest(
             model_name=self.name,
             requested_output_names=list(req.outputs) or self.outputs,
@@ -239,6 +243,8 @@ class ModelHost:
             request_id=req.id,
             correlation_id=sequence if isinstance(sequence, int | str) else 0,
             model_version=int(req.version or self.version),
+            flags=request_flags(req),
+            timeout=request_timeout_us(req),
             parameters=json.dumps(req.parameters),
         )
         request._cancelled = partial(cancels.cancelled, req.id)
@@ -368,9 +374,12 @@ class BlsClient:
                 raise_on_error=False,
                 **self._options(request),
             )
-            for result in responses:
-                final = result.final
-                yield _response(result)
+            # Closed early (``ResponseIterator.cancel``): the SDK's stream is closed at once,
+            # which stores the caller's cancelled answer for the called request.
+            with contextlib.closing(responses):
+                for result in responses:
+                    final = result.final
+                    yield _response(result)
         except PlazaError as exc:
             error = pb_utils.TritonError(exc.message, triton_code(exc.code))
             yield pb_utils.InferenceResponse(error=error)
@@ -399,7 +408,8 @@ class BlsClient:
             "version": "" if request.model_version < 0 else str(request.model_version),
             "outputs": request.requested_output_names(),
             "parameters": {
-                k: v for k, v in params.items() if isinstance(v, str | int | float | bool)
+                **{k: v for k, v in params.items() if isinstance(v, str | int | float | bool)},
+                **sequence_parameters(request),
             },
         }
 
@@ -415,6 +425,41 @@ class BlsClient:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
+
+
+def request_flags(req: InferRequest) -> int:
+    """Triton's request flags of a Plaza request: its ``sequence_start`` and
+    ``sequence_end`` parameters as TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2)."""
+    flags = 0
+    if req.parameters.get(PARAM_START) is True:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+    if req.parameters.get(PARAM_END) is True:
+        flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+    return flags
+
+
+def request_timeout_us(req: InferRequest) -> int:
+    """Triton's request timeout, in microseconds, of a Plaza request: the time its caller
+    gave it (from when it was made to its deadline; whole milliseconds, as the deadline
+    holds it); 0 when it has no deadline."""
+    if req.deadline_ms is None or not req.created_ms:
+        return 0
+    return max(0, req.deadline_ms - req.created_ms) * 1000
+
+
+def sequence_parameters(request: pb_utils.InferenceRequest) -> dict[str, int | str | bool]:
+    """A BLS request's ``correlation_id`` and sequence flags as the Plaza parameters a
+    sequence model reads (``sequence_id``, ``sequence_start``, ``sequence_end``); none for
+    a request outside a sequence (correlation id 0 or "", no flags)."""
+    params: dict[str, int | str | bool] = {}
+    correlation = request.correlation_id()
+    if correlation:
+        params[PARAM_ID] = correlation
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+        params[PARAM_START] = True
+    if request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+        params[PARAM_END] = True
+    return params
 
 
 def process_settings(settings_json: str, repository: str) -> PlazaSettings:
@@ -485,8 +530,17 @@ def _closed_by(parent_pid: int) -> None:
     _end_orphaned_group()
 
 
+def _configure_logging(argv: Sequence[str]) -> None:
+    """This process's log, as the worker's: its level (the fifth argument; INFO without
+    it), one line a record on stderr, which the worker's stderr is."""
+    configure_logging("INFO")
+    if len(argv) > 4:
+        logging.getLogger().setLevel(int(argv[4]))
+
+
 def main(argv: Sequence[str]) -> int:
     read_fd, write_fd, parent_pid = (int(a) for a in argv[1:4])
+    _configure_logging(argv)
     _exit_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the worker stops it (finalize), not ^C
     sys.modules[MODULE_NAME] = pb_utils
