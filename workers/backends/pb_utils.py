@@ -340,7 +340,8 @@ def set_bls_call(call: BlsCall | None, stream: BlsStream | None = None) -> None:
 
 
 class ResponseIterator:
-    """What ``exec(decoupled=True)`` returns: the called model's responses as they come.
+    """What ``InferenceRequest.exec(decoupled=True)`` returns: the called model's
+    responses as they come.
 
     ``cancel()`` cancels the call: the transport's stream is closed (Plaza's stores the
     caller's ``cancelled`` answer for the called request, so the called model's
