@@ -28,6 +28,7 @@ from plaza.contract import InferRequest, new_correlation_id
 from plaza.errors import (
     ConfigError,
     InvalidInput,
+    JobNotFound,
     PayloadTooLarge,
     PlazaError,
     SharedMemoryError,
@@ -39,7 +40,7 @@ from plaza.gateway.errors import http_error
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.modelconfig import ModelSpec
-from plaza.results import JobStatus
+from plaza.results import JobStatus, JobView, step_answer
 from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"
@@ -258,16 +259,19 @@ class Endpoints:
                 "an async job cannot write its outputs to shared memory: its answer is "
                 "polled later (GET /v2/jobs/{job_id}); request them in the response"
             )
-        job_id = await self.service.submit(body.to_request(model, version, new_correlation_id()))
+        req = body.to_request(model, version, new_correlation_id())
+        job_id = await self.service.submit(req, _job_view(body))
         accepted = {"job_id": job_id, "id": body.client_id or job_id}
         return JSONBody(accepted, 202)
 
     async def poll_job(self, request: Request) -> Response:
         job_id = str(request.path_params["job_id"])
         status = await self.service.poll(job_id)
+        if step_answer(job_id, status):
+            raise JobNotFound(f"no job {job_id!r} (an ensemble step's id)", job_id=job_id)
         if status.state == "pending" or status.result is None:
             return JSONBody({"status": "pending", "job_id": job_id})
-        result = status.result
+        result, view = status.result, status.view
         binary = request.query_params.get("binary_data_output", "").lower() == "true"
         if self.service.decoupled(result, status.decoupled):
             if binary:
@@ -281,8 +285,8 @@ class Endpoints:
             return JSONBody({**error, "code": result.error.code})
         encoded = kserve.encode_infer_response(
             result,
-            response_id=job_id,
-            binary=lambda _: binary,
+            response_id=view.client_id or job_id,
+            binary=lambda name: view.wants_binary(name, binary),
             extra={"status": "done", "job_id": job_id},
         )
         return tensor_response(encoded)
@@ -468,10 +472,18 @@ async def _events_from(
             yield event
 
 
+def _job_view(body: kserve.InferBody) -> JobView:
+    """How the job of ``body`` wants its answer: its ``id`` and its binary choices."""
+    outputs = {out.name: out.binary for out in body.outputs if out.binary is not None}
+    return JobView(body.client_id, body.binary_output, outputs)
+
+
 def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
     """A done decoupled model's job: ``responses`` holds each response as the poll endpoint
-    renders one result (JSON outputs) or, for an error response, its ``error`` and ``code``;
-    a final response that is an error makes the job's ``status`` ``error``."""
+    renders one result (JSON outputs, whatever the request's binary choices) or, for an
+    error response, its ``error`` and ``code``; a final response that is an error makes
+    the job's ``status`` ``error``."""
+    response_id = status.view.client_id or job_id
     final = status.result
     assert final is not None
     doc: dict[str, Any] = {
@@ -485,7 +497,7 @@ def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
         if result.error is not None:
             responses.append({"error": result.error.message, "code": result.error.code})
         else:
-            responses.append(kserve.result_doc(result, job_id))
+            responses.append(kserve.result_doc(result, response_id))
     if final.error is not None:
         doc.update(status="error", error=final.error.message, code=final.error.code)
         if status.responses and status.responses[-1] is final:

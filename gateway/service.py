@@ -36,7 +36,7 @@ from plaza.model_control import LoadedModel, live_workers, serving_models
 from plaza.modelconfig import ModelSpec
 from plaza.naming import folder_version
 from plaza.producer import Producer
-from plaza.results import JobStatus, raise_for_error
+from plaza.results import JobStatus, JobView, raise_for_error
 from plaza.settings import PlazaSettings
 from plaza.single_flight import SingleFlight
 from plaza.tasks import cancel_and_wait
@@ -183,6 +183,7 @@ class GatewayService:
             self._redis,
             reply_stream=self.names.reply_stream(self.gateway_id),
             cache_observer=self.metrics,
+            default_version=self._default_version,
         )
         await self._producer.start()
         self._producer.topics_made(topics)
@@ -256,6 +257,13 @@ class GatewayService:
         if version and folder_version(version) not in model.versions:
             raise ModelNotFound(f"model {name!r} has no version {version!r} loaded", model=name)
         return model
+
+    def _default_version(self, spec: ModelSpec) -> str | None:
+        """The version that answers a request without one: the newest its load serves (as
+        the workers resolve ""), not the newest folder, which may be staged but not loaded.
+        The response cache keys such a request by it; None while the model is not loaded."""
+        model = self.models.get(spec.name)
+        return str(max(model.versions)) if model is not None and model.versions else None
 
     def model_metadata(self, name: str, version: str = "") -> LoadedModel:
         """What the metadata endpoint describes (rendered by ``plaza.gateway.kserve``)."""
@@ -389,11 +397,12 @@ class GatewayService:
             return model.spec.decoupled
         return result.index > 0 or result.empty
 
-    async def submit(self, req: InferRequest) -> str:
+    async def submit(self, req: InferRequest, view: JobView | None = None) -> str:
         """Publish ``req`` as an async job; the result goes only to its result key (a
-        decoupled model's responses before its final one to their response keys)."""
+        decoupled model's responses before its final one to their response keys), and a
+        poll renders it as ``view`` says (the client's ``id``, its binary choices)."""
         spec = self.model(req.model, req.version).spec
-        return await self._require(self._producer).submit(req, spec)
+        return await self._require(self._producer).submit(req, spec, view)
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending or done (with the final result and every response,

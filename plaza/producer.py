@@ -10,9 +10,9 @@ and it owns the parts this needs: the Kafka publisher, the backlog probe behind 
 guard, the reply multiplexer (on a stream its caller names), the job markers, and the
 budget of in-flight request bytes. Errors are PlazaErrors; none of them is an HTTP status.
 
-A sync request to a model that enables the response cache is first looked up there
-(``plaza.response_cache``, owned here): a hit is answered from Redis and never
-published; a successful answer to a miss is stored.
+A sync or streamed request to a model that enables the response cache is first looked up
+there (``plaza.response_cache``, owned here): a hit is answered from Redis and never
+published; a successful answer to a miss is stored. Both are bounded by the call's time.
 
 A decoupled model (``ModelSpec.decoupled``) answers a request any number of times:
 ``infer_stream`` yields each response as it comes, the final one last; ``infer``, which
@@ -26,7 +26,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,8 +47,8 @@ from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher
 from plaza.queueing import BacklogProbe, QueueGuard
 from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux
-from plaza.response_cache import CacheObserver, DefaultVersions, ResponseCache
-from plaza.results import JobStatus, ResultStore
+from plaza.response_cache import CacheObserver, CacheProbe, DefaultVersions, ResponseCache
+from plaza.results import JobStatus, JobView, ResultStore
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
 
@@ -115,6 +115,9 @@ class Producer:
     request against its model before publishing (the gateway's early 400s); without it
     the worker's admission is the only check and its error comes back as the answer.
     ``cache_observer`` is told of response cache hits and misses (the gateway's metrics).
+    ``default_version`` names the version that answers a request without one, for its
+    cache key (a gateway's newest loaded version); without it the repository's folders
+    are read (``plaza.response_cache.DefaultVersions``).
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class Producer:
         reply_stream: str,
         validate: bool = True,
         cache_observer: CacheObserver | None = None,
+        default_version: Callable[[ModelSpec], str | None] | None = None,
     ) -> None:
         self.settings = settings
         self.names = settings.names
@@ -143,7 +147,8 @@ class Producer:
             redis,
             settings.response_cache,
             self.names,
-            DefaultVersions(settings.repository, config_name=settings.model_config_name),
+            default_version
+            or DefaultVersions(settings.repository, config_name=settings.model_config_name),
             cache_observer,
             stats_ttl_s=settings.redis.stats_ttl_s,
         )
@@ -213,24 +218,44 @@ class Producer:
                 model=spec.name,
             )
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
-        probe = await self.cache.probe(ready.req, spec)
+        asked = time.monotonic()
+        probe = await self.cache.probe(ready.req, spec, timeout_s)
         if probe is None:
             return await self._publish_and_await(ready, spec, timeout_s)
+        return await self._answer_cached(ready, spec, probe, timeout_s, asked)
+
+    async def _answer_cached(
+        self,
+        ready: _Prepared,
+        spec: ModelSpec | None,
+        probe: CacheProbe,
+        timeout_s: float,
+        started: float,
+    ) -> InferResult:
+        """A cached model's one answer (``infer``'s and ``infer_stream``'s): the hit, else
+        the published request's answer, stored within what is left of the call's
+        ``timeout_s`` from ``started``; the miss is counted whatever happens."""
         if probe.hit is not None:
             return probe.hit
         try:
-            result = await self._publish_and_await(ready, spec, timeout_s)
+            result = await self._publish_and_await(ready, spec, timeout_s, started)
         except BaseException:
             self.cache.missed(probe)
             raise
-        await self.cache.store(probe, result)
+        await self.cache.store(probe, result, timeout_s - (time.monotonic() - started))
         return result
 
     async def _publish_and_await(
-        self, ready: _Prepared, spec: ModelSpec | None, timeout_s: float
+        self,
+        ready: _Prepared,
+        spec: ModelSpec | None,
+        timeout_s: float,
+        started: float | None = None,
     ) -> InferResult:
+        """Publish and await the answer within ``timeout_s`` from ``started`` (the call's
+        start, where a cache lookup came first; else now)."""
         mux = await self.replies()
-        started = time.monotonic()
+        started = time.monotonic() if started is None else started
         await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
@@ -255,8 +280,9 @@ class Producer:
         limit: int = MAX_PENDING_RESPONSES,
     ) -> AsyncGenerator[InferResult, None]:
         """Publish ``req`` and yield each of its responses as it comes (errors included),
-        until the final one: a decoupled model's many, or an ordinary model's one (no
-        response cache here). The steps are ``infer``'s.
+        until the final one: a decoupled model's many, or an ordinary model's one (looked
+        up in the response cache and stored there as ``infer``'s, where the model enables
+        it). The steps are ``infer``'s.
 
         ``timeout_s`` bounds each wait: for the first response from the publish, for each
         next one from the one before. When it passes, the job is marked (it stays pollable:
@@ -268,6 +294,11 @@ class Producer:
         answer for the request, as ``infer`` does.
         """
         ready = self._prepare(replace(req, reply=ReplyTo(stream=self._reply_stream)), spec)
+        asked = time.monotonic()
+        probe = await self.cache.probe(ready.req, spec, timeout_s)
+        if probe is not None:  # a model that caches is never decoupled: one answer, infer's
+            yield await self._answer_cached(ready, spec, probe, timeout_s, asked)
+            return
         mux = await self.replies()
         started = time.monotonic()
         await self._check_queue(spec, ready.level, timeout_s)
@@ -290,14 +321,17 @@ class Producer:
             finally:
                 mux.forget(ready.req.id)
 
-    async def submit(self, req: InferRequest, spec: ModelSpec | None) -> str:
+    async def submit(
+        self, req: InferRequest, spec: ModelSpec | None, view: JobView | None = None
+    ) -> str:
         """Publish ``req`` as an async job (its result goes only to its result key) and
-        mark it once Kafka has acknowledged it; returns the job id."""
+        mark it once Kafka has acknowledged it, with the ``view`` its answer is rendered
+        in; returns the job id. A marker that Redis does not take fails nothing (``_mark``)."""
         ready = self._prepare(replace(req, reply=ReplyTo()), spec)
         await self._check_queue(spec, ready.level)
         with self.inflight.hold(request_bytes(ready.req)):
             await self._publisher.publish(ready.req, ready.topic)
-        await self._mark(ready, spec)
+        await self._mark(ready, spec, view)
         return ready.req.id
 
     async def publish_many(
@@ -435,7 +469,13 @@ class Producer:
         except Exception as exc:
             log.warning("could not mark %s cancelled (a worker will still run it): %s", req.id, exc)
 
-    async def _mark(self, ready: _Prepared, spec: ModelSpec | None) -> None:
+    async def _mark(
+        self, ready: _Prepared, spec: ModelSpec | None, view: JobView | None = None
+    ) -> None:
+        """Write the job's marker. Kafka holds the job already (it will run): a marker
+        write that fails must not make the caller retry it (a 503 would run it twice), so
+        it is logged and the job answered as usual; its result key alone then answers a
+        poll once it is stored (unknown until then, rendered without ``view``)."""
         ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
         try:
             await self._store.mark_submitted(
@@ -443,9 +483,15 @@ class Producer:
                 ready.req.model,
                 ttl_s=ttl_s,
                 decoupled=None if spec is None else spec.decoupled,
+                view=view,
             )
         except Exception as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
+            log.warning(
+                "job %s was published but its marker was not written (%s): it polls as "
+                "unknown until its result is stored",
+                ready.req.id,
+                exc,
+            )
 
 
 def job_marker_ttl_s(

@@ -1,13 +1,16 @@
 """Triton's response cache, kept in Redis: a repeated request is answered without Kafka.
 
 A model opts in with ``response_cache { enable: true }`` in its config.pbtxt. The producer
-core (``plaza.producer``) asks ``ResponseCache.probe`` before publishing a synchronous
-request: on a hit the stored answer comes back with the request's own id and nothing is
-published; on a miss the request goes to Kafka as usual and its answer, when it is a
-success, is stored (``ResponseCache.store``). Errors are never stored.
+core (``plaza.producer``) asks ``ResponseCache.probe`` before publishing a synchronous or
+streamed request: on a hit the stored answer comes back with the request's own id and
+nothing is published; on a miss the request goes to Kafka as usual and its answer, when it
+is a success, is stored (``ResponseCache.store``). Errors are never stored. Both are
+bounded by the call's time: a Redis that does not answer the lookup within it ends the call
+(DeadlineExceeded, nothing published), and a store it does not take in time is dropped.
 
 The key (``cache_key``) is a BLAKE2b digest over the model, the version that answers (the
-request's, or the newest its version policy serves), every input's name, datatype, shape
+request's, or its model's default: the newest loaded version where the caller knows what is
+loaded, a gateway; else ``DefaultVersions``), every input's name, datatype, shape
 and bytes (by input name, so their order does not matter), the requested outputs (in
 order), every request parameter that reaches the worker, and the outputs to classify.
 
@@ -39,6 +42,7 @@ import redis.asyncio as aioredis
 
 from plaza.codec import decode_result, encode_result
 from plaza.contract import InferRequest, InferResult
+from plaza.errors import DeadlineExceeded
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.repository import ModelRepository
@@ -135,11 +139,13 @@ class CacheProbe:
 
 
 class DefaultVersions:
-    """The version a request without one is answered by: the newest its model's version
-    policy selects among the repository's version folders (read at most every
-    ``VERSIONS_TTL_S`` per model). If the folders change before the workers follow, a
-    lookup may ask for a version that does not answer yet: a miss, never a wrong hit,
-    since answers are stored under the version that computed them."""
+    """The version a request without one is answered by, for a caller that cannot see what
+    is loaded (an SDK client): the newest its model's version policy selects among the
+    repository's version folders (read at most every ``VERSIONS_TTL_S`` per model). A
+    gateway passes its loaded versions' newest instead: a folder staged but not loaded
+    must not be asked for. If the folders change before the workers follow, a lookup may ask
+    for a version that does not answer yet: a miss, never a wrong hit, since answers are
+    stored under the version that computed them."""
 
     def __init__(
         self, root: Path, clock: Callable[[], float] = time.monotonic, config_name: str = ""
@@ -257,9 +263,13 @@ class ResponseCache:
     def _key(self, model: str, digest: bytes) -> str:
         return self._names.response_cache_key(model, slot_of(digest, self.settings.max_entries))
 
-    async def probe(self, req: InferRequest, spec: ModelSpec | None) -> CacheProbe | None:
+    async def probe(
+        self, req: InferRequest, spec: ModelSpec | None, timeout_s: float | None = None
+    ) -> CacheProbe | None:
         """Look ``req`` up; None when its model does not cache (or its version is unknown
-        here). A Redis failure is a miss: the request is published as without a cache."""
+        here). A Redis failure is a miss: the request is published as without a cache. A
+        lookup Redis has not answered within ``timeout_s`` (the call's time) is
+        DeadlineExceeded: nothing was published, so a retry is safe."""
         if spec is None or not spec.response_cache:
             return None
         asked = req.version or self._default_version(spec) or ""
@@ -269,9 +279,16 @@ class ResponseCache:
         started = time.monotonic()
         digest = cache_key(req, version)
         entry: object = None
+        bound = asyncio.timeout(None if timeout_s is None else max(timeout_s, 0.0))
         try:
-            entry = await self._redis.get(self._key(req.model, digest))
+            async with bound:
+                entry = await self._redis.get(self._key(req.model, digest))
         except Exception as exc:
+            if bound.expired():
+                raise DeadlineExceeded(
+                    f"the call's {timeout_s:g} s ran out during the response cache lookup "
+                    "(Redis had not answered it); nothing was published"
+                ) from exc
             log.warning("response cache: lookup failed (a miss): %s", exc)
         probe = CacheProbe(req, version, digest, time.monotonic() - started)
         if isinstance(entry, bytes):
@@ -283,8 +300,11 @@ class ResponseCache:
                 self._observer.cache_hit(req.model, probe.hit.version, probe.lookup_s)
         return probe
 
-    async def store(self, probe: CacheProbe, result: InferResult) -> None:
-        """Store a miss's answer when it is a success that fits, and count the miss."""
+    async def store(
+        self, probe: CacheProbe, result: InferResult, timeout_s: float | None = None
+    ) -> None:
+        """Store a miss's answer when it is a success that fits, within ``timeout_s`` (what
+        is left of the call: past it the answer is not stored), and count the miss."""
         started = time.monotonic()
         if result.error is None and result.version:
             # Under the version that answered, which a later lookup for it must find (the
@@ -292,7 +312,7 @@ class ResponseCache:
             digest = probe.digest
             if result.version != probe.version:
                 digest = cache_key(probe.req, result.version)
-            await self._put(probe.req.model, digest, result)
+            await self._put(probe.req.model, digest, result, timeout_s)
         self.missed(probe, time.monotonic() - started)
 
     def missed(self, probe: CacheProbe, store_s: float = 0.0) -> None:
@@ -303,11 +323,16 @@ class ResponseCache:
         if self._observer is not None:
             self._observer.cache_miss(probe.req.model, probe.version, seconds)
 
-    async def _put(self, model: str, digest: bytes, result: InferResult) -> None:
+    async def _put(
+        self, model: str, digest: bytes, result: InferResult, timeout_s: float | None
+    ) -> None:
         entry = encode_entry(digest, result)
         if len(entry) > self.settings.max_entry_bytes:
             return
+        bound = asyncio.timeout(None if timeout_s is None else max(timeout_s, 0.0))
         try:
-            await self._redis.set(self._key(model, digest), entry, ex=self.settings.ttl_s)
+            async with bound:
+                await self._redis.set(self._key(model, digest), entry, ex=self.settings.ttl_s)
         except Exception as exc:  # the answer is already here; the cache is only a shortcut
-            log.warning("response cache: store failed: %s", exc)
+            why = "the call's time ran out" if bound.expired() else str(exc)
+            log.warning("response cache: store failed: %s", why)

@@ -6,17 +6,22 @@ A decoupled model's job has many responses: its final one under the result key, 
 before it under their response keys (``Names.response_key``). Polling finds the final one
 first; when its ``index`` n is over 0 it reads responses 0..n-1 in one MGET (at most
 ``MAX_JOB_RESPONSES`` of them: the first ones).
+
+A job marker (``ResultStore.mark_submitted``) says that a job exists, of which model, and
+how its submitter asked for its answer (``JobView``); polling reads it with the result.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
@@ -33,6 +38,52 @@ JobState = Literal["pending", "done", "unknown"]
 MAX_JOB_RESPONSES = 4096
 """The most responses before its final one that polling a decoupled model's job reads (the
 first ones); ``JobStatus.missing`` counts the rest."""
+
+_STEP_ID = re.compile(r"\.[0-9]+\Z")
+"""The end of an ensemble step's correlation id (``plaza.naming.step_request_id``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """How a job's done answer is rendered, as its request asked; the job marker keeps it
+    (the gateway's KServe v2 front writes it; a marker without one renders the default)."""
+
+    client_id: str | None = None
+    """The request's ``id``: the client's label, echoed as the answer's ``id``."""
+    binary_output: bool = False
+    """The request's ``binary_data_output``: outputs are binary unless they say otherwise."""
+    outputs: dict[str, bool] = field(default_factory=dict)
+    """Each requested output's own ``binary_data``, where it gave one."""
+
+    def wants_binary(self, name: str, asked: bool = False) -> bool:
+        """Whether output ``name`` is answered binary: as the output said, else as the
+        request said, or ``asked`` (the poll's own ``binary_data_output``)."""
+        own = self.outputs.get(name)
+        return own if own is not None else self.binary_output or asked
+
+    def encode(self) -> bytes:
+        """The view as the marker keeps it (JSON; empty for the default view)."""
+        doc: dict[str, Any] = {}
+        if self.client_id is not None:
+            doc["id"] = self.client_id
+        if self.binary_output:
+            doc["binary_data_output"] = True
+        if self.outputs:
+            doc["binary_data"] = self.outputs
+        return orjson.dumps(doc) if doc else b""
+
+    @classmethod
+    def decode(cls, raw: bytes) -> JobView:
+        """A view ``encode`` wrote; the default view for one that does not read."""
+        try:
+            doc = orjson.loads(raw)
+            client_id = doc.get("id")
+            outputs = {str(k): bool(v) for k, v in doc.get("binary_data", {}).items()}
+            binary = bool(doc.get("binary_data_output", False))
+        except (orjson.JSONDecodeError, AttributeError) as exc:
+            log.warning("a job marker's view does not read (%s); rendering the default", exc)
+            return cls()
+        return cls(client_id if isinstance(client_id, str) else None, binary, outputs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +105,11 @@ class JobStatus:
     """Whether the job's model was decoupled when the job was submitted, as its marker
     says; None where the marker does not say (the submitter knew no config for it, or the
     marker is gone or older than this field)."""
+    view: JobView = JobView()
+    """How its answer is rendered, as its marker says (the default where it says nothing,
+    or where the marker is missing)."""
+    marked: bool = False
+    """Whether a job marker was found with the result (a job's, as submitted)."""
 
 
 class ResultStore:
@@ -65,15 +121,22 @@ class ResultStore:
         self._names = names
 
     async def mark_submitted(
-        self, correlation_id: str, model: str, *, ttl_s: int, decoupled: bool | None = None
+        self,
+        correlation_id: str,
+        model: str,
+        *,
+        ttl_s: int,
+        decoupled: bool | None = None,
+        view: JobView | None = None,
     ) -> None:
         """Remember that a job exists, so polling can tell pending from unknown; ``ttl_s``
         must outlive the job's time in the queue plus the result TTL (``plaza.producer``).
         The marker holds the model's name, and whether it is decoupled where that is known
         (``decoupled``), so that a poll reads a decoupled job's single response as one of
-        many even where the model is no longer loaded."""
-        value = model if decoupled is None else f"{model} {int(decoupled)}"
-        await self._redis.set(self._names.job_key(correlation_id), value.encode(), ex=ttl_s)
+        many even where the model is no longer loaded; then the ``view`` of its answer."""
+        await self._redis.set(
+            self._names.job_key(correlation_id), marker_value(model, decoupled, view), ex=ttl_s
+        )
 
     async def cancel(self, req: InferRequest) -> bool:
         """Store a ``cancelled`` answer for ``req`` unless it has an answer already (first
@@ -90,20 +153,29 @@ class ResultStore:
         return bool(stored)
 
     async def poll(self, correlation_id: str) -> JobStatus:
-        """done (with the result), pending (submitted, no result yet) or unknown."""
+        """done (with the result), pending (submitted, no result yet) or unknown.
+
+        The result key alone answers for an id with no marker (a sync call's, a job whose
+        marker write failed, an ensemble step's: ``step_answer`` tells that last one)."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.get(self._names.result_key(correlation_id))
         pipe.get(self._names.job_key(correlation_id))
         raw, marker = await pipe.execute()
         if raw is None:
             return JobStatus("pending" if marker is not None else "unknown")
-        decoupled = marked_decoupled(marker)
+        decoupled, view = read_marker(marker)
         final = decode_result(raw)
+        marked = marker is not None
         if final.index == 0:
-            return JobStatus("done", final, () if final.empty else (final,), decoupled=decoupled)
-        return await self._with_responses(final, decoupled)
+            responses = () if final.empty else (final,)
+            return JobStatus(
+                "done", final, responses, decoupled=decoupled, view=view, marked=marked
+            )
+        return await self._with_responses(final, decoupled, view, marked)
 
-    async def _with_responses(self, final: InferResult, decoupled: bool | None) -> JobStatus:
+    async def _with_responses(
+        self, final: InferResult, decoupled: bool | None, view: JobView, marked: bool
+    ) -> JobStatus:
         """A decoupled job's status: its responses before ``final`` read in one MGET."""
         count = min(final.index, MAX_JOB_RESPONSES)
         keys = [self._names.response_key(final.id, i) for i in range(count)]
@@ -111,16 +183,42 @@ class ResultStore:
         found = [decode_result(raw) for raw in stored if raw is not None]
         responses = (*found, final) if not final.empty else tuple(found)
         missing = final.index - len(found)
-        return JobStatus("done", final, responses, missing=missing, decoupled=decoupled)
+        return JobStatus(
+            "done", final, responses, missing, decoupled=decoupled, view=view, marked=marked
+        )
+
+
+def step_answer(correlation_id: str, status: JobStatus) -> bool:
+    """Whether ``status`` is an ensemble step's answer polled by its step id (``<id>.<n>``,
+    ``plaza.naming.step_request_id``) that no job marker names: the ensemble's business,
+    never a job (the gateway answers job_not_found)."""
+    return status.state == "done" and not status.marked and bool(_STEP_ID.search(correlation_id))
+
+
+def marker_value(model: str, decoupled: bool | None, view: JobView | None = None) -> bytes:
+    """A job marker: ``<model>``, then `` 0`` or `` 1`` where ``decoupled`` is known (``-``
+    where it is not and a view follows), then `` <view>`` where the view is not the default."""
+    flag = {None: b"-", False: b"0", True: b"1"}[decoupled]
+    shown = b"" if view is None else view.encode()
+    if shown:
+        return b" ".join([model.encode(), flag, shown])
+    return model.encode() if decoupled is None else b" ".join([model.encode(), flag])
+
+
+def read_marker(marker: bytes | None) -> tuple[bool | None, JobView]:
+    """What a job marker (``marker_value``) says: whether its model is decoupled (None where
+    it says nothing: a name alone, ``-``, or no marker) and the view of the job's answer."""
+    if marker is None:
+        return None, JobView()
+    parts = marker.split(b" ", 2)
+    flag = parts[1] if len(parts) > 1 else b""
+    decoupled = {b"0": False, b"1": True}.get(flag)
+    return decoupled, JobView.decode(parts[2]) if len(parts) > 2 else JobView()
 
 
 def marked_decoupled(marker: bytes | None) -> bool | None:
-    """What a job marker (``ResultStore.mark_submitted``) says of its model's being
-    decoupled: None where it says nothing (a name alone, or no marker)."""
-    if marker is None:
-        return None
-    _, sep, flag = marker.partition(b" ")
-    return flag == b"1" if sep else None
+    """What a job marker says of its model's being decoupled (``read_marker``)."""
+    return read_marker(marker)[0]
 
 
 def raise_for_error(result: InferResult) -> InferResult:

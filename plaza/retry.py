@@ -1,5 +1,6 @@
 """Calls retried with backoff until they succeed: work that waits for Redis to come back
-rather than failing (the offsets of what it carries are held meanwhile)."""
+rather than failing (the offsets of what it carries are held meanwhile); and which of
+Redis' refusals no retry cures (``refused_for_good``), for callers that must not retry those."""
 
 from __future__ import annotations
 
@@ -8,11 +9,63 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FIRST_DELAY_S = 0.05
 MAX_DELAY_S = 1.0
+
+PASSING_CODES = frozenset(
+    {
+        "OOM",
+        "READONLY",
+        "LOADING",
+        "BUSY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "MOVED",
+        "ASK",
+        "MISCONF",
+        "NOREPLICAS",
+        "NOSCRIPT",
+        "NOAUTH",
+        "NOPERM",
+    }
+)
+"""Error codes of Redis' replies (the reply's first word) that tell of a state of the
+server that passes: memory, a failover, a load, a busy script, a failed save, access."""
+_PASSING_ERRORS = (
+    OutOfMemoryError,
+    ReadOnlyError,
+    NoScriptError,
+    NoPermissionError,
+    ClusterDownError,
+    TryAgainError,
+    AskError,
+)
+"""redis-py's classes for such replies (it strips the code from their message)."""
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error reply that the same call would get again (a value over
+    Redis' ``proto-max-bulk-len``, a wrong argument): a ResponseError whose code is not one
+    of ``PASSING_CODES``. A lost connection, or a server that is out of memory, read-only or
+    loading, is not: a retry may succeed."""
+    if not isinstance(exc, ResponseError) or isinstance(exc, _PASSING_ERRORS):
+        return False
+    return str(exc).split(" ", 1)[0] not in PASSING_CODES
 
 
 async def until_done(

@@ -74,6 +74,14 @@ class RedisSettings(_Section):
     result_ttl_s: int = Field(
         3600, ge=1, description="TTL of result keys (job markers: producer.max_queued_s)"
     )
+    max_result_bytes: int = Field(
+        128 * 1024 * 1024,
+        ge=1024,
+        le=512 * 1024 * 1024,
+        description="largest encoded result a worker or ensemble runner stores; one over "
+        "it, or over Redis' own proto-max-bulk-len (512 MiB by default) where that is "
+        "smaller, is answered with a payload_too_large error in its place",
+    )
     stream_maxlen: int = Field(10_000, ge=1, description="approximate MAXLEN of reply streams")
     reply_stream_ttl_s: int = Field(600, ge=1, description="idle expiry of a reply stream")
     stats_ttl_s: int = Field(

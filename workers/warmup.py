@@ -8,11 +8,16 @@ only once every sample has run, as Triton shows a model ready only after its war
 
 Each ``model_warmup`` entry is a request of ``batch_size`` rows (one, for a model that does
 not batch) with its inputs made of zeros (``zero_data``), random values (``random_data``,
-from a fixed seed), or the raw bytes of ``<model>/warmup/<input_data_file>`` (C order; BYTES
-in Triton's length-prefixed layout). It is validated as a request is, runs ``count`` times
-(at least once) on every instance of every served version, through the same runner (so
-``reshape`` applies), and is not counted in the model's statistics. A sample that cannot be
-made is a ``bad_config`` naming it; one that fails to run fails the load, as in Triton.
+from a fixed seed), or the raw bytes of ``<model>/warmup/<input_data_file>``. As in Triton,
+that file holds one batch-1 element, which every row repeats: its first ``dims``' worth of
+bytes (C order; a longer file is accepted, a shorter one refused), or for BYTES exactly
+``dims``' count of Triton's length-prefixed strings. It is validated as a request is, runs
+``count`` times (at least once) on every instance of every served version, through the same
+runner (so ``reshape`` applies), and is not counted in the model's statistics. A stateful
+model's sample may name its control and state inputs, as Triton's may (there they override
+the sequence batcher's): they are left out, since the worker adds its own. A sample that
+cannot be made is a ``bad_config`` naming it; one that fails to run fails the load, as in
+Triton.
 """
 
 from __future__ import annotations
@@ -76,16 +81,27 @@ def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generat
         raise ConfigError(f"batch_size {rows} is outside 1..{spec.max_batch_size}")
     if not entry.inputs:
         raise ConfigError("has no inputs")
+    filled = set(spec.sequence.model_inputs)  # empty unless the model is stateful
     arrays = {}
     for name, data in entry.inputs.items():
+        if name in filled:
+            log.info(
+                "%s: warmup sample %r names %r, a sequence control or state input: the "
+                "worker sets it (START and END, zero state), so the sample's value is unused",
+                spec.name,
+                entry.name,
+                name,
+            )
+            continue
         if spec.input(name) is None:
             raise ConfigError(f"names input {name!r}, which the model does not have")
         datatype = from_config_type(mc.DataType.Name(data.data_type))
         dims = tuple(int(d) for d in data.dims)
         if any(d < 0 for d in dims):
             raise ConfigError(f"input {name!r}: dims {list(dims)} must be sizes, not -1")
-        shape = (rows, *dims) if batching else dims
-        arrays[name] = _values(name, data, datatype, shape, model_dir, rng)
+        arrays[name] = _values(
+            name, data, datatype, dims, rows if batching else None, model_dir, rng
+        )
     # a stateful model's sample is a sequence of its own (the worker adds what it controls)
     alone = {"sequence_id": 1, "sequence_start": True, "sequence_end": True}
     params = alone if spec.sequence.enabled else None
@@ -100,10 +116,14 @@ def _values(
     name: str,
     data: Any,
     datatype: str,
-    shape: tuple[int, ...],
+    dims: tuple[int, ...],
+    rows: int | None,
     model_dir: Path,
     rng: np.random.Generator,
 ) -> np.ndarray[Any, Any]:
+    """The input's values: ``rows`` rows of ``dims`` (``dims`` alone where ``rows`` is None:
+    a model that does not batch)."""
+    shape = dims if rows is None else (rows, *dims)
     dtype = to_numpy_dtype(datatype)
     count = int(np.prod(shape))
     kind = data.WhichOneof("input_data_type")
@@ -119,7 +139,9 @@ def _values(
             return rng.integers(0, 100, size=shape).astype(dtype)
         return rng.random(size=shape).astype(dtype)
     if kind == "input_data_file":
-        return _from_file(name, data.input_data_file, dtype, datatype, shape, model_dir)
+        element = _from_file(name, data.input_data_file, dtype, datatype, dims, model_dir)
+        # Triton's sample is batch_size requests of this one element: here, that many rows
+        return element if rows is None else np.repeat(element[np.newaxis], rows, axis=0)
     raise ConfigError(f"input {name!r}: one of zero_data, random_data, input_data_file is needed")
 
 
@@ -128,9 +150,12 @@ def _from_file(
     filename: str,
     dtype: np.dtype[Any],
     datatype: str,
-    shape: tuple[int, ...],
+    dims: tuple[int, ...],
     model_dir: Path,
 ) -> np.ndarray[Any, Any]:
+    """One batch-1 element of ``dims`` from the file, read as Triton reads it: its first
+    bytes (more are ignored; fewer are an error), or for BYTES the whole file, which must
+    hold exactly the element's count of length-prefixed strings."""
     path = file_in(model_dir / WARMUP_DIR, filename)
     if path is None:
         raise ConfigError(f"input {name!r}: input_data_file {filename!r} is not a file name")
@@ -138,16 +163,16 @@ def _from_file(
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"input {name!r}: cannot read {path}: {exc.strerror}") from exc
-    count = int(np.prod(shape))
+    count = int(np.prod(dims))
     if dtype.kind == "O":
-        return deserialize_bytes(raw, count).reshape(shape)
+        return deserialize_bytes(raw, count).reshape(dims)
     expected = count * itemsize(datatype)
-    if len(raw) != expected:
+    if len(raw) < expected:
         raise ConfigError(
-            f"input {name!r}: {path} has {len(raw)} bytes; shape {list(shape)} of {datatype} "
-            f"needs {expected}"
+            f"input {name!r}: {path} has {len(raw)} bytes; one element of dims {list(dims)} "
+            f"of {datatype} needs {expected}"
         )
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(dims)
 
 
 def run(

@@ -18,6 +18,16 @@ that cannot take an entry (a key of another type at that name) loses only its ow
 never a batch-mate's. Every XADD also (re)sets the stream's idle expiry, so a stream whose
 reader went away, and that late results recreate, still expires.
 
+A result whose encoding is over ``redis.max_result_bytes``, or over Redis' own
+``proto-max-bulk-len`` where that is smaller, is answered with a ``payload_too_large`` error
+in its place: Redis answers a larger value with a protocol error and closes the connection,
+which the writer may see as a lost connection only, so the limit is read from Redis before
+the first write and again after a failed one. A write that Redis refuses with an error
+reply that the same write would get again (``plaza.retry.refused_for_good``) is not retried
+as it is: ``write_until_done`` writes each half of it on its own, down to the result Redis
+refuses, which is answered with an ``internal`` error in its place (with its sequence's
+state, else without); its batch-mates keep their answers.
+
 A decoupled model's responses that are not final go under their own keys
 (``Names.response_key``), first write wins per response: a replay adds to the stream only
 the responses that its first run did not write.
@@ -52,18 +62,24 @@ answer (``workers/sequences.py``), not from the sequence's key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from plaza.codec import encode_result, join_results
 from plaza.connections import is_cluster
-from plaza.contract import InferResult
+from plaza.contract import NO_PARAMETERS, ErrorInfo, InferResult
+from plaza.errors import PayloadTooLarge, PlazaError
 from plaza.naming import Names
 from plaza.resp_channel import ChannelScript
-from plaza.retry import until_done
+from plaza.retry import refused_for_good, until_done
 from plaza.settings import RedisSettings
 
 log = logging.getLogger(__name__)
@@ -150,6 +166,7 @@ end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return ''
 """
+_BULK_LIMIT = "proto-max-bulk-len"
 _MAX_PER_CALL = 8192  # results per script call: Redis serves nothing else while one runs
 MAX_ENTRY_RESPONSES = 256
 """Results of one request in one reply stream entry, at most: well below the responses a
@@ -201,6 +218,8 @@ class ResultWriter:
         self._names = names
         self._cluster = is_cluster(redis)
         self._script = ChannelScript(redis, _WRITE_SCRIPT)
+        self._bulk_limit: int | None = None
+        """Redis' own ``proto-max-bulk-len``, once read (``_limit``)."""
 
     async def close(self) -> None:
         """Close the writer's own Redis connection (the client stays the caller's)."""
@@ -208,21 +227,44 @@ class ResultWriter:
 
     async def write(self, results: Results, states: Sequence[StateWrite] = ()) -> int:
         """Write (result, reply stream) pairs, and the sequences' ``states`` that go with
-        them; returns how many results were first writes."""
+        them; returns how many results were first writes. A result over the largest value
+        stored (``_limit``) is answered with an error in its place."""
+        limit = await self._limit()
+        payloads = [self._payload(result, limit) for result, _ in results]
         written = 0
         for start in range(0, len(results), _MAX_PER_CALL):
             end = start + _MAX_PER_CALL
-            chunk = [
-                StateWrite(w.index - start, w.key, w.state, w.ttl_ms)
-                for w in states
-                if start <= w.index < end
-            ]
-            written += await self._write_chunk(results[start:end], chunk)
+            chunk = _states_in(states, start, end)
+            written += await self._write_chunk(results[start:end], payloads[start:end], chunk)
         return written
 
-    async def _write_chunk(self, results: Results, states: Sequence[StateWrite] = ()) -> int:
+    async def _limit(self) -> int:
+        """The largest value stored: ``redis.max_result_bytes``, or Redis' own
+        ``proto-max-bulk-len`` where that is smaller (the module doc); a Redis that does not
+        tell (CONFIG refused) leaves the setting alone."""
+        if self._bulk_limit is None:
+            self._bulk_limit = await _proto_max_bulk_len(self._redis)
+        return min(self._settings.max_result_bytes, self._bulk_limit)
+
+    def _payload(self, result: InferResult, limit: int) -> bytes:
+        """The bytes stored for ``result``: its encoding, or an error's over ``limit``."""
+        payload = encode_result(result)
+        if len(payload) <= limit:
+            return payload
+        what = (
+            "redis.max_result_bytes"
+            if limit == self._settings.max_result_bytes
+            else "Redis' proto-max-bulk-len"
+        )
+        err = PayloadTooLarge(f"result of {len(payload)} bytes is over {what} ({limit})")
+        log.warning("request %s: %s; answered with that error", result.id, err.message)
+        return encode_result(error_in_place(result, err))
+
+    async def _write_chunk(
+        self, results: Results, payloads: list[bytes], states: Sequence[StateWrite] = ()
+    ) -> int:
         if self._cluster:
-            return await self._write_chunk_by_slot(results, states)
+            return await self._write_chunk_by_slot(results, payloads, states)
         entries = _Entries()
         keys: list[str] = []
         args: list[bytes | int | str] = [
@@ -231,9 +273,9 @@ class ResultWriter:
             self._settings.reply_stream_ttl_s,
             len(results),
         ]
-        for result, stream in results:
+        for (result, stream), payload in zip(results, payloads, strict=True):
             keys.append(self._names.answer_key(result.id, result.index, result.final))
-            args.append(encode_result(result))
+            args.append(payload)
             args.append(entries.place(stream, result.id) if stream else 0)
         keys.extend(entries.streams)
         if states:
@@ -248,11 +290,10 @@ class ResultWriter:
         return int(written)
 
     async def _write_chunk_by_slot(
-        self, results: Results, states: Sequence[StateWrite] = ()
+        self, results: Results, payloads: list[bytes], states: Sequence[StateWrite] = ()
     ) -> int:
         """The cluster path: every command of it touches one key (see the module doc)."""
         ttl = self._settings.result_ttl_s
-        payloads = [encode_result(result) for result, _ in results]
         state_of = {w.index: w for w in states}
         pipe = self._redis.pipeline(transaction=False)
         for i, ((result, _), payload) in enumerate(zip(results, payloads, strict=True)):
@@ -304,6 +345,79 @@ class ResultWriter:
         stop: asyncio.Event | None = None,
         states: Sequence[StateWrite] = (),
     ) -> int:
-        """``write``, retried with backoff until Redis takes it (or ``stop`` is set)."""
+        """``write``, retried with backoff until Redis takes it (or ``stop`` is set); a
+        result that Redis refuses for good is answered with an error (``_write_isolating``)."""
         what = f"writing {len(results)} results"
-        return await until_done(lambda: self.write(results, states), what, stop)
+
+        async def attempt() -> int:
+            try:
+                return await self._write_isolating(results, states)
+            except Exception:
+                self._bulk_limit = None  # read again: a changed limit may be the cause
+                raise
+
+        return await until_done(attempt, what, stop)
+
+    async def _write_isolating(self, results: Results, states: Sequence[StateWrite]) -> int:
+        """``write``; where Redis refuses it for good, each half on its own, in order (a
+        stream's results keep their order), down to the result that Redis refuses."""
+        try:
+            return await self.write(results, states)
+        except ResponseError as exc:
+            if not refused_for_good(exc) or not results:
+                raise
+            self._bulk_limit = None  # read again: a value over it may be what Redis refused
+            if len(results) == 1:
+                return await self._write_refused(results[0], states, exc)
+        mid = len(results) // 2
+        head = await self._write_isolating(results[:mid], _states_in(states, 0, mid))
+        tail = _states_in(states, mid, len(results))
+        return head + await self._write_isolating(results[mid:], tail)
+
+    async def _write_refused(
+        self, refused: tuple[InferResult, str | None], states: Sequence[StateWrite], exc: Exception
+    ) -> int:
+        """Answer a result that Redis refused with an error in its place, with its
+        sequence's state; without that state where Redis refuses the state too. An error
+        answer refused for good as well is raised (retried: the refusal is not the
+        result's)."""
+        result, stream = refused
+        err = PlazaError(f"Redis refused to store the result: {exc}")
+        log.error("request %s: %s; answered with that error", result.id, err.message)
+        answer = [(error_in_place(result, err), stream)]
+        try:
+            return await self.write(answer, states)
+        except ResponseError as again:
+            if not states or not refused_for_good(again):
+                raise
+        log.error("request %s: Redis refused its sequence's state too; not kept", result.id)
+        return await self.write(answer, [dataclasses.replace(w, state=None) for w in states])
+
+
+async def _proto_max_bulk_len(redis: aioredis.Redis) -> int:
+    """Redis' ``proto-max-bulk-len``; no limit where CONFIG GET is refused or tells none
+    (a lost connection is raised: the write it precedes fails with it)."""
+    try:
+        reply: Any = await redis.config_get(_BULK_LIMIT)
+    except ResponseError as exc:
+        log.info("Redis does not tell its %s (%s): redis.max_result_bytes alone", _BULK_LIMIT, exc)
+        return sys.maxsize
+    value: Any = None
+    if isinstance(reply, dict):
+        value = reply.get(_BULK_LIMIT, reply.get(_BULK_LIMIT.encode()))
+    try:
+        return int(value) if value is not None else sys.maxsize
+    except ValueError:
+        return sys.maxsize
+
+
+def _states_in(states: Sequence[StateWrite], start: int, end: int) -> list[StateWrite]:
+    """The states of results ``start`` to ``end`` (excluded), indexed from ``start``."""
+    return [dataclasses.replace(w, index=w.index - start) for w in states if start <= w.index < end]
+
+
+def error_in_place(result: InferResult, err: PlazaError) -> InferResult:
+    """``result`` answered with ``err`` instead: the same request, response and worker."""
+    return msgspec.structs.replace(
+        result, outputs=(), error=ErrorInfo(err.code, err.message), parameters=NO_PARAMETERS
+    )

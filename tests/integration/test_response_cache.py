@@ -10,8 +10,11 @@ the bounds (slots, entry size, TTL) hold in Redis.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +28,17 @@ from msgspec.structs import replace
 from plaza.client import PlazaClient, make_request
 from plaza.connections import kafka_consumer
 from plaza.contract import ErrorInfo, InferResult
+from plaza.errors import DeadlineExceeded
 from plaza.gateway.app import create_app
 from plaza.gateway.service import GatewayService
 from plaza.metrics import render
 from plaza.modelconfig import load_model_config
 from plaza.response_cache import ResponseCache
 from plaza.settings import PlazaSettings, ResponseCacheSettings
+from plaza.stack.redis_server import RedisServer
 from plaza.tensors import Tensor
 from tests.metrics_support import samples, value
-from tests.support import REPOSITORY, running_worker, wait_for
+from tests.support import REPOSITORY, make_settings, running_worker, wait_for
 
 CACHED, PLAIN = "cached", "plain"
 
@@ -224,3 +229,81 @@ async def test_bounds_hold_in_redis(
     assert probe is not None
     await cache.store(probe, InferResult(error.id, CACHED, "1", error=ErrorInfo("x", "boom")))
     assert (await cache.probe(error, spec)).hit is None  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(180)
+async def test_streamed_calls_are_looked_up_and_stored_as_sync_ones(
+    cache_settings: PlazaSettings,
+) -> None:
+    """Triton caches any request to a model that is not decoupled, streamed or not: gRPC's
+    ModelStreamInfer and generate_stream go through ``infer_stream``."""
+    s = cache_settings
+    x = {"INPUT0": np.array([[1.0, 2.0]], np.float32)}
+    async with stack(s) as (service, _), TopicCounter(s) as topic:
+        answers = []
+        for i in range(3):
+            stream = service.infer_stream(make_request(CACHED, x, correlation_id=f"s{i}"))
+            async with aclosing(stream) as responses:
+                answers += [r async for r in responses]
+        assert await topic.records(CACHED) == 1  # the first was computed, two were hits
+        assert [(r.id, r.final, r.error) for r in answers] == [
+            (f"s{i}", True, None) for i in range(3)
+        ]
+        assert answers[1].outputs == answers[2].outputs == answers[0].outputs
+        assert cache_counts(service, CACHED) == (2.0, 1.0)
+        sync = await service.infer(make_request(CACHED, x, correlation_id="sync"))
+        assert sync.outputs == answers[0].outputs  # the stream's answer, stored
+        assert await topic.records(CACHED) == 1
+
+
+@pytest.mark.timeout(180)
+async def test_a_staged_version_folder_does_not_move_the_default_version(
+    cache_settings: PlazaSettings,
+) -> None:
+    """A request without a version is answered by the newest loaded version, and looked up
+    under it: a version folder staged but not loaded (model_control none) does not make
+    every such lookup miss, nor count misses under a version that is not loaded."""
+    s = cache_settings
+    async with stack(s) as (service, http), TopicCounter(s) as topic:
+        (s.repository / CACHED / "2").mkdir()
+        (s.repository / CACHED / "2" / "model.onnx").symlink_to(
+            REPOSITORY / "identity/1/model.onnx"
+        )
+        assert service.model(CACHED).versions == (1,)
+        for i in range(3):
+            r = await http.post(f"/v2/models/{CACHED}/infer", json=body(f"u{i}", 3.0, 4.0))
+            assert r.status_code == 200, r.text
+            assert r.json()["model_version"] == "1"
+        assert await topic.records(CACHED) == 1
+        assert cache_counts(service, CACHED) == (2.0, 1.0)
+        found = samples(render(service.metrics.registry).decode())
+        assert value(found, "nv_cache_num_misses_per_model", model=CACHED, version="2") is None
+
+
+@pytest.mark.timeout(120)
+async def test_a_cached_call_ends_within_its_timeout_when_redis_stops_answering(
+    kafka_bootstrap: str,
+    unique_id: str,
+    tmp_path: Path,
+    redis_server_factory: Callable[..., RedisServer],
+) -> None:
+    """A Redis that takes commands and never answers (frozen, SIGSTOP) holds the cache
+    lookup: the call ends at its own timeout as DeadlineExceeded (a 504), with no job,
+    since nothing was published."""
+    server = redis_server_factory()
+    s = make_settings(
+        kafka_bootstrap, server.url, unique_id, repository=repository(tmp_path / "repo")
+    )
+    x = {"INPUT0": np.array([[1.0, 2.0]], np.float32)}
+    async with stack(s) as (service, _), TopicCounter(s) as topic:
+        await service.infer(make_request(CACHED, {"INPUT0": np.array([[9.0]], np.float32)}))
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            call = service.infer(make_request(CACHED, x), timeout_s=1.0)
+            with pytest.raises(DeadlineExceeded, match="response cache lookup") as info:
+                await asyncio.wait_for(call, 60)  # a guard only: it was blocked for good
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert info.value.code == "timeout" and "job_id" not in info.value.details
+        assert await topic.records(CACHED) == 1  # the warm-up call's only

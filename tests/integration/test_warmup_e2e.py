@@ -15,7 +15,7 @@ from plaza.connections import kafka_admin
 from plaza.errors import ModelExecutionError
 from plaza.settings import PlazaSettings
 from plaza.workers.worker import Worker
-from tests.support import running_worker, wait_for, with_model
+from tests.support import REPOSITORY, running_worker, wait_for, with_model
 
 CONFIG = """
 name: "tally"
@@ -72,6 +72,41 @@ async def test_the_warmup_runs_count_times_before_the_first_request(
         result = await client.infer("tally", {"X": np.array([[5.0]], np.float32)}, timeout_s=60)
     assert result.output("Y").to_numpy().tolist() == [[6.0]]
     assert tally.read_text().splitlines() == ["0.0 0.0"] * 3 + ["5.0"]
+
+
+async def test_a_one_element_file_warms_up_every_row_of_the_sample(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """A Triton repository's input_data_file holds one batch-1 element, whatever the
+    sample's batch_size: each of its rows gets that element (it was a load failure)."""
+    tally = tmp_path / "tally.txt"
+    (tmp_path / "r" / "tally" / "warmup").mkdir(parents=True)
+    (tmp_path / "r" / "tally" / "warmup" / "seven").write_bytes(np.full(1, 7, "<f4").tobytes())
+    root = repository(tmp_path / "r", tally, 'input_data_file: "seven"')
+    async with running_worker(settings.model_copy(update={"repository": root}), "tally"):
+        assert tally.read_text().splitlines() == ["7.0 7.0"] * 3  # batch_size 2, count 3
+
+
+async def test_a_stateful_sample_naming_its_control_and_state_inputs_loads(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """Triton's warmup of a sequence model may name START, READY and the state input (they
+    override the sequence batcher's there); the worker fills them itself and starts."""
+    (tmp_path / "accumulate").mkdir()
+    (tmp_path / "accumulate" / "1").symlink_to(REPOSITORY / "accumulate" / "1")
+    zero = "value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }"
+    inputs = " ".join(
+        f'inputs {{ key: "{n}" {zero} }}' for n in ("INPUT", "START", "READY", "SUM_IN")
+    )
+    config = (REPOSITORY / "accumulate" / "config.pbtxt").read_text()
+    warm = f'model_warmup [ {{ name: "seq" batch_size: 1 {inputs} }} ]\n'
+    (tmp_path / "accumulate" / "config.pbtxt").write_text(config + warm)
+    settings = settings.model_copy(update={"repository": tmp_path})
+    async with running_worker(settings, "accumulate"), PlazaClient(settings) as client:
+        params = {"sequence_id": 52, "sequence_start": True, "sequence_end": True}
+        x = {"INPUT": np.array([[4]], np.int32)}
+        result = await client.infer("accumulate", x, parameters=params, timeout_s=60)
+    assert result.outputs[0].to_numpy().tolist() == [[4]]
 
 
 async def test_a_warmup_that_fails_fails_the_start_and_unloads_the_model(

@@ -3,6 +3,7 @@ version, and ``response_cache`` in config.pbtxt (its Redis side: tests/integrati
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
@@ -11,19 +12,22 @@ import pytest
 from msgspec.structs import replace
 
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import ConfigError
+from plaza.errors import ConfigError, DeadlineExceeded
 from plaza.modelconfig import ModelSpec, parse_model_config
 from plaza.naming import Names
 from plaza.response_cache import (
     DIGEST_BYTES,
     STATS_PENDING_MAX,
+    CacheProbe,
     CacheStatistics,
     DefaultVersions,
+    ResponseCache,
     cache_key,
     decode_entry,
     encode_entry,
     slot_of,
 )
+from plaza.settings import ResponseCacheSettings
 from plaza.tensors import Tensor
 
 CONFIG = """
@@ -185,3 +189,33 @@ def test_statistics_count_hits_as_successes_and_are_handed_over_once() -> None:
     for i in range(STATS_PENDING_MAX + 5):
         stats.miss("ident", str(i), 0.0)
     assert len(stats.take()) == STATS_PENDING_MAX  # bounded between two flushes
+
+
+class FrozenRedis:
+    """A Redis that takes every command and never answers (a frozen server)."""
+
+    async def get(self, key: str) -> bytes:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def set(self, key: str, value: bytes, ex: int) -> bool:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_lookups_and_stores_end_with_the_calls_time_when_redis_does_not_answer() -> None:
+    """The lookup is DeadlineExceeded (nothing published yet: no job); the store, whose
+    answer is already there, is dropped and the miss still counted."""
+    cache = ResponseCache(
+        FrozenRedis(),  # type: ignore[arg-type]
+        ResponseCacheSettings(),
+        Names(key_prefix="t:"),
+        lambda _: "1",
+    )
+    with pytest.raises(DeadlineExceeded, match="response cache lookup") as info:
+        await asyncio.wait_for(cache.probe(request(), spec(), timeout_s=0.01), 30)  # 30: a guard
+    assert "job_id" not in info.value.details
+    probe = CacheProbe(request(), "1", cache_key(request(), "1"), 0.0)
+    out = Tensor.from_numpy("OUT", np.ones((1, 4), np.float32))
+    await asyncio.wait_for(cache.store(probe, InferResult("r1", "ident", "1", (out,)), 0.01), 30)
+    assert cache.misses == 1

@@ -39,8 +39,8 @@ def from_file(name: str, dims: str = "4") -> str:
 
 def test_zero_random_and_file_samples_become_requests(tmp_path: Path) -> None:
     (tmp_path / "warmup").mkdir()
-    (tmp_path / "warmup" / "x.bin").write_bytes(np.arange(8, dtype="<f4").tobytes())
-    (tmp_path / "warmup" / "s.bin").write_bytes(serialize_bytes(np.array([b"a", b"bc"], object)))
+    (tmp_path / "warmup" / "x.bin").write_bytes(np.arange(4, dtype="<f4").tobytes())
+    (tmp_path / "warmup" / "s.bin").write_bytes(serialize_bytes(np.array([b"bc"], object)))
     made = warmup.samples(
         spec(
             f'name: "zeros" batch_size: 3 {x("zero_data: true")} count: 2',
@@ -63,8 +63,66 @@ def test_zero_random_and_file_samples_become_requests(tmp_path: Path) -> None:
     again = warmup.samples(spec(f'name: "random" batch_size: 1 {x("random_data: true")}'), tmp_path)
     assert again[0].request.inputs[0].to_numpy().tolist() == values.tolist()  # seeded
     by_name = {t.name: t.to_numpy() for t in file.inputs}
-    assert by_name["x"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert by_name["s"].tolist() == [[b"a"], [b"bc"]]
+    assert by_name["x"].tolist() == [[0, 1, 2, 3]] * 2  # one element, on every row
+    assert by_name["s"].tolist() == [[b"bc"]] * 2
+
+
+def test_a_file_holds_one_element_which_every_row_repeats_as_in_triton(tmp_path: Path) -> None:
+    """Triton reads one batch-1 element from the file (its first bytes: a longer file is
+    accepted) and makes batch_size requests of it; a BYTES file is the element's strings."""
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "warmup" / "x.bin").write_bytes(np.arange(5, dtype="<f4").tobytes())  # 4 + 1
+    (tmp_path / "warmup" / "s.bin").write_bytes(serialize_bytes(np.array([b"hi"], object)))
+    strings = (
+        'inputs { key: "s" value { data_type: TYPE_STRING dims: [ 1 ] input_data_file: "s.bin" } }'
+    )
+    (made,) = warmup.samples(
+        spec(f'name: "f" batch_size: 4 {from_file("x.bin")} {strings}'), tmp_path
+    )
+    by_name = {t.name: t.to_numpy() for t in made.request.inputs}
+    assert made.rows == 4
+    assert by_name["x"].tolist() == [[0.0, 1.0, 2.0, 3.0]] * 4
+    assert by_name["s"].tolist() == [[b"hi"]] * 4
+    (tmp_path / "warmup" / "s.bin").write_bytes(serialize_bytes(np.array([b"a", b"b"], object)))
+    with pytest.raises(ConfigError, match="trailing bytes"):  # two strings for one element
+        warmup.samples(spec(f'name: "f" batch_size: 1 {from_file("x.bin")} {strings}'), tmp_path)
+
+
+SEQUENCE_MODEL = """
+name: "acc" platform: "onnxruntime_onnx" max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "SUM_IN" output_name: "SUM_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+model_warmup [ { name: "seq" batch_size: 1
+  inputs { key: "INPUT" value { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true } }
+  %s } ]
+"""
+
+
+def _one(name: str) -> str:
+    return (
+        f'inputs {{ key: "{name}" value {{ data_type: TYPE_INT32 dims: [ 1 ] zero_data: true }} }}'
+    )
+
+
+def test_a_stateful_sample_may_name_its_control_and_state_inputs(tmp_path: Path) -> None:
+    """Triton's sample names them (override inputs there); the worker adds its own, so they
+    are left out of the request, and any other unknown name is still refused."""
+    named = " ".join(_one(n) for n in ("START", "READY", "SUM_IN"))
+    s = parse_model_config(SEQUENCE_MODEL % named, source="acc/config.pbtxt", default_name="acc")
+    (made,) = warmup.samples(s, tmp_path)
+    assert [t.name for t in made.request.inputs] == ["INPUT"]
+    assert made.request.parameters["sequence_start"] is True
+    other = parse_model_config(
+        SEQUENCE_MODEL % _one("END"), source="acc/config.pbtxt", default_name="acc"
+    )
+    with pytest.raises(ConfigError, match="input 'END', which the model does not have"):
+        warmup.samples(other, tmp_path)
 
 
 @pytest.mark.parametrize(
@@ -80,7 +138,7 @@ def test_zero_random_and_file_samples_become_requests(tmp_path: Path) -> None:
         (f'name: "wide" batch_size: 1 {x("zero_data: true", "5")}', "does not match dims"),
         (f'name: "gone" batch_size: 1 {from_file("no.bin")}', "cannot read"),
         (f'name: "up" batch_size: 1 {from_file("../config.pbtxt")}', "not a file"),
-        (f'name: "short" batch_size: 2 {from_file("x.bin")}', "has 16 bytes"),
+        (f'name: "short" batch_size: 1 {from_file("short.bin")}', "has 12 bytes"),
         ('name: "empty" batch_size: 1', "has no inputs"),
     ],
 )
@@ -89,6 +147,7 @@ def test_a_sample_that_cannot_be_made_is_a_bad_config_naming_it(
 ) -> None:
     (tmp_path / "warmup").mkdir()
     (tmp_path / "warmup" / "x.bin").write_bytes(np.zeros(4, "<f4").tobytes())
+    (tmp_path / "warmup" / "short.bin").write_bytes(np.zeros(3, "<f4").tobytes())
     with pytest.raises(ConfigError) as info:
         warmup.samples(spec(entry), tmp_path)
     assert "model_warmup[0]" in info.value.message and why in info.value.message
