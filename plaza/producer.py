@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 10.0
 """stop() gives the Kafka producer this long to flush (a dead broker must not hang it)."""
 
+MARK_TIMEOUT_S = 2.0
+"""The longest a job marker write may take: Kafka holds the job already, and a Redis that
+hangs must not hold its caller (the marker is then missing, as when Redis refuses it)."""
+
 DEADLINE_GRACE_S = 60.0
 """A job past its deadline is answered (timeout) when a worker next fetches it; this
 covers that fetch for a marker whose wait the deadline bounds."""
@@ -475,17 +479,19 @@ class Producer:
         """Write the job's marker. Kafka holds the job already (it will run): a marker
         write that fails must not make the caller retry it (a 503 would run it twice), so
         it is logged and the job answered as usual; its result key alone then answers a
-        poll once it is stored (unknown until then, rendered without ``view``)."""
+        poll once it is stored (unknown until then, rendered without ``view``). The write
+        waits ``MARK_TIMEOUT_S`` at most: a Redis that hangs does not hold the caller."""
         ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
         try:
-            await self._store.mark_submitted(
-                ready.req.id,
-                ready.req.model,
-                ttl_s=ttl_s,
-                decoupled=None if spec is None else spec.decoupled,
-                view=view,
-            )
-        except Exception as exc:
+            async with asyncio.timeout(MARK_TIMEOUT_S):
+                await self._store.mark_submitted(
+                    ready.req.id,
+                    ready.req.model,
+                    ttl_s=ttl_s,
+                    decoupled=None if spec is None else spec.decoupled,
+                    view=view,
+                )
+        except Exception as exc:  # TimeoutError included
             log.warning(
                 "job %s was published but its marker was not written (%s): it polls as "
                 "unknown until its result is stored",

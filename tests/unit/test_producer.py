@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 
+import plaza.producer as producer_module
 from plaza.contract import InferRequest
 from plaza.errors import QueueFull
 from plaza.modelconfig import ModelSpec, parse_model_config
-from plaza.producer import DEADLINE_GRACE_S, InflightBytes, job_marker_ttl_s, request_bytes
+from plaza.producer import (
+    DEADLINE_GRACE_S,
+    InflightBytes,
+    Producer,
+    _Prepared,
+    job_marker_ttl_s,
+    request_bytes,
+)
 from plaza.settings import PlazaSettings, ProducerSettings, RedisSettings
 from plaza.tensors import Tensor
 
@@ -87,3 +97,21 @@ def test_fits_says_whether_a_hold_would_succeed() -> None:
     budget = InflightBytes(1000)
     with budget.hold(700):
         assert budget.fits(300) and not budget.fits(301)
+
+
+async def test_a_marker_write_that_hangs_does_not_hold_the_caller(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Kafka holds the job when its marker is written: a Redis that takes the write and
+    never answers (frozen) must not hold the caller; the marker is then missing, logged,
+    as when Redis refuses it. The fault is injected at the store, a fake for a hung Redis."""
+    producer = Producer(SETTINGS, aioredis.Redis(), reply_stream="replies")
+
+    async def never_answers(*args: object, **kwargs: object) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(producer._store, "mark_submitted", never_answers)
+    monkeypatch.setattr(producer_module, "MARK_TIMEOUT_S", 0.01)
+    ready = _Prepared(_req(), SETTINGS.names.request_topic("m"), 0)
+    await asyncio.wait_for(producer._mark(ready, None), 30)  # a guard: it hung for good
+    assert "marker was not written" in caplog.text
