@@ -22,7 +22,7 @@ The worker and the ensemble runner consume alike, with two functions here: ``fol
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from aiokafka.errors import IllegalStateError, KafkaError
@@ -137,23 +137,28 @@ async def follow_positions(
     consumer: AIOKafkaConsumer,
     offsets: OffsetTracker,
     positions: dict[TopicPartition, int] | None = None,
+    leaving: Collection[TopicPartition] = (),
 ) -> bool:
     """After a fetch is taken in entirely: each owned partition's position, which moves
     past what the consumer hands over no record for (transaction markers, aborted
     transactions), bounds the commit once its records are done (``fetched_to``); each is
     also written to ``positions`` as it is read. Only partitions fetched from in this
     assignment (a highwater known) are asked: another's position may still be on its way,
-    which would hold the intake up. Whether ``offsets.to_commit`` now holds more."""
+    which would hold the intake up. Partitions ``leaving`` (being revoked, the rest of
+    their fetch refused for their next owner) are not: their position is past records
+    nobody ran. Whether ``offsets.to_commit`` now holds more."""
     tps = [
         tp
         for tp in consumer.assignment()
-        if offsets.owns(tp) and consumer.highwater(tp) is not None
+        if offsets.owns(tp) and consumer.highwater(tp) is not None and tp not in leaving
     ]
     moved = False
     for tp in tps:
         try:
             position = await consumer.position(tp)
         except IllegalStateError:  # revoked meanwhile
+            continue
+        if tp in leaving:  # its revocation began while the position was asked
             continue
         if positions is not None:
             positions[tp] = position

@@ -525,8 +525,9 @@ class Worker:
 
     async def _note_positions(self) -> None:
         """After a fetch is taken in entirely: each owned partition's position bounds the
-        commit once its records are done, and the lag (``follow_positions``)."""
-        if await follow_positions(self.consumer, self.offsets, self._fetched):
+        commit once its records are done, and the lag (``follow_positions``); not those being
+        revoked (``_moved``), whose refused records the next owner must run."""
+        if await follow_positions(self.consumer, self.offsets, self._fetched, self._moved):
             self._commit_due.set()
 
     async def _fetch(self, room: int) -> Fetched:

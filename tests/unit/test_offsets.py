@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from plaza.workers.offsets import OffsetTracker
+from typing import cast
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from plaza.workers.offsets import OffsetTracker, follow_positions
 
 
 def tracker(*partitions: str) -> OffsetTracker:
@@ -70,3 +75,35 @@ def test_assign_keeps_the_progress_of_partitions_already_owned() -> None:
     assert t.outstanding("a") == 1
     t.done("a", 4)
     assert t.to_commit() == {"a": 5}
+
+
+class _Revoking:
+    """A consumer as aiokafka's is while a partition is revoked: still assigned, its
+    position past the fetch the worker refused (records 10..19, for the next owner)."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+
+    def assignment(self) -> set[TopicPartition]:
+        return {self.tp}
+
+    def highwater(self, tp: TopicPartition) -> int:
+        return 20
+
+    async def position(self, tp: TopicPartition) -> int:
+        return 20
+
+
+async def test_a_partition_being_revoked_does_not_commit_past_the_records_it_refused() -> None:
+    tp = TopicPartition("t", 0)
+    t = OffsetTracker()
+    t.assign([tp])
+    for off in range(10):  # answered; 10..19 were fetched, then refused as tp was revoked
+        t.started(tp, off)
+        t.done(tp, off)
+    t.committed({tp: 10})
+    consumer = cast(AIOKafkaConsumer, _Revoking(tp))
+    assert not await follow_positions(consumer, t, leaving={tp})
+    assert t.to_commit() == {}  # the next owner runs 10..19
+    assert await follow_positions(consumer, t)  # not revoked: past markers, to the position
+    assert t.to_commit() == {tp: 20}
