@@ -74,15 +74,6 @@ class Services:
         """A :class:`Deployment` on these services (``options`` go to it)."""
         return Deployment(self.bootstrap, self.redis_url, repository, prefix, **options)
 
-    def down(self) -> list[str]:
-        """The services started here that are no longer running ([] while all run)."""
-        gone = []
-        if self.kafka is not None:
-            gone += [f"kafka node {n}" for n in self.kafka.node_ids if not self.kafka.is_running(n)]
-        if self.redis is not None and not self.redis.running:
-            gone.append("redis")
-        return gone
-
     @staticmethod
     def clear_data_dir(data_dir: Path) -> None:
         """Delete what Services made in ``data_dir`` (a fresh start); refuse, deleting
