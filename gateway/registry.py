@@ -305,19 +305,27 @@ class ModelRegistry:
         return {m: loaded.spec for m, loaded in self.models.items()}
 
     async def poll(self) -> None:
-        """Poll mode: load what appeared or changed in the repository, unload what left."""
+        """Poll mode: load what appeared or changed in the repository, unload what left.
+
+        A model unloaded because a step it runs left (or one that failed to load) is read
+        again on the round after any load: the model that came back may be what it needs."""
         present = set(self.repo.model_names())
+        loaded = False
         for name in sorted(present):
             fingerprint = self._fingerprint(name)
             if self._seen.get(name) != fingerprint:
                 self._seen[name] = fingerprint
                 try:
                     await self.load(name)
+                    loaded = True
                 except PlazaError as exc:
                     log.error("poll: model %s not loaded: %s", name, exc.message)
         for name in sorted(set(self._seen) - present):
             del self._seen[name]
             await self.unload(name)
+        if loaded:
+            for name in present - set(self.models):
+                self._seen.pop(name, None)
 
     # -- index -----------------------------------------------------------------------------
     def index(self, live: dict[str, int], ready_only: bool = False) -> list[IndexEntry]:
