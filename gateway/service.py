@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import msgspec
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
@@ -435,7 +435,7 @@ class GatewayService:
                 return await self.log_settings.change_stored(
                     redis, self.names.log_settings_key(), changes
                 )
-            except (RedisError, OSError) as exc:
+            except (RedisError, RedisClusterException, OSError) as exc:
                 raise Unavailable(f"Redis did not take the log settings: {exc}") from exc
 
     @property

@@ -216,11 +216,6 @@ def read_marker(marker: bytes | None) -> tuple[bool | None, JobView]:
     return decoupled, JobView.decode(parts[2]) if len(parts) > 2 else JobView()
 
 
-def marked_decoupled(marker: bytes | None) -> bool | None:
-    """What a job marker says of its model's being decoupled (``read_marker``)."""
-    return read_marker(marker)[0]
-
-
 def raise_for_error(result: InferResult) -> InferResult:
     """The result itself, or its error raised as the matching PlazaError subclass."""
     if result.error is not None:
