@@ -35,6 +35,7 @@ from plaza.statistics import ModelStatistics
 from plaza.workers.ensemble import EnsembleRunner
 from plaza.workers.host import Host
 from plaza.workers.worker import Worker
+from tests.ensemble_configs import FOUR
 from tests.support import REPOSITORY, running_worker, wait_for, with_model
 from tests.support import gateway_fronts as both_fronts
 
@@ -45,13 +46,6 @@ max_batch_size: 64
 input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 5000 }
-"""
-FOUR = """
-name: "four"
-backend: "plaza_simulated"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 CHAIN = """
 name: "chain"

@@ -20,16 +20,10 @@ from plaza.client import PlazaClient
 from plaza.gateway.statistics import read_statistics
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
+from tests.ensemble_configs import FOUR
 from tests.metrics_support import samples, value
 from tests.support import running_worker, with_model
 
-FOUR = """
-name: "four"
-backend: "plaza_simulated"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-"""
 ENSEMBLE = """
 name: "ens"
 platform: "ensemble"

@@ -27,6 +27,7 @@ from plaza.contract import InferRequest
 from plaza.naming import step_request_id
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
+from tests.ensemble_configs import FOUR
 from tests.python_models import REPEAT_CONFIG, REPEAT_MODEL, write_model
 from tests.support import REPOSITORY, phase, running_worker, with_model
 
@@ -88,13 +89,6 @@ ensemble_scheduling { step [
   { model_name: "identity" model_version: -1
     input_map { key: "INPUT0" value: "B" } output_map { key: "OUTPUT0" value: "C" } }
 ] }
-"""
-FOUR = """
-name: "four"
-backend: "plaza_simulated"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 TWO = """
 name: "two"
