@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hmac
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -24,6 +23,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plaza import __version__
+from plaza.auth import CHALLENGE, bearer_matches
 from plaza.contract import InferRequest, new_correlation_id
 from plaza.errors import (
     ConfigError,
@@ -45,8 +45,6 @@ from plaza.settings import PlazaSettings
 
 HEALTH_PREFIX = "/v2/health/"
 """Health endpoints answer without an API key (probes carry none)."""
-CHALLENGE = ("WWW-Authenticate", "Bearer")
-"""The header every 401 carries (RFC 7235): the scheme the gateway asks for."""
 EXTENSIONS = (
     "classification",
     "binary_tensor_data",
@@ -135,14 +133,6 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 # -- auth -----------------------------------------------------------------------------------
 
 
-def bearer_matches(credentials: bytes, api_key: bytes) -> bool:
-    """``credentials`` (an Authorization value) are ``Bearer <api_key>``: the scheme in any
-    case (RFC 7235), one or more spaces after it, the key compared in constant time."""
-    scheme, _, token = credentials.strip(b" \t").partition(b" ")
-    matches = hmac.compare_digest(token.lstrip(b" "), api_key)
-    return scheme.lower() == b"bearer" and matches
-
-
 def is_health_path(path: str) -> bool:
     """Paths open without an API key, as Triton's HEALTH category: server live and ready, and
     a model's (or version's) ready, ``/v2/models/{m}[/versions/{v}]/ready`` by segments
@@ -206,8 +196,10 @@ class Endpoints:
         return JSONBody(kserve.model_metadata(model.spec, model.versions))
 
     async def model_ready(self, request: Request) -> Response:
+        """200 when ready; 503 when not, a model (or version) not loaded too, as gRPC's
+        ModelReady answers ready=false for it and Triton answers it as not ready (this
+        route is open without an API key: it does not tell loaded names from others)."""
         name, version = _model_path(request)
-        self.service.model(name, version)  # 404 for an unknown model
         ready = await self.service.model_ready(name, version)
         return JSONBody({"name": name, "ready": ready}, 200 if ready else 503)
 
@@ -322,7 +314,7 @@ class Endpoints:
     ) -> tuple[InferRequest, str | None, float]:
         """The request a generate body makes, the client's ``id``, and the wait."""
         model, version = _model_path(request)
-        doc = await self._json_object(request)
+        doc = generate.load_generate_body(await read_body(request, self._max_body))
         front, client_id = generate.decode_generate_request(doc, spec)
         req = front.to_request(model, version, new_correlation_id())
         return req, client_id, self.service.sync_timeout(front.timeout_us)

@@ -10,7 +10,9 @@ values that fill its fixed dims and at most one variable one; a batching model g
 of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, the
 response's parameters (a Python model's ``InferenceResponse(parameters=...)``) by their
 names, as Triton's generate answers them, and each output by its name: its one value, or a
-flat list of its values (BYTES as text).
+flat list of its values (BYTES as text). Float values may be ``NaN``, ``Infinity`` or
+``-Infinity``, both ways, read and written by the infer body's own code
+(``plaza.gateway.kserve``: ``load_json_object``, ``non_finite_json``).
 
 ``generate_stream`` answers as server-sent events (``text/event-stream``). An ordinary
 model answers a request once: the stream holds that one answer as one ``data:`` event. A
@@ -33,10 +35,20 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import orjson
+
 from plaza.contract import InferResult, Scalar
 from plaza.errors import InvalidInput, PlazaError, error_from_wire
 from plaza.gateway.errors import error_body
-from plaza.gateway.kserve import MAX_NESTING, encode_json, json_tensor, request_parameters
+from plaza.gateway.kserve import (
+    MAX_NESTING,
+    encode_json,
+    json_tensor,
+    load_json_object,
+    non_finite_json,
+    request_parameters,
+)
 from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tasks import cancel_and_wait
@@ -46,6 +58,12 @@ CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
 SSE_AHEAD = 1024
 """Events a generate_stream takes ahead of its client (as a gRPC stream's answers wait)."""
 _RESERVED = frozenset({"parameters", "id"})
+
+
+def load_generate_body(raw: bytes) -> dict[str, Any]:
+    """A generate body's JSON object, read as an infer body is (Triton's ``NaN``,
+    ``Infinity`` and ``-Infinity`` tokens included); an empty body is an empty object."""
+    return load_json_object(raw) if raw.strip() else {}
 
 
 def decode_generate_request(doc: Any, spec: ModelSpec) -> tuple[FrontRequest, str | None]:
@@ -130,8 +148,13 @@ def generate_response(result: InferResult, client_id: str | None) -> dict[str, A
     return doc
 
 
-def _value(tensor: Tensor) -> Scalar | list[Any]:
+def _value(tensor: Tensor) -> Scalar | list[Any] | orjson.Fragment:
     flat = tensor.to_numpy().reshape(-1)
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        # NaN and infinities as infer writes them (Triton's tokens; orjson would write null),
+        # the finite values beside them as doubles, as tolist() gives them below.
+        wide = flat.astype(np.float64)
+        return non_finite_json(wide.reshape(()) if wide.size == 1 else wide)
     if tensor.datatype == "BYTES":
         values: list[Any] = [b.decode("utf-8", errors="replace") for b in flat]
     else:

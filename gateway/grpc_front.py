@@ -44,10 +44,11 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza import __version__
+from plaza.auth import bearer_matches
 from plaza.contract import new_correlation_id
 from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Unsupported
 from plaza.gateway import grpc_codec, grpc_health
-from plaza.gateway.app import EXTENSIONS, bearer_matches
+from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
 from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of
 from plaza.gateway.requests import load_config

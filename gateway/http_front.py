@@ -21,9 +21,10 @@ from urllib.parse import unquote
 
 from starlette.applications import Starlette
 
+from plaza.auth import CHALLENGE, bearer_matches
 from plaza.errors import PlazaError, Unauthorized
 from plaza.gateway import kserve
-from plaza.gateway.app import CHALLENGE, Endpoints, bearer_matches, decoded_body
+from plaza.gateway.app import Endpoints, decoded_body
 from plaza.gateway.errors import http_error
 from plaza.gateway.http_server import HttpRequest, HttpResponse
 

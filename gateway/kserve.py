@@ -14,7 +14,9 @@ request's ``binary_data_output``) and JSON data otherwise.
 As Triton's JSON (rapidjson with its NaN and Inf flags), float data may hold the tokens
 ``NaN``, ``Infinity`` and ``-Infinity``, both ways: a body orjson refuses for one of them
 is read again by the stdlib's parser, and a float output that holds one is written with
-them (orjson would write null, which a client reads as NaN).
+them (orjson would write null, which a client reads as NaN). Generate's bodies
+(``plaza.gateway.generate``) are read and written by the same two functions
+(``load_json_object``, ``non_finite_json``).
 
 Triton's system shared memory extension (``plaza.gateway.shared_memory``): an input whose
 parameters name a registered region is read from it, and an output requested into one is
@@ -169,7 +171,7 @@ def decode_infer_request(
                 f"({len(view)} bytes)"
             )
         header, binary = view[:header_length], view[header_length:]
-    doc = _load_json(header)
+    doc = load_json_object(header)
     inputs = _decode_inputs(doc.get("inputs"), binary, header_length is not None, regions)
     params = request_parameters(doc.get("parameters"), "request")
     outputs = _decode_outputs(doc.get("outputs"), regions)
@@ -183,7 +185,9 @@ def decode_infer_request(
     )
 
 
-def _load_json(data: memoryview) -> dict[str, Any]:
+def load_json_object(data: bytes | memoryview) -> dict[str, Any]:
+    """A JSON object body as Triton reads it: ``NaN``, ``Infinity`` and ``-Infinity`` values
+    included (the infer and generate bodies alike); anything else is InvalidInput."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -612,7 +616,7 @@ def _json_output(tensor: Tensor) -> dict[str, Any]:
     if tensor.datatype == "BYTES":
         data = [b.decode("utf-8", errors="replace") for b in arr]
     elif arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        data = _non_finite_data(arr)
+        data = non_finite_json(arr)
     return {
         "name": tensor.name,
         "datatype": tensor.datatype,
@@ -621,17 +625,19 @@ def _json_output(tensor: Tensor) -> dict[str, Any]:
     }
 
 
-def _non_finite_data(arr: np.ndarray[Any, Any]) -> orjson.Fragment:
-    """A float output holding NaN or inf as JSON text with Triton's tokens for them (rapidjson's
+def non_finite_json(arr: np.ndarray[Any, Any]) -> orjson.Fragment:
+    """Float values holding NaN or inf as JSON text with Triton's tokens for them (rapidjson's
     kWriteNanAndInfFlag) where orjson writes null: orjson writes the finite values (their
-    shortest digits, as elsewhere), then each null, in order, becomes its value's token."""
+    shortest digits, as elsewhere), then each null, in order, becomes its value's token.
+    A flat array is written as a list; a 0-d one as its one value (generate's answers)."""
     odd = arr[~np.isfinite(arr)]
     kinds = np.where(np.isnan(odd), 0, np.where(odd > 0, 1, 2)).tolist()
-    parts = orjson.dumps(arr, option=_NUMPY_OPTS).split(b"null")
+    parts = orjson.dumps(arr.reshape(-1), option=_NUMPY_OPTS).split(b"null")
     out = [parts[0]]
     for kind, part in zip(kinds, parts[1:], strict=True):
         out += (_NON_FINITE_OUT[kind], part)
-    return orjson.Fragment(b"".join(out))
+    text = b"".join(out)
+    return orjson.Fragment(text[1:-1] if arr.ndim == 0 else text)
 
 
 def encode_json(doc: Any) -> bytes:

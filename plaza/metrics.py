@@ -12,7 +12,6 @@ prometheus_client adds. Everything else is the Prometheus text format 0.0.4 as u
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from types import TracebackType
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from plaza.auth import CHALLENGE, bearer_matches
 from plaza.errors import (
     Cancelled,
     ConfigError,
@@ -99,8 +99,9 @@ def render(registry: Collector) -> bytes:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     registry: Collector
-    authorization: bytes | None
-    """``Bearer <api_key>`` that a scrape must send, or None for an open endpoint."""
+    api_key: bytes | None
+    """The key a scrape must send as ``Authorization: Bearer <api_key>``, or None for an
+    open endpoint."""
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -110,10 +111,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != METRICS_PATH:
             self._answer(404, b"not found; metrics are at /metrics\n", "text/plain")
             return
-        expected = self.server.authorization
-        given = (self.headers.get("Authorization") or "").encode("latin-1")
-        if expected is not None and not hmac.compare_digest(given, expected):
-            self._answer(401, b"missing or wrong API key (Authorization: Bearer)\n", "text/plain")
+        if not self._authorized():
+            refusal = b"missing or wrong API key (Authorization: Bearer)\n"
+            self._answer(401, refusal, "text/plain", CHALLENGE)
             return
         try:
             body = render(self.server.registry)
@@ -123,9 +123,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._answer(200, body, CONTENT_TYPE)
 
-    def _answer(self, status: int, body: bytes, content_type: str) -> None:
+    def _authorized(self) -> bool:
+        """No key is set, or the request names it as the gateway's routes must."""
+        key = self.server.api_key
+        if key is None:
+            return True
+        given = (self.headers.get("Authorization") or "").encode("latin-1")
+        return bearer_matches(given, key)
+
+    def _answer(
+        self, status: int, body: bytes, content_type: str, *headers: tuple[str, str]
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        for name, value in headers:
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -138,7 +150,9 @@ class MetricsServer:
     """Serves ``render(registry)`` at ``GET /metrics`` from a daemon thread until closed.
 
     Port 0 takes a free port; ``port`` says which. With ``api_key`` a scrape must send
-    ``Authorization: Bearer <api_key>`` (Prometheus: ``authorization.credentials``).
+    ``Authorization: Bearer <api_key>`` (Prometheus: ``authorization.credentials``), read as
+    the gateway's routes read it (``plaza.auth``: the scheme in any case, a 401 that carries
+    ``WWW-Authenticate: Bearer``).
     Collection runs on the server thread, so collectors read their numbers without the event
     loop's help (plain ints and dict copies, which the GIL keeps consistent enough for
     counters).
@@ -156,7 +170,7 @@ class MetricsServer:
         except OSError as exc:
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
         self._server.registry = registry
-        self._server.authorization = None if api_key is None else f"Bearer {api_key}".encode()
+        self._server.api_key = None if api_key is None else api_key.encode()
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(

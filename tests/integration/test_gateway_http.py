@@ -162,7 +162,6 @@ async def test_unknown_model_and_job_are_404(settings_for: Callable[..., PlazaSe
             await client.post("/v2/models/nope/infer", json={"inputs": []}),
             await client.post("/v2/models/identity/versions/9/infer", json={"inputs": []}),
             await client.get("/v2/models/nope"),
-            await client.get("/v2/models/nope/ready"),
         ):
             assert response.status_code == 404
             assert response.json()["code"] == "model_not_found"
