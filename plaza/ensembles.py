@@ -17,7 +17,8 @@ step that reads an optional ensemble input the request left out runs without it
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import functools
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from plaza.errors import ConfigError, PlazaError
@@ -25,6 +26,8 @@ from plaza.naming import check_model_name
 
 LATEST_VERSION = -1
 """``model_version: -1``: the step model's newest served version (Triton's default)."""
+PRUNINGS_KEPT = 64
+"""Requested-output tuples whose ``needed_by`` one ensemble remembers (``pruning``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +177,16 @@ def needed_by(steps: tuple[EnsembleStep, ...], outputs: Collection[str]) -> froz
             found.add(index)
             wanted += [producer[t] for t in steps[index].input_map.values() if t in producer]
     return frozenset(found)
+
+
+def pruning(
+    steps: tuple[EnsembleStep, ...], kept: int = PRUNINGS_KEPT
+) -> Callable[[tuple[str, ...]], frozenset[int]]:
+    """``needed_by`` over one ensemble's ``steps``, remembered per requested-output tuple
+    (the least recently used of more than ``kept`` tuples are forgotten): the runner
+    prunes every request and every branch of a decoupled step, mostly for the same few
+    output sets, and its graph never changes while it serves."""
+    return functools.lru_cache(maxsize=kept)(functools.partial(needed_by, steps))
 
 
 def downstream_of(steps: tuple[EnsembleStep, ...], index: int) -> frozenset[int]:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgpack
 import redis.asyncio as aioredis
@@ -47,7 +47,12 @@ from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.repository import ModelRepository
 from plaza.settings import ResponseCacheSettings
-from plaza.statistics import FLUSH_SCRIPT, flush_arguments
+from plaza.statistics import (
+    MAX_UNCONFIRMED_FLUSHES,
+    SEQUENCED_FLUSH_SCRIPT,
+    FlushLog,
+    flusher_key,
+)
 from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -61,8 +66,9 @@ VERSIONS_TTL_S = 1.0
 STATS_FLUSH_S = 1.0
 """How often counted hits and misses are added to the statistics hashes."""
 STATS_PENDING_MAX = 4096
-"""Model versions whose counts may wait for a flush; past it, new ones are not counted
-(bounded by the repository in practice: label values come only from specs)."""
+"""Model versions whose counts may wait for a flush, and whose totals the flushes keep;
+past it, new ones are not counted (bounded by the repository in practice: label values
+come only from specs)."""
 
 
 def _frame(h: hashlib.blake2b, part: bytes | bytearray | memoryview) -> None:
@@ -196,6 +202,78 @@ class CacheStatistics:
         return taken
 
 
+Sent = list[tuple[FlushLog, int]]
+"""The flush logs a pipeline carries, each with the newest flush number it carries."""
+
+
+class CacheFlushes:
+    """Counted hits and misses on their way to the statistics hashes, each added once
+    however the call that carries it ends, as a worker's heartbeat flush
+    (``plaza.statistics.FlushLog``, ``SEQUENCED_FLUSH_SCRIPT``): per model, the totals
+    counted since start, a flush log of their changes and the log's marker. A flush whose
+    reply does not come (an error, a cancelled flush, a lost reply that a client's retry
+    sends again) is sent again with the next ones and applied once; nothing is lost and
+    nothing counted twice."""
+
+    def __init__(self, names: Names, ttl_s: int) -> None:
+        self._names = names
+        self._ttl_s = ttl_s
+        self.totals: dict[str, dict[str, dict[str, int]]] = {}
+        """Model -> its statistics hashes' keys -> each hash's fields counted so far."""
+        self._kept = 0
+        """Hashes in ``totals`` (``STATS_PENDING_MAX`` at most)."""
+        self._logs: dict[str, FlushLog] = {}
+        self._moved: set[str] = set()
+        """Models whose totals changed since their log's newest flush."""
+
+    @property
+    def backlog(self) -> bool:
+        """Whether a model's log is full of unconfirmed flushes (a flush sends only those)."""
+        return any(len(log.unconfirmed) >= MAX_UNCONFIRMED_FLUSHES for log in self._logs.values())
+
+    def fold(self, taken: dict[tuple[str, str], dict[str, int]]) -> None:
+        """Add increments (``CacheStatistics.take``) to the totals."""
+        for (model, version), counts in taken.items():
+            key = self._names.model_stats_key(model, version)
+            fields = self.totals.get(model, {}).get(key)
+            if fields is None:
+                if self._kept >= STATS_PENDING_MAX:
+                    continue
+                fields = self.totals.setdefault(model, {})[key] = {}
+                self._kept += 1
+            for name, amount in counts.items():
+                fields[name] = fields.get(name, 0) + amount
+            self._moved.add(model)
+
+    def queue(self, pipe: Any) -> Sent:
+        """Log a flush of each model whose totals moved, then put one script call a model
+        (its hashes share its hash tag) carrying its unconfirmed flushes on ``pipe``."""
+        for model in sorted(self._moved):
+            log = self._logs.setdefault(model, FlushLog())
+            logged = log.seq
+            log.add(self.totals[model])
+            if log.seq != logged:  # else its backlog is full: the change waits, counted
+                self._moved.discard(model)
+        sent: Sent = []
+        for model, log in self._logs.items():
+            if log.unconfirmed:
+                marker = flusher_key(self._names, model, log.flusher)
+                keys, args = log.arguments(marker, self._ttl_s)
+                pipe.eval(SEQUENCED_FLUSH_SCRIPT, len(keys), *keys, *args)
+                sent.append((log, log.seq))
+        return sent
+
+    @staticmethod
+    def confirm(sent: Sent, replies: list[Any]) -> None:
+        """Confirm the flushes of each call that ran; raise the first call's error."""
+        for (log, carried), reply in zip(sent, replies, strict=True):
+            if not isinstance(reply, Exception):
+                log.confirmed(carried)
+        errors = [r for r in replies if isinstance(r, Exception)]
+        if errors:
+            raise errors[0]
+
+
 class ResponseCache:
     """Lookups and stores of answers of the models that enable the cache.
 
@@ -218,8 +296,8 @@ class ResponseCache:
         self._names = names
         self._default_version = default_version
         self._observer = observer
-        self._stats_ttl_s = stats_ttl_s
         self.statistics = CacheStatistics()
+        self.flushes = CacheFlushes(names, stats_ttl_s)
         self._flusher: asyncio.Task[None] | None = None
         self.hits = 0
         self.misses = 0
@@ -231,31 +309,37 @@ class ResponseCache:
             self._flusher = asyncio.create_task(self._flush_every())
 
     async def stop(self) -> None:
-        """Stop flushing, after a last flush (bounded: Redis may be away)."""
+        """Stop flushing, after a last flush (bounded: Redis may be away; twice when the
+        first only sends a full backlog of unconfirmed flushes)."""
         if self._flusher is not None:
             await cancel_and_wait([self._flusher])
             self._flusher = None
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.flush(), STATS_FLUSH_S)
+            async with asyncio.timeout(STATS_FLUSH_S):
+                for _ in range(2):
+                    backlog = self.flushes.backlog
+                    await self.flush()
+                    if not backlog:
+                        break
 
     async def flush(self) -> None:
-        """Add what was counted since the last flush to the statistics hashes."""
-        taken = self.statistics.take()
-        if not taken:
-            return
-        pipe = self._redis.pipeline(transaction=False)
-        for (model, version), counts in taken.items():  # one key a call: Cluster-safe
-            change = (self._names.model_stats_key(model, version), 0, counts)
-            keys, args = flush_arguments([change], self._stats_ttl_s)
-            pipe.eval(FLUSH_SCRIPT, 1, *keys, *args)
-        await pipe.execute()
+        """Add what was counted since the last flush to the statistics hashes, and send
+        again what earlier flushes did not get confirmed (``CacheFlushes``): each once."""
+        await self.flush_with(self._redis.pipeline(transaction=False))
+
+    async def flush_with(self, pipe: Any) -> None:
+        """``flush`` through ``pipe`` (a pipeline of the cache's Redis; the tests' seam)."""
+        self.flushes.fold(self.statistics.take())
+        sent = self.flushes.queue(pipe)
+        if sent:
+            self.flushes.confirm(sent, await pipe.execute(raise_on_error=False))
 
     async def _flush_every(self) -> None:
         while True:
             await asyncio.sleep(STATS_FLUSH_S)
             try:
                 await self.flush()
-            except Exception as exc:  # these counts are lost; the next ones are not
+            except Exception as exc:  # kept: the next flush sends them again
                 log.warning("response cache: statistics flush failed: %s", exc)
 
     # -- lookups and stores ----------------------------------------------------------------

@@ -147,15 +147,27 @@ def _check_sequence(req: InferRequest, spec: ModelSpec, rows: int) -> None:
             )
 
 
+CLASSIFIABLE = frozenset(
+    ("UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP32", "FP64")
+)
+"""The output datatypes Triton's classification extension ranks (its TopkClassifications);
+it refuses the others (BOOL, FP16, BYTES) as an invalid argument."""
+
+
 def _check_classification(req: InferRequest, spec: ModelSpec) -> None:
-    """Triton's classification extension: requested, numeric outputs; counts >= 1."""
+    """Triton's classification extension: requested outputs of a ``CLASSIFIABLE``
+    datatype; counts >= 1."""
     for name, count in req.classification.items():
         ospec = spec.output(name)
         if ospec is None:
             raise InvalidInput(f"classification of unknown output {name!r} for model {spec.name!r}")
         if req.outputs and name not in req.outputs:
             raise InvalidInput(f"output {name!r} is to be classified but is not requested")
-        if ospec.datatype == "BYTES":
-            raise InvalidInput(f"output {name!r} is BYTES: only numeric outputs can be classified")
+        if ospec.datatype not in CLASSIFIABLE:
+            raise InvalidInput(
+                f"output {name!r} is {ospec.datatype}: class results are not available for "
+                "it (only integer, FP32 and FP64 outputs can be classified, as in Triton)",
+                tensor=name,
+            )
         if type(count) is not int or count < 1:
             raise InvalidInput(f"output {name!r}: classification count must be >= 1, got {count!r}")

@@ -10,8 +10,11 @@ first, ties in index order. Values are compared in the output's own datatype, so
 INT64 and UINT64 values keep their order. A batching model's output is classified row by
 row (its shape becomes ``[rows, N]``), another's as a whole (``[N]``); N is cut to the
 number of values there are. A float prints with six decimals (C's ``%f``, Triton's
-``std::to_string``), NaN last; an integer or a bool as an integer. Only numeric outputs
-can be classified: ``validate_request`` refuses the others. The batch runner classifies a
+``std::to_string``), NaN last; an integer as an integer. Only the datatypes Triton's
+``TopkClassifications`` ranks can be classified: the integers, FP32 and FP64
+(``plaza.validation.CLASSIFIABLE``). ``validate_request`` refuses the others (BOOL, FP16,
+BYTES) as ``invalid_input`` before the request runs, as Triton refuses them (an invalid
+argument), so one such request never fails its batch-mates. The batch runner classifies a
 model's outputs, the ensemble runner an ensemble's.
 """
 
@@ -77,8 +80,8 @@ def classify(tensor: Tensor, count: int, batched: bool, names: Sequence[str] = (
 def _descending(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A key whose ascending order is ``rows``' descending order, in their own dtype (a
     float64 copy would merge INT64 values above 2**53): a float's negation (NaN stays NaN,
-    which sorts last), an integer's or a bool's bitwise not (order-reversing, and exact
-    where negation would overflow an unsigned or the smallest signed value)."""
+    which sorts last), an integer's bitwise not (order-reversing, and exact where negation
+    would overflow an unsigned or the smallest signed value)."""
     key: np.ndarray[Any, Any] = np.negative(rows) if rows.dtype.kind == "f" else np.invert(rows)
     return key
 

@@ -80,7 +80,7 @@ from pydantic import ValidationError
 
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
-from plaza.ensembles import EnsembleStep, downstream_of, needed_by, runnable
+from plaza.ensembles import EnsembleStep, downstream_of, pruning, runnable
 from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
@@ -204,6 +204,8 @@ class EnsembleRunner:
         self.step_specs = _step_specs(repo, self.spec)
         self.streamed = _decoupled_step(self.spec, self.step_specs)
         """The decoupled step, whose every response runs the steps downstream of it."""
+        self._pruned = pruning(self.spec.ensemble_steps)
+        """The steps each requested-output tuple needs (``needed_by``), remembered."""
         self.branch_steps: tuple[EnsembleStep, ...] = ()
         self.before_steps = self.spec.ensemble_steps
         if self.streamed is not None:
@@ -631,7 +633,7 @@ class EnsembleRunner:
 
     def _needed(self, req: InferRequest) -> frozenset[int]:
         """The steps the request's outputs need: the others are not run (Triton's prune)."""
-        return needed_by(self.spec.ensemble_steps, self._wanted(req))
+        return self._pruned(self._wanted(req))
 
     def _absent(self, req: InferRequest) -> frozenset[str]:
         """The optional ensemble inputs the request left out: there for the steps that
