@@ -343,13 +343,24 @@ class SequenceBatcher(Generic[T]):
             seq.state = None
 
     def release(self, item: T) -> None:
-        """``item`` was handed out but not run (answered already: its caller cancelled it):
-        its sequence goes on, unless ``item`` was its START, which then never ran."""
+        """``item`` will not run: its sequence goes on, unless ``item`` is its START, which
+        then never ran. Handed out, it was let go (answered already: its caller cancelled
+        it); never handed out, it ran outside the batches (a suspect, expired, answered or
+        dead-lettered before it ran), and its START unstarts the sequence held here all the
+        same, which would otherwise go on with the state of the sequence before it."""
         entry = self._running.pop(id(item), None)
-        if entry is None:
-            return
-        seq, flags = entry
-        seq.running = False
+        if entry is not None:
+            seq, flags = entry
+            seq.running = False
+        else:
+            try:
+                flags = self._flags_of(item)
+            except PlazaError:  # names no sequence: none to unstart
+                return
+            held = self._sequences.get(flags.sequence)
+            if held is None or held.running:
+                return
+            seq = held
         if flags.start:
             self._unstart(seq)
 

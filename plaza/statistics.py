@@ -198,7 +198,7 @@ class ModelStatistics:
     cache_miss: Duration = field(default_factory=Duration)
     """Response cache misses (lookup and store time); counted by producers."""
     failures: dict[str, int] = field(default_factory=dict)
-    """Failed requests by Triton's reason (REJECTED, BACKEND, OTHER)."""
+    """Failed requests by Triton's reason (REJECTED, BACKEND, CANCELED, OTHER)."""
     batches: dict[int, BatchStatistics] = field(default_factory=dict)
     """Executions by batch size (rows)."""
     responses: dict[int, ResponseStatistics] = field(default_factory=dict)

@@ -18,6 +18,20 @@ own, and a request cancelled while it waits longer than that is still skipped. O
 cancelled less than that before its batch runs is run; its answer loses to the cancelled
 one (first write wins), so its caller sees the same answer either way.
 
+A request skipped because its caller cancelled it is a failed request (Triton's reason
+``CANCELED``); one skipped as a replay was counted by the run that answered it, and counts
+nothing again. The two are told apart by the answer stored (``is_callers_cancel``): at
+launch, the second call reads the start of each answer found (``CANCEL_PEEK_BYTES``, so a
+replay's large answer does not travel); at intake, where the delivery count's script only
+tells that an answer exists, the requests skipped are looked at the same way afterwards
+(``cancelled``), one pipelined call per fetch that skipped any.
+
+The writer's count of first writes does not tell which of a batch's answers were the first
+(a replay's answer loses to the one stored, and so does one whose caller cancelled it just
+before it ran; a write retried after its reply was lost finds its own answers stored).
+Where fewer than all were, ``first_writes`` looks which answers the keys hold: only those
+count as answered requests in the metrics.
+
 Redis not answering is not a reason to hold a batch back: the batch then runs whole, as it
 would without this check.
 
@@ -29,12 +43,17 @@ so the code here is the same for both.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import redis.asyncio as aioredis
 
+from plaza.codec import decode_result, encode_result
+from plaza.contract import InferResult
+from plaza.errors import Cancelled, CodecError
 from plaza.naming import Names
 from plaza.workers.runner import WorkItem
 
@@ -46,9 +65,47 @@ CHECK_TIMEOUT_S = 0.5
 RECHECK_AFTER_S = 0.05
 """An item looked for at intake is looked for again at launch once it has waited this long."""
 
+CANCEL_PEEK_BYTES = 4096
+"""How much of a stored answer is read to tell whether it is its caller's cancel: a small
+error answer; one this long or longer is none."""
+
+# KEYS: one answer key. ARGV: the SHA-1 of an answer's encoding. 1 when the key holds it.
+_HOLDS_SCRIPT = """
+local stored = redis.call('GET', KEYS[1])
+if stored and redis.sha1hex(stored) == ARGV[1] then
+  return 1
+end
+return 0
+"""
+
+
+class Look(NamedTuple):
+    """A batch sorted by what its requests' result keys hold, each part in batch order."""
+
+    run: list[WorkItem]
+    """Not answered yet: to run."""
+    answered: list[WorkItem]
+    """Answered already (cancelled by their callers, or replays): finished unrun."""
+    cancelled: list[WorkItem]
+    """Those of ``answered`` whose answer is their caller's cancel."""
+
+
+def is_callers_cancel(stored: bytes) -> bool:
+    """Whether ``stored`` (an answer as stored, or its first ``CANCEL_PEEK_BYTES``) is the
+    ``cancelled`` answer that a caller's producer stores (``ResultStore.cancel``); a
+    model's own ``cancelled`` error answer names the worker that ran it."""
+    if not stored or len(stored) >= CANCEL_PEEK_BYTES:
+        return False
+    try:
+        result = decode_result(stored)
+    except CodecError:  # not an answer Plaza wrote: a replay's, for all we know
+        return False
+    return result.error is not None and result.error.code == Cancelled.code and not result.worker
+
 
 class AnsweredCheck:
-    """Splits a batch into the items to run and the items already answered."""
+    """Splits a batch into the items to run and the items already answered (those their
+    callers cancelled apart), and tells which of a write's answers were the first."""
 
     def __init__(self, redis: aioredis.Redis, names: Names) -> None:
         self._redis = redis
@@ -57,28 +114,71 @@ class AnsweredCheck:
     async def split(
         self, batch: Sequence[WorkItem], now: float | None = None
     ) -> tuple[list[WorkItem], list[WorkItem]]:
-        """(to run, already answered), each in the batch's order; no round trip when every
-        item was looked for at intake less than :data:`RECHECK_AFTER_S` before ``now``."""
+        """(to run, already answered), each in the batch's order: ``look``'s first two."""
+        look = await self.look(batch, now)
+        return look.run, look.answered
+
+    async def look(self, batch: Sequence[WorkItem], now: float | None = None) -> Look:
+        """``batch`` sorted by its answers; no round trip when every item was looked for at
+        intake less than :data:`RECHECK_AFTER_S` before ``now``."""
         since = (time.monotonic() if now is None else now) - RECHECK_AFTER_S
         if all(it.looked_at is not None and it.looked_at > since for it in batch):
-            return list(batch), []
+            return Look(list(batch), [], [])
         keys = [self._names.result_key(it.request.id) for it in batch]
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
-                return await self._split(batch, keys)
+                return await self._look(batch, keys)
         except Exception as exc:  # Redis away: run them; the write will retry until it is back
             log.debug("answered check skipped: %s", exc)
-            return list(batch), []
+            return Look(list(batch), [], [])
 
-    async def _split(
-        self, batch: Sequence[WorkItem], keys: list[str]
-    ) -> tuple[list[WorkItem], list[WorkItem]]:
+    async def _look(self, batch: Sequence[WorkItem], keys: list[str]) -> Look:
         if not await self._redis.exists(*keys):
-            return list(batch), []
+            return Look(list(batch), [], [])
+        look = Look([], [], [])
+        for item, stored in zip(batch, await self._peek(keys), strict=True):
+            if not stored:
+                look.run.append(item)
+                continue
+            look.answered.append(item)
+            if is_callers_cancel(stored):
+                look.cancelled.append(item)
+        return look
+
+    async def _peek(self, keys: Sequence[str]) -> list[bytes]:
+        """The first ``CANCEL_PEEK_BYTES`` of each key's answer (empty: none): one
+        pipelined call, one key per command."""
         pipe = self._redis.pipeline(transaction=False)
         for key in keys:
-            pipe.exists(key)
-        found = await pipe.execute()
-        run = [it for it, hit in zip(batch, found, strict=True) if not hit]
-        answered = [it for it, hit in zip(batch, found, strict=True) if hit]
-        return run, answered
+            pipe.getrange(key, 0, CANCEL_PEEK_BYTES - 1)
+        return [bytes(stored or b"") for stored in await pipe.execute()]
+
+    async def cancelled(self, answered: Sequence[WorkItem]) -> list[WorkItem]:
+        """Those of ``answered`` (items found answered) whose answer is their caller's
+        cancel, in order; none where Redis does not tell."""
+        keys = [self._names.result_key(it.request.id) for it in answered]
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                stored = await self._peek(keys)
+        except Exception as exc:
+            log.warning("%d skipped requests not counted (cancelled or not?): %s", len(keys), exc)
+            return []
+        return [it for it, s in zip(answered, stored, strict=True) if is_callers_cancel(s)]
+
+    async def first_writes(self, answers: Sequence[InferResult]) -> list[bool]:
+        """For each of ``answers`` just written, whether its key holds it: it was the
+        first answer (the writer's count does not tell which). One pipelined call, each
+        answer compared in Redis by its digest, so none travels back; all False where
+        Redis does not tell (better a request not counted than one counted twice)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for result in answers:
+            key = self._names.answer_key(result.id, result.index, result.final)
+            digest = hashlib.sha1(encode_result(result), usedforsecurity=False).hexdigest()
+            pipe.eval(_HOLDS_SCRIPT, 1, key, digest)
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                held = await pipe.execute()
+        except Exception as exc:
+            log.warning("%d answers not counted (first written or not?): %s", len(answers), exc)
+            return [False] * len(answers)
+        return [bool(int(h)) for h in held]

@@ -5,7 +5,10 @@ The worker feeds one ``WorkerMetrics`` at three points and nothing else:
   (each half of a failed batch retried in halves that ran is one; the calls that raised
   are none): inference and execution counts, batch sizes, per batch size compute times;
 - ``answered(answers)``: after the writer made a batch of answers durable (request success
-  and failure, queue and compute times per request);
+  and failure, queue and compute times per request), the first answers of their requests
+  only (one that lost to an answer stored before it, a replay's, counts nothing here);
+- ``cancelled(items)``: requests finished unrun because their callers cancelled them
+  (failures of Triton's reason ``CANCELED``);
 - ``responded(item, result, timing)``: a decoupled model's runner, once per response as the
   model sends it (Triton's ``response_stats`` and first-response histogram,
   ``workers/response_statistics.py``); no other model calls it;
@@ -39,7 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from plaza.contract import InferResult
-from plaza.errors import ConfigError
+from plaza.errors import Cancelled, ConfigError
 from plaza.metrics import (
     REASON_BACKEND,
     REASON_CANCELED,
@@ -117,8 +120,9 @@ RECORD_OUTCOMES = (
 )
 """What happens to a fetched record: rejected (an error answer at intake or by the queue
 policy), expired (its deadline passed), dead_lettered, written (its answer stored),
-duplicate (its answer was already stored when written: a replay, suppressed), skipped (its
-answer was already stored before it ran: cancelled by its caller, or a replay; not run)."""
+duplicate (its answer was already stored when written: a replay, suppressed; no request
+success or failure), skipped (its answer was already stored before it ran: cancelled by its
+caller, then also a failure of reason CANCELED, or a replay; not run)."""
 
 
 class WorkerMetrics:
@@ -288,6 +292,15 @@ class WorkerMetrics:
             ):
                 phase.count += n
                 phase.ns += us * _NS_PER_US
+
+    def cancelled(self, items: Sequence[WorkItem]) -> None:
+        """Requests finished unrun because their callers cancelled them: failures of reason
+        CANCELED, as Triton counts a request cancelled before it ran."""
+        if not items:
+            return
+        now_ms = int(time.time() * 1000)
+        for item in items:
+            self._failed(str(item.version), Cancelled.code, now_ms)
 
     def responded(self, item: WorkItem, result: InferResult, timing: ResponseTiming) -> None:
         """One response of a decoupled model, as the model sent it (any thread)."""

@@ -8,7 +8,10 @@ After it ran, ``complete`` takes the state outputs out of each answer, keeps the
 sequence's next request, and lets that request become a candidate (``finish``). A request
 that was not run is let go (``release``) so its sequence goes on; a START let go leaves its
 sequence not started, so the requests after it are refused rather than run on the state of
-the sequence before it.
+the sequence before it. So does a START that never runs another way: past its deadline,
+refused, dead-lettered, or found answered when its record is read (its caller cancelled it
+first): that one keeps its place in its sequence (``placeholder``) where the sequence is
+held here, and is let go once the requests before it ran.
 
 A sequence is one version's (``SequenceKey``: the version and the ``sequence_id``): a
 model that serves several versions has one worker and one batcher for them all, and the
@@ -309,20 +312,29 @@ class SequenceRuns:
         key = self.state_key(step.sequence)
         return StateWrite(index, key, kept, self.state_ttl_ms)
 
-    def unrun_starts(self, items: Sequence[WorkItem]) -> list[StateWrite]:
-        """The state writes that go with error answers to ``items`` (``answers[i]`` is
-        ``items[i]``'s) written instead of running them (past their deadline): each START
-        among them drops its sequence's key, as an END's answer does. Its sequence has not
-        started (``SequenceBatcher``), and the key still holds the state of the sequence
-        before it (the same id, left without an END), which a worker taking the partition
-        over would resume. Dropped only where the answer is the first written, so a replay
-        of a START that ran leaves the state it made."""
+    def unrun_starts(self, items: Sequence[WorkItem], first: int = 0) -> list[StateWrite]:
+        """The state writes that go with error answers to ``items`` (``answers[first + i]``
+        is ``items[i]``'s) written instead of running them (past their deadline, refused,
+        dead-lettered): each START among them drops its sequence's key, as an END's answer
+        does. Its sequence has not started (``SequenceBatcher``), and the key still holds
+        the state of the sequence before it (the same id, left without an END), which a
+        worker taking the partition over would resume. Dropped only where the answer is the
+        first written, so a replay of a START that ran leaves the state it made."""
         writes: list[StateWrite] = []
-        for index, item in enumerate(items):
-            key = self._start_of(item)
+        for index, item in enumerate(items, first):
+            key = self.start_of(item)
             if key is not None:
                 writes.append(StateWrite(index, self.state_key(key), None, self.state_ttl_ms))
         return writes
+
+    def placeholder(self, item: WorkItem) -> WorkItem:
+        """``item``, a START found answered at intake whose sequence is held here (or waits
+        for its state in the same fetch), as it queues in its sequence's order, to be let go
+        unrun at launch (``release``, ``drop_before_starts``) once the requests before it
+        ran: without its deadline, as it never runs (past it, the batcher would answer it
+        again, in vain, and the state before it would stay in Redis)."""
+        request = msgspec.structs.replace(item.request, deadline_ms=None)
+        return dataclasses.replace(item, request=request)
 
     async def drop_before_starts(self, redis: aioredis.Redis, items: Sequence[WorkItem]) -> None:
         """``items`` were found answered before they ran (``workers/answered.py``): cancelled
@@ -347,9 +359,9 @@ class SequenceRuns:
             log.warning("states of %d unrun sequence STARTs not dropped: %s", len(starts), exc)
 
     def _starts(self, items: Sequence[WorkItem]) -> list[tuple[WorkItem, SequenceKey]]:
-        return [(it, key) for it in items if (key := self._start_of(it)) is not None]
+        return [(it, key) for it in items if (key := self.start_of(it)) is not None]
 
-    def _start_of(self, item: WorkItem) -> SequenceKey | None:
+    def start_of(self, item: WorkItem) -> SequenceKey | None:
         """``item``'s sequence when ``item`` is its START, else None."""
         try:
             flags = self._flags(item)
@@ -424,7 +436,8 @@ class SequenceRuns:
         return True
 
     def release(self, items: Sequence[WorkItem]) -> None:
-        """These were handed out and will not run: their sequences go on, but for those
-        whose START is among them (not started: ``SequenceBatcher.release``)."""
+        """These will not run (handed out and let go, or suspects that ran outside the
+        batches): their sequences go on, but for those whose START is among them (not
+        started: ``SequenceBatcher.release``)."""
         for item in items:
             self.batcher.release(item)

@@ -14,10 +14,12 @@ bytes (C order; a longer file is accepted, a shorter one refused), or for BYTES 
 ``dims``' count of Triton's length-prefixed strings. It is validated as a request is, runs
 ``count`` times (at least once) on every instance of every served version, through the same
 runner (so ``reshape`` applies), and is not counted in the model's statistics. A stateful
-model's sample may name its control and state inputs, as Triton's may (there they override
-the sequence batcher's): they are left out, since the worker adds its own. A sample that
-cannot be made is a ``bad_config`` naming it; one that fails to run fails the load, as in
-Triton.
+model's sample is, as Triton's, ``batch_size`` requests of one row each (the sample's rows in
+turn), each a sequence of its own (``sequence_id`` 1, 2, ..., START and END, zero state: the
+worker adds the control and state inputs), run together as one batch. Its sample may name
+those inputs, as Triton's may (there they override the sequence batcher's): they are left
+out, since the worker adds its own. A sample that cannot be made is a ``bad_config`` naming
+it; one that fails to run fails the load, as in Triton.
 """
 
 from __future__ import annotations
@@ -56,9 +58,17 @@ class Sample:
     """One ``model_warmup`` entry, made into a request."""
 
     name: str
-    request: InferRequest
+    requests: tuple[InferRequest, ...]
+    """What one run of it sends, as one batch: one request of ``batch_size`` rows, or a
+    stateful model's ``batch_size`` requests of one row, each a sequence of its own."""
     rows: int
+    """The rows of each of its requests."""
     count: int
+
+    @property
+    def request(self) -> InferRequest:
+        """Its first request (its only one, but for a stateful model's)."""
+        return self.requests[0]
 
 
 def samples(spec: ModelSpec, model_dir: Path) -> list[Sample]:
@@ -81,6 +91,25 @@ def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generat
         raise ConfigError(f"batch_size {rows} is outside 1..{spec.max_batch_size}")
     if not entry.inputs:
         raise ConfigError("has no inputs")
+    per_row = rows if batching else None
+    arrays = _arrays(spec, entry, per_row, model_dir, rng)
+    count = max(1, int(entry.count))
+    if spec.sequence.enabled:
+        return Sample(entry.name, _sequences(spec, entry.name, arrays, per_row), 1, count)
+    request = make_request(spec.name, arrays, correlation_id=f"warmup-{entry.name}")
+    validate_request(request, spec)  # InvalidInput: the sample does not fit the model
+    return Sample(entry.name, (request,), rows if batching else 1, count)
+
+
+def _arrays(
+    spec: ModelSpec,
+    entry: Any,
+    rows: int | None,
+    model_dir: Path,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray[Any, Any]]:
+    """The sample's inputs, ``rows`` rows each (None: a model that does not batch), but
+    a stateful model's control and state inputs, which the worker sets."""
     filled = set(spec.sequence.model_inputs)  # empty unless the model is stateful
     arrays = {}
     for name, data in entry.inputs.items():
@@ -99,17 +128,27 @@ def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generat
         dims = tuple(int(d) for d in data.dims)
         if any(d < 0 for d in dims):
             raise ConfigError(f"input {name!r}: dims {list(dims)} must be sizes, not -1")
-        arrays[name] = _values(
-            name, data, datatype, dims, rows if batching else None, model_dir, rng
-        )
-    # a stateful model's sample is a sequence of its own (the worker adds what it controls)
-    alone = {"sequence_id": 1, "sequence_start": True, "sequence_end": True}
-    params = alone if spec.sequence.enabled else None
-    request = make_request(
-        spec.name, arrays, correlation_id=f"warmup-{entry.name}", parameters=params
-    )
-    validate_request(request, spec)  # InvalidInput: the sample does not fit the model
-    return Sample(entry.name, request, rows if batching else 1, max(1, int(entry.count)))
+        arrays[name] = _values(name, data, datatype, dims, rows, model_dir, rng)
+    return arrays
+
+
+def _sequences(
+    spec: ModelSpec, name: str, arrays: dict[str, np.ndarray[Any, Any]], rows: int | None
+) -> tuple[InferRequest, ...]:
+    """A stateful model's sample: each of the ``rows`` rows of ``arrays`` (``arrays`` whole
+    where None: a model that does not batch) a request of its own, a sequence of one (START
+    and END; the worker adds what it controls) with its own ``sequence_id``, 1 up, as
+    Triton's warmup sends ``batch_size`` requests of batch 1."""
+    count = 1 if rows is None else rows
+    requests = []
+    for i in range(count):
+        row = arrays if rows is None else {k: a[i : i + 1] for k, a in arrays.items()}
+        params = {"sequence_id": i + 1, "sequence_start": True, "sequence_end": True}
+        rid = f"warmup-{name}" if count == 1 else f"warmup-{name}-{i + 1}"
+        request = make_request(spec.name, row, correlation_id=rid, parameters=params)
+        validate_request(request, spec)  # InvalidInput: the sample does not fit the model
+        requests.append(request)
+    return tuple(requests)
 
 
 def _values(
@@ -185,17 +224,17 @@ def run(
     the instance's executor thread); ModelExecutionError when one fails. ``prepare`` gives
     a sample what else the model takes (a stateful model's control and state inputs)."""
     for sample in made:
-        item = WorkItem(request=sample.request, rows=sample.rows, version=version)
+        items = [WorkItem(request=r, rows=sample.rows, version=version) for r in sample.requests]
         if prepare is not None:
-            item = prepare(item)
+            items = [prepare(item) for item in items]
         started = time.monotonic()
         for _ in range(sample.count):
-            (result,) = runner.run_group([item])
-            if result.error is not None:
-                raise ModelExecutionError(
-                    f"model {runner.spec.name!r} version {version}: warmup sample "
-                    f"{sample.name!r} failed: {result.error.message}"
-                )
+            for result in runner.run_group(items):
+                if result.error is not None:
+                    raise ModelExecutionError(
+                        f"model {runner.spec.name!r} version {version}: warmup sample "
+                        f"{sample.name!r} failed: {result.error.message}"
+                    )
         log.info(
             "%s v%d: warmup sample %r ran %d time(s) in %.1f ms",
             runner.spec.name,

@@ -142,6 +142,9 @@ class Completed:
     """How many of them the scheduler counted as in flight."""
     states: list[StateWrite] = field(default_factory=list)
     """A stateful model's sequences' states, written with their answers."""
+    skipped: list[WorkItem] = field(default_factory=list)
+    """Requests intake found answered already (finished unrun), to count once it has
+    looked which of them their callers cancelled (``_count_skipped``)."""
 
 
 class Worker:
@@ -316,18 +319,27 @@ class Worker:
         if self._owns_services:
             with contextlib.suppress(Exception):
                 await self.services.close()
-        self._unload_backends()
+        await self._unload_backends()
 
-    def _unload_backends(self) -> None:
-        """Unload every instance's backends and shut their executors (a failed load or
-        start: nothing stays loaded)."""
+    async def _unload_backends(self) -> None:
+        """Unload every instance's backends and shut their executors (at stop, or after a
+        failed load or start: nothing stays loaded). The unloads run at once, each on a
+        thread of its own, never on the loop: a Python model's may wait seconds for its
+        processes, while the host's other models go on serving. One that fails is logged
+        and the others unload all the same; a cancelled stop leaves them running."""
+        loaded = [(v, b) for runner in self.instances for v, b in runner.backends.items()]
         for runner in self.instances:
-            for backend in runner.backends.values():
-                with contextlib.suppress(Exception):
-                    backend.unload()
             runner.backends.clear()
-        for executor in self._executors:
-            executor.shutdown(wait=False)
+        try:
+            unloads = [asyncio.to_thread(backend.unload) for _, backend in loaded]
+            outcomes = await asyncio.shield(asyncio.gather(*unloads, return_exceptions=True))
+            for (version, _), outcome in zip(loaded, outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    why = f"{self.id}: unloading version {version} failed: {outcome!r}"
+                    log.error("%s", why, exc_info=outcome)
+        finally:
+            for executor in self._executors:
+                executor.shutdown(wait=False)
 
     async def _start(self) -> None:
         ws = self.settings.worker
@@ -408,7 +420,7 @@ class Worker:
                             executor, warmup.run, runner, mv.version, samples, alone
                         )
         except BaseException:  # a failed load or warmup: nothing stays loaded (stop() won't run)
-            self._unload_backends()
+            await self._unload_backends()
             raise
 
     async def run_until_stopped(self, stop: asyncio.Event) -> None:
@@ -463,11 +475,7 @@ class Worker:
         self.device.remove_model(self.model)
         if self._owns_services:
             await self.services.close()
-        for runner in self.instances:
-            for backend in runner.backends.values():
-                backend.unload()
-        for executor in self._executors:
-            executor.shutdown(wait=False)
+        await self._unload_backends()  # the executions are over or given up (above)
         log.info("worker %s stopped", self.id)
 
     # -- intake ----------------------------------------------------------------------------
@@ -522,6 +530,15 @@ class Worker:
         if done.records:
             await self._results.put(done)
         self._arrived.set()
+        if done.skipped:
+            await self._count_skipped(done.skipped)
+
+    async def _count_skipped(self, skipped: list[WorkItem]) -> None:
+        """Count requests intake found answered: each a record skipped, and those their
+        callers cancelled failures of reason CANCELED (a replay counted when first run)."""
+        cancelled = await self.answered.cancelled(skipped)
+        self.metrics.count("skipped", len(skipped))
+        self.metrics.cancelled(cancelled)
 
     async def _note_positions(self) -> None:
         """After a fetch is taken in entirely: each owned partition's position bounds the
@@ -587,8 +604,10 @@ class Worker:
             if looked_id is not None and looked_id == verdict.request.id:
                 if answered:  # cancelled by its caller, or a replay: finish it unrun
                     if self.sequences is not None:
+                        if await self._answered_start(verdict, deliveries, record, done):
+                            return  # it keeps its place in its sequence, let go at launch
                         self.sequences.skipped(verdict)
-                    self.metrics.count("skipped")
+                    done.skipped.append(verdict)
                     done.records.append((tp, record.offset))
                     return
                 verdict.looked_at = now_mono
@@ -650,11 +669,14 @@ class Worker:
             self._refuse(item, exc, done)
 
     def _refuse(self, item: WorkItem, exc: PlazaError, done: Completed) -> None:
-        """Answer ``item`` with ``exc`` instead of queueing it; its record is finished."""
+        """Answer ``item`` with ``exc`` instead of queueing it; its record is finished (a
+        START refused drops the state of the sequence before it, as one that expired)."""
         self.metrics.count("rejected")
         req = item.request
         done.answers.append((error_result(req, exc, worker=self.id), req.reply.stream))
         done.records.append((item.partition, item.offset))
+        if self.sequences is not None:
+            done.states += self.sequences.unrun_starts([item], len(done.answers) - 1)
 
     def _suspect_expiry(self, item: WorkItem, deadline: float | None, now: float) -> float | None:
         """When a suspect (which skips the batcher) expires as the batcher would judge it:
@@ -671,6 +693,26 @@ class Worker:
         if not qp.reject_on_timeout:
             return None
         return queue_deadline(qp, deadline, now)
+
+    async def _answered_start(
+        self, item: WorkItem, deliveries: int, record: Record, done: Completed
+    ) -> bool:
+        """Whether ``item``, found answered at intake, is a START queued all the same: its
+        sequence is held here, or a request before it in this fetch waits for its state. It
+        never runs (``placeholder``): at launch it is let go (``_unanswered``) once the
+        requests before it ran, which unstarts the sequence and drops the state they left
+        in Redis, as for a START cancelled in the queue. Any other START drops that state
+        now, before a request after it in this fetch reads it (``_resume``)."""
+        seq = self.sequences
+        assert seq is not None
+        key = seq.start_of(item)
+        if key is None:
+            return False
+        if seq.batcher.holds(key) or key in self._deferred_keys:
+            self._queue(seq.placeholder(item), deliveries, record, done)
+            return True
+        await seq.drop_before_starts(self.redis, [item])
+        return False
 
     def _defer(self, item: WorkItem, record: Record) -> bool:
         """Whether ``item`` waits for its sequence's state: the sequence is not held here
@@ -721,10 +763,7 @@ class Worker:
             if err is None:
                 self._queue(item, deliveries, record, done, now_mono, now_wall, defer=False)
                 continue
-            self.metrics.count("rejected")
-            req = item.request
-            done.answers.append((error_result(req, err, worker=self.id), req.reply.stream))
-            done.records.append((item.partition, item.offset))
+            self._refuse(item, err, done)
 
     def _topic_level(self, topic: str) -> int:
         """``names.topic_level`` of one of our request topics, remembered (asked per record)."""
@@ -813,12 +852,14 @@ class Worker:
         """The items of ``batch`` to run: those already answered (cancelled by their
         callers, or replays of answered requests) are finished here, unrun (``in_flight``:
         the batch counts as in flight, and those leave it once finished)."""
-        batch, answered = await self.answered.split(batch)
+        look = await self.answered.look(batch)
+        batch, answered = look.run, look.answered
         if answered:
             if self.sequences is not None:
                 self.sequences.release(answered)
                 await self.sequences.drop_before_starts(self.redis, answered)
             self.metrics.count("skipped", len(answered))
+            self.metrics.cancelled(look.cancelled)
             done = [(it.partition, it.offset) for it in answered]
             await self._results.put(
                 Completed(records=done, in_flight=len(answered) if in_flight else 0)
@@ -957,6 +998,8 @@ class Worker:
         item, tp = suspect.item, suspect.item.partition
         if suspect.expires is not None and suspect.expires <= time.monotonic():
             # expired while it waited (a worker's restart): answered, not run nor charged
+            if self.sequences is not None:
+                self.sequences.release([item])  # a START unstarts it, as in the batcher
             await self._results.put(self._timeouts([item]))
             return
         trials = await self.deliveries.trial((tp.topic, tp.partition, item.offset))
@@ -981,7 +1024,11 @@ class Worker:
             error_result(req, err, version=str(item.version), worker=self.id),
             req.reply.stream,
         )
-        await self._results.put(Completed([answer], [(tp, item.offset)]))
+        done = Completed([answer], [(tp, item.offset)])
+        if self.sequences is not None:  # a START never ran: its sequence is not started
+            self.sequences.release([item])
+            done.states = self.sequences.unrun_starts([item])
+        await self._results.put(done)
 
     def _timeouts(self, items: list[WorkItem]) -> Completed:
         self.metrics.count("expired", len(items))
@@ -1015,9 +1062,10 @@ class Worker:
                 if buffer is not None and len(buffer):  # before their requests' final ones
                     await self.writer.write_until_done(buffer.take())
                 written = await self.writer.write_until_done(done.answers, states=done.states)
-                self.metrics.answered(done.answers)
-                self.metrics.count("written", written)
-                self.metrics.count("duplicate", len(done.answers) - written)
+                firsts = await self._first_answers(done.answers, written)
+                self.metrics.answered(firsts)
+                self.metrics.count("written", len(firsts))
+                self.metrics.count("duplicate", len(done.answers) - len(firsts))
                 self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:
@@ -1025,6 +1073,14 @@ class Worker:
                 self._space.set()
             finally:
                 self._results.task_done()
+
+    async def _first_answers(self, answers: list[Answer], written: int) -> list[Answer]:
+        """Those of ``answers`` that were their requests' first (the others lost to an
+        answer stored before them, a replay's: counted by the run that answered first)."""
+        if written == len(answers):
+            return answers
+        firsts = await self.answered.first_writes([result for result, _ in answers])
+        return [answer for answer, first in zip(answers, firsts, strict=True) if first]
 
     async def _commit_loop(self) -> None:
         """Commit what became safe, one commit at a time, apart from the writer: the next

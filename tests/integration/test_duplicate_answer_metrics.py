@@ -1,0 +1,94 @@
+"""An answer that loses to one stored before it counts no request, on real Kafka and Redis.
+
+A replay's answer (the same request run again after a crash or a rebalance) is suppressed by
+the writer (first write wins); the request was counted by the run whose answer the client
+got, so success counts each answered request once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import redis.asyncio
+
+from plaza.client import PlazaClient, make_request
+from plaza.codec import encode_result
+from plaza.contract import InferResult
+from plaza.settings import PlazaSettings
+from plaza.workers.answered import AnsweredCheck
+from plaza.workers.backends import Backend
+from plaza.workers.backends.base import Arrays
+from plaza.workers.writer import ResultWriter
+from tests.support import running_worker, wait_for
+
+
+class _Gated:
+    """The model's own backend, whose executions wait until the test opens the gate."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.device = inner.device
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def load(self) -> None:
+        self.inner.load()
+
+    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
+        self.entered.set()
+        self.gate.wait(60)
+        return self.inner.infer(inputs, outputs)
+
+    def unload(self) -> None:
+        self.inner.unload()
+
+
+def _answer(rid: str, worker: str) -> InferResult:
+    return InferResult(rid, "identity", "1", worker=worker, timing_us={"queue": 1})
+
+
+async def test_a_suppressed_answer_counts_no_success(settings: PlazaSettings) -> None:
+    x = np.full((1, 2), 5, np.float32)
+    async with PlazaClient(settings) as client, running_worker(settings, "identity") as worker:
+        gated = _Gated(worker.runner.backends[1])
+        worker.runner.backends[1] = gated
+        stream = client.results_stream("dup")
+        replayed, fresh = (
+            make_request("identity", {"INPUT0": x}, reply_stream=stream, correlation_id=rid)
+            for rid in ("replayed-id", "fresh-id")
+        )
+        await client.publish_many([replayed])
+        await wait_for(gated.entered.is_set, 30, "the run to begin")
+        # Another run of the same request answered while this one ran: the client has that
+        # answer, and this run's is suppressed.
+        key = settings.names.result_key(replayed.id)
+        assert await client._redis.set(key, encode_result(_answer(replayed.id, "earlier")))
+        gated.gate.set()
+        await wait_for(lambda: worker.metrics.records["duplicate"] == 1, what="the suppressed")
+        await client.publish_many([fresh])
+        await wait_for(lambda: worker.metrics.records["written"] == 1, what="the fresh answer")
+        stats = worker.metrics.version("1")
+        assert worker.metrics.executions() == 2  # both ran
+        assert stats.success.count == 1  # the fresh one alone: the client got the earlier
+        assert stats.fail.count == 0
+        assert (await client.result(replayed.id)).worker == "earlier"
+
+
+async def test_first_writes_tells_which_answers_a_write_stored(
+    settings: PlazaSettings, redis_client: redis.asyncio.Redis
+) -> None:
+    names = settings.names
+    writer = ResultWriter(redis_client, settings.redis, names)
+    check = AnsweredCheck(redis_client, names)
+    earlier = _answer("a", "earlier")
+    await redis_client.set(names.result_key("a"), encode_result(earlier))
+    mine = [_answer("a", "me"), _answer("b", "me"), _answer("c", "me")]
+    try:
+        assert await writer.write_until_done([(r, None) for r in mine]) == 2
+        assert await check.first_writes(mine) == [False, True, True]
+        # the same write again (its reply lost): its answers are still the stored ones
+        assert await writer.write_until_done([(r, None) for r in mine[1:]]) == 0
+        assert await check.first_writes(mine[1:]) == [True, True]
+    finally:
+        await writer.close()
