@@ -108,16 +108,26 @@ class Host:
         self._started: list[Unit] = []
         self.follower: ModelFollower | None = None
         self._probe: BacklogProbe | None = None
+        self._handovers: dict[str, int] = {}
+        """Per model, the reloads whose unit started beside the one serving."""
 
     def make_unit(self, model: str, config: str = "") -> Unit:
-        """A unit for ``model`` (following the table: with the load's config override)."""
-        update = {"model": model, "worker_id": f"{self.id}.{model}", "model_config_json": config}
+        """A unit for ``model`` (following the table: with the load's config override), its
+        worker id ``<host id>.<model>``. A reload's unit, made while the model's unit still
+        serves (the hand-over, ``workers/model_watch.py``), takes an id of its own,
+        ``<host id>.<model>~<n>``, and under it its own device-scheduler entry: the two
+        share the model's consumer group, never a registry entry."""
+        unit_id, device_key = f"{self.id}.{model}", None
+        if self.follower is not None and model in self.follower.state.running:
+            self._handovers[model] = n = self._handovers.get(model, 0) + 1
+            unit_id = device_key = f"{unit_id}~{n}"
+        update = {"model": model, "worker_id": unit_id, "model_config_json": config}
         mine = self.settings.model_copy(
             update={"worker": self.settings.worker.model_copy(update=update)}
         )
         if model_spec(self._repo, model, config).is_ensemble:
             return EnsembleRunner(mine, hub=self.services.metrics)
-        return Worker(mine, self.services)
+        return Worker(mine, self.services, device_key=device_key)
 
     def _unit(self, repo: ModelRepository, settings: PlazaSettings, model: str) -> Unit:
         mine = self._settings_of(settings, model)

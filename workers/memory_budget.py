@@ -87,6 +87,10 @@ class MemoryBudget:
         """Whether ``need`` bytes could ever fit (the whole budget free)."""
         return self.limit <= 0 or need <= self.limit
 
+    def fits_now(self, need: int) -> bool:
+        """Whether ``need`` more bytes fit beside what is accounted, evicting nothing."""
+        return self.limit <= 0 or self.total + need <= self.limit
+
     def touch(self, model: str) -> None:
         """``model`` was used now (it becomes the most recently used)."""
         self._clock += 1
@@ -116,6 +120,16 @@ class MemoryBudget:
         self.held[model] = max(0, nbytes)
         self.touch(model)
         self.peak = max(self.peak, self.total)
+
+    def swap(self, a: str, b: str) -> None:
+        """Exchange the accounts of ``a`` and ``b`` (bytes and last use): a reload's new
+        unit takes over the model's account, the old one's goes to the other."""
+        for accounts in (self.held, self.last_used):
+            of_a, of_b = accounts.pop(a, None), accounts.pop(b, None)
+            if of_b is not None:
+                accounts[a] = of_b
+            if of_a is not None:
+                accounts[b] = of_a
 
     def remove(self, model: str) -> int:
         """Forget ``model``; the bytes it was accounted for."""

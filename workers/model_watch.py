@@ -7,8 +7,16 @@ of the repository). Every ``host.follow_interval_s`` one round (:meth:`ModelFoll
 - a model unloaded in the table: its unit serves what is already queued for it (the
   gateway takes no new requests), bounded by ``host.drain_limit_s``, then stops; loaded
   again meanwhile (a new generation), its drain ends and the unit restarts at once;
-- a model whose generation changed (a new load: config override or version folders): its
-  unit restarts at once (what it holds is answered; the rest waits in Kafka for the new one);
+- a model whose generation changed (a new load: config override or version folders): as
+  Triton's reload, the model stays available: the new generation's unit starts beside the
+  one serving (both members of the model's consumer group; Kafka's rebalance hands the
+  partitions over, the old unit committing what it answered), and once it serves (its
+  ``start`` returned: its registry entry names the new generation, what a load waits for)
+  the old unit stops, answering what it holds. A new generation that fails to start
+  leaves the old unit serving (the failure is reported as any load's, below). When the
+  memory budget has no room for both without evicting anything, the old unit stops first
+  and the new one then loads as any model (meanwhile requests wait in Kafka; a failure
+  leaves the model with no unit);
 - a model loaded and not running: its unit starts, unless the model is *lazy* (config
   parameter ``lazy: "true"``) or was evicted: then it starts once requests wait in its
   topics (their consumer group's lag), and those requests are answered when it is up,
@@ -45,7 +53,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -69,6 +77,9 @@ STANDBY_TTL_S = 15.0
 """How long a standby entry counts without being refreshed."""
 RETRY_MAX_S = 30.0
 """The longest back-off between two tries of a model's load."""
+RELOAD_SUFFIX = "~reload"
+"""The budget's account of a reload's unit while it loads beside the one serving, then
+of the old unit while it stops."""
 
 
 @dataclass(slots=True)
@@ -179,8 +190,8 @@ class ModelFollower:
             if desired is None or not desired.loaded:
                 self._start_drain(name)  # drains in the background: rounds go on
             elif reloaded:
-                await self._retire(name, drain=False, why="reloaded")
-                self.state.evicted.discard(name)
+                assert desired is not None  # reloaded says so
+                await self._try(name, desired, self._reload)
         for name in [*self.state.evicted, *self.state.retrying]:
             if name not in table or not table[name].loaded:
                 self.state.evicted.discard(name)
@@ -192,12 +203,7 @@ class ModelFollower:
         for name, desired in sorted(table.items()):
             if not desired.loaded or name in running or name in self._draining:
                 continue
-            if self.state.given_up.get(name) == desired.generation or not self._due(name, desired):
-                continue
-            try:
-                await self._consider(name, desired)
-            except Exception as exc:  # one model's failure must not stop the round for the others
-                self._failed(name, desired, exc)
+            await self._try(name, desired, self._consider)
         await self._report_failures()
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
@@ -211,6 +217,21 @@ class ModelFollower:
                 await self._table.fail(desired, why)
             except Exception as exc:  # Redis restarting: the load times out instead
                 log.warning("host: could not report %s's failure: %s", desired.name, exc)
+
+    async def _try(
+        self,
+        name: str,
+        desired: DesiredModel,
+        load: Callable[[str, DesiredModel], Awaitable[None]],
+    ) -> None:
+        """``load`` (``_consider`` or ``_reload``) unless the generation was given up or its
+        load backs off."""
+        if self.state.given_up.get(name) == desired.generation or not self._due(name, desired):
+            return
+        try:
+            await load(name, desired)
+        except Exception as exc:  # one model's failure must not stop the round for the others
+            self._failed(name, desired, exc)
 
     def _due(self, name: str, desired: DesiredModel) -> bool:
         """Whether a model's load may be tried this round (not backing off)."""
@@ -266,17 +287,7 @@ class ModelFollower:
         except PlazaError as exc:
             self._failed(name, desired, exc)
             return
-        if not self.budget.fits_alone(need):  # lazy or not: it could never load
-            log.error(
-                "host: model %s given up until its next load: it needs %d bytes, more than "
-                "the whole memory budget (%d)",
-                name,
-                need,
-                self.budget.limit,
-            )
-            self.state.given_up[name] = desired.generation
-            why = f"it needs {need} bytes, more than the host's whole memory budget"
-            self._failures[name] = (desired, f"{why} ({self.budget.limit})")
+        if not self._fits_at_all(name, desired, need):  # lazy or not: it could never load
             return
         on_demand = is_lazy(spec) or name in self.state.evicted
         if on_demand and not await self._waiting_requests(name, spec):
@@ -291,6 +302,46 @@ class ModelFollower:
             await self._retire(victim, drain=True, why="evicted")
         self.state.waiting.pop(name, None)
         await self._load(name, desired, spec, need)
+
+    async def _reload(self, name: str, desired: DesiredModel) -> None:
+        """A running model's new generation: loaded beside the unit serving, which stops once
+        the new one serves (``_load``); with no room for both, the old unit stops first and
+        the round loads the new generation as any model (``_consider``)."""
+        try:  # a bad config (or, below, one too big): given up, the old unit serves on
+            spec, need = await asyncio.to_thread(self._sized_spec, name, desired.config)
+        except PlazaError as exc:
+            self._failed(name, desired, exc)
+            return
+        if not self._fits_at_all(name, desired, need):
+            return
+        if self.budget.fits_now(need):
+            await self._load(name, desired, spec, need)
+            return
+        log.info(
+            "host: no room in the memory budget for both generations of %s (%d more bytes, "
+            "%d of %d accounted): its unit stops before the new one starts",
+            name,
+            need,
+            self.budget.total,
+            self.budget.limit,
+        )
+        await self._retire(name, drain=False, why="reloaded")
+
+    def _fits_at_all(self, name: str, desired: DesiredModel, need: int) -> bool:
+        """Whether ``need`` bytes could ever fit; if not, the generation is given up."""
+        if self.budget.fits_alone(need):
+            return True
+        log.error(
+            "host: model %s given up until its next load: it needs %d bytes, more than "
+            "the whole memory budget (%d)",
+            name,
+            need,
+            self.budget.limit,
+        )
+        self.state.given_up[name] = desired.generation
+        why = f"it needs {need} bytes, more than the host's whole memory budget"
+        self._failures[name] = (desired, f"{why} ({self.budget.limit})")
+        return False
 
     def _wait_for_room(self, name: str, desired: DesiredModel, need: int) -> None:
         if self._backing_off(name, desired):  # it waited its load_wait_s already
@@ -318,16 +369,20 @@ class ModelFollower:
 
     # -- load and unload -------------------------------------------------------------------
     async def _load(self, name: str, desired: DesiredModel, spec: ModelSpec, need: int) -> None:
-        self.budget.add(name, need)  # reserved while it loads
+        """Start the model's unit; a reload's (``_reload``) beside the one serving, which
+        stops once the new one serves (a new one that fails leaves it serving)."""
+        serving = self.state.running.get(name)
+        account = name if serving is None else f"{name}{RELOAD_SUFFIX}"
+        self.budget.add(account, need)  # reserved while it loads
         self._sample()
         before = await asyncio.to_thread(self._meter.used)  # RSS scans /proc: off the loop
         try:
             unit = self._host.make_unit(name, desired.config)
             # its registry entry names the generation it serves (a worker or a runner)
             unit.generation = desired.generation
-            await unit.start()
+            await unit.start()  # returns once it serves: its registry entry is written
         except Exception as exc:
-            self.budget.remove(name)
+            self.budget.remove(account)
             self._sample()
             self._failed(name, desired, exc)
             return
@@ -339,7 +394,11 @@ class ModelFollower:
         HostMetrics.count(self.metrics.loads, name)
         self.state.running[name] = Running(desired, spec, unit, task, stop, self._executions(unit))
         self.state.evicted.discard(name)
-        await self._measured(name, need, before, await asyncio.to_thread(self._meter.used))
+        after = await asyncio.to_thread(self._meter.used)  # before the old unit frees its own
+        if serving is not None:  # the new generation serves: the old unit goes
+            self.budget.swap(name, account)  # the model's account is the new unit's now
+            await self._stop(name, serving, drain=False, why="reloaded", account=account)
+        await self._measured(name, need, before, after)
         self.metrics.memory_bytes = self.budget.total
         await self._drop_standby(name)
         log.info(
@@ -417,23 +476,39 @@ class ModelFollower:
         self, name: str, *, drain: bool, why: str, cut: asyncio.Event | None = None
     ) -> None:
         item = self.state.running.get(name)
-        if item is None:
-            return
+        if item is not None:
+            await self._stop(name, item, drain=drain, why=why, cut=cut)
+
+    async def _stop(
+        self,
+        name: str,
+        item: Running,
+        *,
+        drain: bool,
+        why: str,
+        cut: asyncio.Event | None = None,
+        account: str | None = None,
+    ) -> None:
+        """Stop ``item``, a unit of ``name`` accounted under ``account`` (default: the
+        model's own account)."""
         if drain:
             await self._drain(name, item.spec, cut or asyncio.Event())
         item.stop.set()
         with contextlib.suppress(Exception):
             await item.task
-        await self._forget(name, item, why=why)
+        await self._forget(name, item, why=why, account=account)
 
-    async def _forget(self, name: str, item: Running, *, why: str) -> None:
+    async def _forget(
+        self, name: str, item: Running, *, why: str, account: str | None = None
+    ) -> None:
         # Counted before it leaves ``running``: whoever sees it gone sees the unload.
         if why == "evicted":
             self.state.evicted.add(name)
             HostMetrics.count(self.metrics.evictions, name)
         HostMetrics.count(self.metrics.unloads, name)
-        self.state.running.pop(name, None)
-        freed = self.budget.remove(name)
+        if self.state.running.get(name) is item:  # a reload's old unit: the new one stays
+            del self.state.running[name]
+        freed = self.budget.remove(account or name)
         self.metrics.memory_bytes = self.budget.total
         self._sample()
         if why == "failed":
@@ -441,7 +516,13 @@ class ModelFollower:
             log.error("host: unit of %s stopped on its own: %s", name, exc)
             with contextlib.suppress(Exception):
                 await item.unit.stop()
-        log.info("host: unloaded %s (%s; %d bytes freed)", name, why, freed)
+        log.info(
+            "host: unloaded %s (generation %d, %s; %d bytes freed)",
+            name,
+            item.desired.generation,
+            why,
+            freed,
+        )
 
     async def _drain(self, name: str, spec: ModelSpec, cut: asyncio.Event) -> None:
         """Until the model's queues are committed (every request answered), bounded; or

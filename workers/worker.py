@@ -153,7 +153,13 @@ class Worker:
     ``services``: the host's shared ones; without, the worker makes its own (a host of one).
     """
 
-    def __init__(self, settings: PlazaSettings, services: HostServices | None = None) -> None:
+    def __init__(
+        self,
+        settings: PlazaSettings,
+        services: HostServices | None = None,
+        *,
+        device_key: str | None = None,
+    ) -> None:
         if not settings.worker.model:
             raise ConfigError("worker.model is required (--worker.model NAME)")
         self.settings = settings
@@ -260,8 +266,11 @@ class Worker:
         self._max_wait_s = self.policy.max_queue_delay_us / 1e6
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
         self.device = self.services.scheduler
+        self.device_key = device_key or self.model
+        """Its name in the host's device scheduler: the model's, or (a reload's worker
+        started beside the one serving, ``workers/model_watch.py``) one of its own."""
         self.device.add_model(
-            self.model,
+            self.device_key,
             instance_specs(self.spec.instance_groups),
             self.spec.max_concurrency,
             # a Python model's own processes, which may wait on BLS calls to the host's
@@ -315,7 +324,7 @@ class Worker:
         for close in (self.writer.close, self.deliveries.close):
             with contextlib.suppress(Exception):
                 await close()
-        self.device.remove_model(self.model)
+        self.device.remove_model(self.device_key)
         if self._owns_services:
             with contextlib.suppress(Exception):
                 await self.services.close()
@@ -472,7 +481,7 @@ class Worker:
         await self.consumer.stop()
         await self.writer.close()
         await self.deliveries.close()
-        self.device.remove_model(self.model)
+        self.device.remove_model(self.device_key)
         if self._owns_services:
             await self.services.close()
         await self._unload_backends()  # the executions are over or given up (above)
@@ -877,7 +886,7 @@ class Worker:
         asked = granted = time.monotonic()
         grant: Grant | None = None
         try:
-            grant = await self.device.acquire(self.model)
+            grant = await self.device.acquire(self.device_key)
             granted = time.monotonic()
             if granted - asked > RECHECK_AFTER_S:
                 # The grant waited for another execution: the requests cancelled meanwhile
@@ -913,7 +922,7 @@ class Worker:
             self._in_flight += len(batch)
             self._idle.clear()
         if grant is None:
-            grant = await self.device.acquire(self.model)
+            grant = await self.device.acquire(self.device_key)
         started = time.monotonic()
         seq = self.sequences
         try:
