@@ -22,8 +22,8 @@ from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Coroutine,
+    Generator,
     Iterable,
-    Iterator,
     Mapping,
     Sequence,
 )
@@ -33,8 +33,9 @@ from contextlib import aclosing
 from typing import Any, TypeVar
 
 import numpy as np
+from redis.exceptions import RedisClusterException, RedisError
 
-from plaza.connections import redis_client
+from plaza.connections import kafka_answers, redis_client
 from plaza.contract import InferRequest, InferResult, ReplyTo, Scalar, new_correlation_id
 from plaza.errors import (
     DeadlineExceeded,
@@ -54,6 +55,8 @@ from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 
 T = TypeVar("T")
+REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
+"""What redis-py raises when Redis does not answer (a cluster's errors are no RedisError)."""
 Inputs = Mapping[str, np.ndarray[Any, Any]] | Sequence[Tensor]
 
 
@@ -72,12 +75,9 @@ def make_request(
 ) -> InferRequest:
     """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``,
     rounded up to the millisecond (None or 0, as Triton's timeout 0: no deadline);
-    ``classification``: outputs to answer with their top classes (output name -> count)."""
-    tensors = (
-        tuple(Tensor.from_numpy(n, a) for n, a in inputs.items())
-        if isinstance(inputs, Mapping)
-        else tuple(inputs)
-    )
+    ``classification``: outputs to answer with their top classes (output name -> count).
+    InvalidInput for inputs that are not numpy arrays by name, or Tensors."""
+    tensors = _tensors(inputs)
     now_ms = int(time.time() * 1000)
     return InferRequest(
         id=correlation_id or new_correlation_id(),
@@ -92,6 +92,41 @@ def make_request(
         created_ms=now_ms,
         classification=dict(classification or {}),
     )
+
+
+def _tensors(inputs: Inputs) -> tuple[Tensor, ...]:
+    """The request's input tensors: ``inputs`` maps names to numpy arrays, or is a
+    sequence of ``Tensor``; InvalidInput for anything else (a Python list or number is
+    not taken as an array: its dtype would be numpy's guess, not the model's)."""
+    if isinstance(inputs, Mapping):
+        for name, array in inputs.items():
+            if not isinstance(name, str):
+                raise InvalidInput(f"an input's name is a {type(name).__name__}, not a str")
+            if not isinstance(array, np.ndarray):
+                raise InvalidInput(
+                    f"input {name[:100]!r} is a {type(array).__name__}: inputs map names "
+                    "to numpy arrays (np.asarray(value, dtype=...))",
+                    input=name[:100],
+                )
+        return tuple(Tensor.from_numpy(n, a) for n, a in inputs.items())
+    if isinstance(inputs, Sequence) and not isinstance(inputs, str | bytes):
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise InvalidInput(
+                    f"an input is a {type(tensor).__name__}: a sequence of inputs holds "
+                    "plaza.tensors.Tensor (or pass a mapping of names to numpy arrays)"
+                )
+        return tuple(inputs)
+    raise InvalidInput(
+        f"inputs are a {type(inputs).__name__}: give a mapping of names to numpy arrays, "
+        "or a sequence of plaza.tensors.Tensor"
+    )
+
+
+SPEC_RETRY_S = 10.0
+"""How long a model whose config did not read is sent without it (its worker judges)
+before the client reads the config again: a config fixed meanwhile is picked up, and a
+broken one is not read again on every call (a Python model's runs a child process)."""
 
 
 class PlazaClient:
@@ -117,12 +152,16 @@ class PlazaClient:
             validate=False,  # the worker validates; its error comes back as the answer
         )
         self._repository = ModelRepository.of(self.settings)
-        self._specs: dict[str, ModelSpec | None] = {}
+        self._specs: dict[str, ModelSpec] = {}
+        self._unread: dict[str, float] = {}
+        """Models of the repository whose config did not read: when it last failed."""
 
     async def start(self) -> None:
-        """Connect; a start that fails closes what it opened (its producer, its Redis pool)."""
+        """Connect; a start that fails closes what it opened (its producer, its Redis pool).
+        Unavailable, naming ``kafka.bootstrap_servers``, when Kafka does not answer."""
         try:
-            await self.producer.start()
+            with kafka_answers(self.settings.kafka):
+                await self.producer.start()
         except BaseException:
             await self.stop()
             raise
@@ -140,24 +179,31 @@ class PlazaClient:
 
     async def _spec(self, model: str) -> ModelSpec | None:
         """The model's config when ``settings.repository`` has it; None when there is no
-        repository folder to read (or the model's config does not read: its worker answers).
-        InvalidInput for a bad model name; ModelNotFound when the repository folder is there
-        but holds no such model (not remembered: the model may be added later). Read once
-        per model, on a thread: completing a config may take a while (a Python model's
-        ``auto_complete_config`` runs in a child process)."""
-        if model not in self._specs:
-            self._specs[model] = await asyncio.to_thread(self._read_spec, check_model_name(model))
-        return self._specs[model]
-
-    def _read_spec(self, model: str) -> ModelSpec | None:
-        try:
-            return self._repository.spec(model)
-        except ModelNotFound:
-            if self._repository.root.is_dir():
-                raise
-            return None  # no repository here: the worker is the judge
-        except PlazaError:
+        repository folder to read, or the model's config does not read (its worker answers;
+        read again after ``SPEC_RETRY_S``). InvalidInput for a bad model name; ModelNotFound
+        when the repository folder is there but holds no such model (not remembered: the
+        model may be added later). A config is read once per model, on a thread: completing
+        it may take a while (a Python model's ``auto_complete_config`` runs in a child
+        process)."""
+        spec = self._specs.get(model)
+        if spec is not None:
+            return spec
+        check_model_name(model)
+        failed = self._unread.get(model)
+        if failed is not None and time.monotonic() - failed < SPEC_RETRY_S:
             return None
+        if not self._repository.root.is_dir():
+            return None  # no repository here: the worker is the judge
+        try:
+            spec = await asyncio.to_thread(self._repository.spec, model)
+        except ModelNotFound:
+            raise
+        except PlazaError:
+            self._unread[model] = time.monotonic()  # one per model folder: bounded
+            return None
+        self._unread.pop(model, None)
+        self._specs[model] = spec
+        return spec
 
     async def infer(
         self,
@@ -214,7 +260,9 @@ class PlazaClient:
         on its result key alone when it names none. The whole batch is checked before any
         of it is published: InvalidInput for a reply stream that workers refuse to write
         (one not made by ``results_stream``), ModelNotFound for a model that the
-        repository does not hold; either way nothing of the batch is sent."""
+        repository does not hold, PayloadTooLarge, QueueFull for a queue without room for
+        the batch (``Producer.publish_many``); each time nothing of the batch is sent. A
+        failure after the first send carries ``details["published_ids"]``."""
         batch = list(requests)
         for req in batch:
             self._check_reply_stream(req)
@@ -265,16 +313,28 @@ class PlazaClient:
         """The full Redis name of a pipeline's result stream (use as ``reply_stream``)."""
         return self.names.results_stream(name)
 
-    def consume(
+    async def consume(
         self, stream: str, group: str, consumer: str, **options: Any
-    ) -> AsyncIterator[tuple[bytes, list[InferResult]]]:
+    ) -> AsyncGenerator[tuple[bytes, list[InferResult]], None]:
         """Read a result stream as one consumer of a consumer group (XREADGROUP); ``ack``
-        each entry once processed."""
+        each entry once processed. Unavailable when Redis does not answer."""
         options.setdefault("keep_alive_s", self.settings.redis.reply_stream_ttl_s)
-        return consume_stream(self._redis, stream, group, consumer, **options)
+        entries = consume_stream(self._redis, stream, group, consumer, **options)
+        try:
+            async for entry in entries:
+                yield entry
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis did not answer: {exc}") from exc
+        finally:
+            await _aclose(entries)
 
     async def ack(self, stream: str, group: str, entry_id: bytes) -> None:
-        await ack_entry(self._redis, stream, group, entry_id)
+        """Acknowledge a processed entry of ``stream`` (XACK); Unavailable when Redis
+        does not answer."""
+        try:
+            await ack_entry(self._redis, stream, group, entry_id)
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis did not answer: {exc}") from exc
 
 
 class SyncPlazaClient:
@@ -316,7 +376,9 @@ class SyncPlazaClient:
     def infer(self, model: str, inputs: Inputs, **options: Any) -> InferResult:
         return self._call(self._client.infer(model, inputs, **options))
 
-    def infer_stream(self, model: str, inputs: Inputs, **options: Any) -> Iterator[InferResult]:
+    def infer_stream(
+        self, model: str, inputs: Inputs, **options: Any
+    ) -> Generator[InferResult, None, None]:
         """``PlazaClient.infer_stream``, blocking: each response as it comes. Leaving the
         loop early cancels the request once the generator is closed (``close()``, or
         garbage collection)."""
@@ -329,7 +391,18 @@ class SyncPlazaClient:
                 assert result is not None
                 yield result
         finally:
+            self._aclose(responses)
+
+    def _aclose(self, responses: AsyncGenerator[InferResult, None]) -> None:
+        """Close a stream on the loop; nothing to do once the client is closed (its loop
+        is gone, and so is every request it would cancel)."""
+        if self._closed:
+            return
+        try:
             self._call(responses.aclose())
+        except Unavailable:
+            if not self._closed:  # closed meanwhile, from another thread: as above
+                raise
 
     def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         return self._call(self._client.submit(model, inputs, **options))
@@ -368,6 +441,13 @@ async def _stop_all(stop: Coroutine[Any, Any, None]) -> None:
     await stop
     current = asyncio.current_task()
     await cancel_and_wait([t for t in asyncio.all_tasks() if t is not current])
+
+
+async def _aclose(entries: AsyncIterator[Any]) -> None:
+    """Close ``entries`` where it is a generator (it ends its Redis read)."""
+    aclose = getattr(entries, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 async def _step(responses: AsyncGenerator[T, None]) -> tuple[bool, T | None]:

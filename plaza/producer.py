@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from plaza.contract import InferRequest, InferResult, ReplyTo
 from plaza.errors import (
     CodecError,
     DeadlineExceeded,
+    PayloadTooLarge,
     PlazaError,
     QueueFull,
     Unavailable,
@@ -44,7 +46,7 @@ from plaza.errors import (
 )
 from plaza.modelconfig import ModelSpec
 from plaza.priority import settle_level
-from plaza.publisher import RequestPublisher
+from plaza.publisher import RequestPublisher, was_acknowledged
 from plaza.queueing import BacklogProbe, QueueGuard
 from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux
 from plaza.response_cache import CacheObserver, CacheProbe, DefaultVersions, ResponseCache
@@ -109,6 +111,37 @@ class _Prepared:
     req: InferRequest
     topic: str
     level: int
+    spec: ModelSpec | None = None
+    """The model's config (None where the caller has none)."""
+
+
+class _Sends:
+    """The records a ``publish_many`` has sent: their ids and acknowledgements."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.acks: list[asyncio.Future[Any]] = []
+        self.unawaited: list[asyncio.Future[Any]] = []
+        """Acks not awaited yet (each is awaited once: a timed-out one is not waited for
+        again)."""
+
+    def add(self, req_id: str, ack: asyncio.Future[Any]) -> None:
+        self.ids.append(req_id)
+        self.acks.append(ack)
+        self.unawaited.append(ack)
+
+    def take_unawaited(self) -> list[asyncio.Future[Any]]:
+        taken, self.unawaited = self.unawaited, []
+        return taken
+
+    def partly_published(self, exc: PlazaError, size: int) -> PlazaError:
+        """``exc`` (of its own type) naming the ids Kafka acknowledged before it."""
+        published = [i for i, ack in zip(self.ids, self.acks, strict=True) if was_acknowledged(ack)]
+        return type(exc)(
+            f"{exc.message} ({len(published)} of the batch's {size} requests were published "
+            "before it: details['published_ids'])",
+            **{**exc.details, "published_ids": published},
+        )
 
 
 class Producer:
@@ -345,30 +378,70 @@ class Producer:
         included), letting the Kafka producer batch them; waits for every ack. No job
         markers: pipelines read results from the streams they name.
 
-        Every request is prepared (validated, its topic chosen) before the first is sent:
-        one invalid request fails the call with nothing of it published. When the next
-        request would pass the byte budget, the ones sent so far are acknowledged first,
-        freeing their bytes: a long pipeline waits, it is not refused.
+        Everything that can be checked is checked before the first request is sent, and
+        fails the call with nothing of it published: each request (validated, encoded
+        within ``kafka.max_request_bytes``, its input bytes within the in-flight budget),
+        and each model's queue, which must have room for all of the batch's requests of
+        a level (QueueFull with ``details["depth"]``, ``["batch"]`` and
+        ``["max_queue_size"]`` otherwise). When the next request would pass the byte budget,
+        the ones sent so far are acknowledged first, freeing their bytes: a long pipeline
+        waits, it is not refused. A failure after the first send (Kafka did not take or
+        acknowledge a record, or other calls hold the byte budget) is raised once every
+        record sent has been acknowledged or has timed out, with
+        ``details["published_ids"]``: those Kafka acknowledged, which will run. The
+        others may still arrive; send them again as they are (same correlation ids).
         """
-        batch = [(self._prepare(req, spec), spec) for req, spec in requests]
-        ids: list[str] = []
-        acks: list[asyncio.Future[Any]] = []
-        held = contextlib.ExitStack()
+        batch = [self._prepare_batched(req, spec) for req, spec in requests]
+        await self._check_batch_queues(batch)
+        sends = _Sends()
         try:
-            for ready, spec in batch:
-                await self._check_queue(spec, ready.level)
+            await self._send_batch(batch, sends)
+        except PlazaError as exc:
+            if not sends.ids:
+                raise
+            with contextlib.suppress(PlazaError):  # the failure raised below says it
+                await self._publisher.acknowledged(sends.take_unawaited())
+            raise sends.partly_published(exc, len(batch)) from exc
+        return sends.ids
+
+    def _prepare_batched(self, req: InferRequest, spec: ModelSpec | None) -> _Prepared:
+        """``_prepare``, and what a send would refuse: a request that does not encode or
+        is over ``kafka.max_request_bytes``, one whose input bytes no budget could hold."""
+        ready = self._prepare(req, spec)
+        self._publisher.encode(ready.req)  # encoded again, stamped, when it is sent
+        nbytes = request_bytes(ready.req)
+        if nbytes > self.inflight.limit:
+            raise PayloadTooLarge(
+                f"request {req.id} has {nbytes} bytes of inputs; the in-flight limit is "
+                f"{self.inflight.limit} (producer.max_inflight_bytes)",
+                model=req.model,
+                size=nbytes,
+            )
+        return ready
+
+    async def _check_batch_queues(self, batch: list[_Prepared]) -> None:
+        """QueueFull, before anything is sent, when a level's queue has no room for the
+        batch's requests to it (the queue guard's check, counting the batch itself)."""
+        counts: Counter[tuple[str, int]] = Counter()
+        specs: dict[str, ModelSpec] = {}
+        for ready in batch:
+            if ready.spec is not None:
+                counts[ready.spec.name, ready.level] += 1
+                specs[ready.spec.name] = ready.spec
+        for (model, level), count in counts.items():
+            await self._check_queue(specs[model], level, adding=count)
+
+    async def _send_batch(self, batch: list[_Prepared], sends: _Sends) -> None:
+        """Send every request of ``batch`` and await their acks, within the byte budget."""
+        with contextlib.ExitStack() as held:
+            for ready in batch:
                 nbytes = request_bytes(ready.req)
-                if acks and not self.inflight.fits(nbytes):
-                    await self._publisher.acknowledged(acks)
+                if sends.unawaited and not self.inflight.fits(nbytes):
+                    await self._publisher.acknowledged(sends.take_unawaited())
                     held.close()  # frees their bytes; the stack is empty and reusable
-                    acks = []
                 held.enter_context(self.inflight.hold(nbytes))
-                acks.append(await self._publisher.send(ready.req, ready.topic))
-                ids.append(ready.req.id)
-            await self._publisher.acknowledged(acks)
-        finally:
-            held.close()
-        return ids
+                sends.add(ready.req.id, await self._publisher.send(ready.req, ready.topic))
+            await self._publisher.acknowledged(sends.take_unawaited())
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result) or unknown; Unavailable when Redis is away, and
@@ -402,28 +475,37 @@ class Producer:
             # Triton hands the request's priority to every step as it is: the runner's
             # step requests settle it against each step model's levels. One topic.
             settle_level(req.priority, 0, 0)  # a negative priority is refused even so
-            return _Prepared(req, self.names.request_topic(req.model), 0)
+            return _Prepared(req, self.names.request_topic(req.model), 0, spec)
         batching = spec.batching
         level = settle_level(
             req.priority, batching.priority_levels, batching.default_priority_level
         )
         settled = req if level == req.priority else replace(req, priority=level)
-        return _Prepared(settled, self.names.request_topic(req.model, level), level)
+        return _Prepared(settled, self.names.request_topic(req.model, level), level, spec)
 
     async def _check_queue(
-        self, spec: ModelSpec | None, level: int, timeout_s: float | None = None
+        self,
+        spec: ModelSpec | None,
+        level: int,
+        timeout_s: float | None = None,
+        *,
+        adding: int = 1,
     ) -> None:
-        """QueueFull at once when the level's queue is at max_queue_size. The check is part
-        of a sync call's time (``timeout_s``): when that runs out first, DeadlineExceeded
-        with no job (nothing was published, so a retry is safe); Unavailable when Kafka does
-        not answer it within its own request timeout."""
+        """QueueFull at once when the level's queue is at max_queue_size (with ``adding``
+        requests more: when it has no room for them all). The check is part of a sync
+        call's time (``timeout_s``): when that runs out first, DeadlineExceeded with no job
+        (nothing was published, so a retry is safe); Unavailable when Kafka does not answer
+        it within its own request timeout."""
         if spec is None:
             return
         limit_s = self.settings.kafka.request_timeout_ms / 1000
         caller_first = timeout_s is not None and timeout_s < limit_s
         try:
             async with asyncio.timeout(timeout_s if caller_first else limit_s):
-                await self._guard.check(spec, level)
+                if adding == 1:
+                    await self._guard.check(spec, level)
+                else:
+                    await self._check_room(spec, level, adding)
         except PlazaError:
             raise
         except TimeoutError as exc:
@@ -437,6 +519,24 @@ class Producer:
             ) from exc
         except Exception as exc:
             raise Unavailable(f"Kafka did not answer the backlog check: {exc}") from exc
+
+    async def _check_room(self, spec: ModelSpec, level: int, adding: int) -> None:
+        """QueueFull when ``level``'s queue cannot take ``adding`` requests more without
+        passing max_queue_size (the guard's check, for a batch of them)."""
+        limit = spec.batching.queue_policy(level).max_queue_size
+        if not limit:
+            return
+        depth = await self.backlog.lag(spec.name, self.names.request_topic(spec.name, level))
+        if depth + adding > limit:
+            raise QueueFull(
+                f"model {spec.name!r} queue (priority level {level or 'default'}) holds "
+                f"{depth} requests and the batch has {adding} for it; max_queue_size is "
+                f"{limit}: publish at most {max(limit - depth, 0)} of them now, in "
+                "smaller batches",
+                depth=depth,
+                batch=adding,
+                max_queue_size=limit,
+            )
 
     async def _await_reply(
         self,

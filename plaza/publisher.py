@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -13,7 +14,7 @@ from aiokafka.partitioner import murmur2
 from plaza.codec import encode_request
 from plaza.connections import ensure_topics, kafka_producer
 from plaza.contract import ENVELOPE_VERSION, InferRequest
-from plaza.errors import PayloadTooLarge, PlazaError, Unavailable
+from plaza.errors import InvalidInput, PayloadTooLarge, PlazaError, Unavailable
 from plaza.naming import (
     CONTENT_TYPE_MSGPACK,
     HEADER_CONTENT_TYPE,
@@ -75,32 +76,57 @@ class RequestPublisher:
         except Exception as exc:
             raise Unavailable(f"Kafka did not acknowledge the request: {exc}") from exc
 
-    async def acknowledged(self, acks: list[asyncio.Future[Any]]) -> None:
-        """Wait for the acknowledgements of many sends (``kafka.request_timeout_ms``)."""
+    async def acknowledged(self, acks: Sequence[asyncio.Future[Any]]) -> None:
+        """Wait for the acknowledgements of many sends, every one of them, within
+        ``kafka.request_timeout_ms``: Unavailable when one failed or had not come by then.
+        Either way each future is settled or timed out when this returns, so its state
+        tells the caller which records Kafka took (``was_acknowledged``)."""
+        if not acks:
+            return
         limit_s = self._kafka.request_timeout_ms / 1000
-        try:
-            async with asyncio.timeout(limit_s):
-                await asyncio.gather(*acks)
-        except TimeoutError:
+        _, late = await asyncio.wait(acks, timeout=limit_s)
+        failed = [exc for fut in acks if fut.done() and (exc := _failure(fut)) is not None]
+        if failed:
             raise Unavailable(
-                f"Kafka did not acknowledge the requests within {limit_s:g} s"
-            ) from None
-        except Exception as exc:
-            raise Unavailable(f"Kafka did not acknowledge the requests: {exc}") from exc
+                f"Kafka did not acknowledge {len(failed)} of {len(acks)} requests: {failed[0]}"
+            ) from failed[0]
+        if late:
+            raise Unavailable(
+                f"Kafka did not acknowledge {len(late)} of {len(acks)} requests "
+                f"within {limit_s:g} s"
+            )
+
+    def encode(self, req: InferRequest) -> bytes:
+        """The record's value, stamped with the moment of sending: InvalidInput for a
+        request that does not encode (a field of a type the wire contract has no form for),
+        PayloadTooLarge for one over ``kafka.max_request_bytes``. Neither is Kafka's doing,
+        so neither is Unavailable (which invites a retry of the same bytes)."""
+        try:
+            value = encode_request(req, sent_us=time.time_ns() // 1000)
+        except Exception as exc:  # msgspec raises TypeError, ValueError, OverflowError...
+            raise InvalidInput(
+                f"request {req.id} cannot be encoded: {exc}", model=req.model
+            ) from exc
+        if len(value) > self._kafka.max_request_bytes:
+            raise PayloadTooLarge(
+                f"request {req.id} is {len(value)} bytes; the limit is "
+                f"{self._kafka.max_request_bytes} (kafka.max_request_bytes)",
+                model=req.model,
+                size=len(value),
+            )
+        return value
 
     async def send(self, req: InferRequest, topic: str) -> asyncio.Future[Any]:
         """Queue the record for ``topic`` (from ``Names.request_topic``) in the producer;
         returns the future of its acknowledgement.
 
-        Many sends followed by awaiting their futures batch well (linger_ms).
+        Many sends followed by awaiting their futures batch well (linger_ms). InvalidInput
+        or PayloadTooLarge (``encode``) before anything is sent; Unavailable when Kafka
+        does not take the record.
         """
+        value = self.encode(req)
         if self._producer is None:
             raise Unavailable("publisher is not started")
-        value = encode_request(req, sent_us=time.time_ns() // 1000)
-        if len(value) > self._kafka.max_request_bytes:
-            raise PayloadTooLarge(
-                f"request is {len(value)} bytes; the limit is {self._kafka.max_request_bytes}"
-            )
         try:
             if topic not in self._known_topics:
                 await self._ensure_topic(topic)
@@ -144,3 +170,16 @@ class RequestPublisher:
         partitions = sorted(await self._producer.partitions_for(topic))
         digest = murmur2(str(sequence).encode()) & 0x7FFFFFFF
         return int(partitions[digest % len(partitions)])
+
+
+def was_acknowledged(ack: asyncio.Future[Any]) -> bool:
+    """Whether Kafka acknowledged the record of ``ack`` (a ``send``'s future) by now."""
+    return ack.done() and _failure(ack) is None
+
+
+def _failure(ack: asyncio.Future[Any]) -> BaseException | None:
+    """The error of a settled ack (a cancelled one counts as failed); retrieving it also
+    keeps asyncio from logging it as never retrieved."""
+    if ack.cancelled():
+        return asyncio.CancelledError()
+    return ack.exception()
