@@ -11,8 +11,9 @@ Triton's JSON (``to_triton``).
 
 The response cache's hits and misses (``cache_hit``, ``cache_miss``) never reach a worker:
 the producer core that looked them up (a gateway's, an SDK client's) adds them to the same
-hash, every ``plaza.response_cache.STATS_FLUSH_S`` (``FLUSH_SCRIPT``); a hit also counts as
-a success, as in Triton (whose ``success`` includes cache hits and whose
+hash, every ``plaza.response_cache.STATS_FLUSH_S``, by the same ``SEQUENCED_FLUSH_SCRIPT`` (a
+``FlushLog`` and marker per model: ``plaza.response_cache.CacheFlushes``); a hit also counts
+as a success, as in Triton (whose ``success`` includes cache hits and whose
 ``inference_count`` does not).
 
 Hash fields: ``inference_count``, ``execution_count``, ``last_inference`` (epoch ms),
@@ -61,7 +62,7 @@ RESPONSE_PHASES = (
 )
 """The entries of each ``response_stats`` element (Triton's InferResponseStatistics)."""
 
-# One hash's part of ARGV, in both scripts: its last inference (epoch ms), n, then n (field,
+# One hash's part of ARGV: its last inference (epoch ms), n, then n (field,
 # increment) pairs. ``add`` applies the part at ARGV[at]; ``skip`` passes it over. Each
 # returns where the next part starts.
 _PARTS = """
@@ -80,23 +81,8 @@ local function skip(at)
 end
 """
 
-# KEYS: one statistics hash per model version, all of one model (a worker's versions, or one
-# hash): they share the model's hash tag, so on a Redis Cluster the call stays in one slot.
-# ARGV: ttl, then one part per key. Adds what it is given, each time it runs: for counts
-# that are taken once, lost rather than repeated (the response cache's).
-FLUSH_SCRIPT = (
-    _PARTS
-    + """
-local at = 2
-for k = 1, #KEYS do
-  at = add(KEYS[k], at)
-  redis.call('EXPIRE', KEYS[k], ARGV[1])
-end
-return #KEYS
-"""
-)
-
-# A worker's flush, applied at most once however often it is sent (``FlushLog``).
+# A flush (a worker's heartbeat, the response cache's), applied at most once however often
+# it is sent (``FlushLog``).
 # KEYS: the statistics hashes of one model, then the flusher's marker (``flusher_key``): the
 # sequence number of the last flush of this flusher that was applied. All share the model's
 # hash tag. ARGV: ttl, the number of flushes, then per flush: its sequence number, its
@@ -313,16 +299,6 @@ def _part(last: int, increments: Mapping[str, int]) -> list[int | str]:
     for name, amount in increments.items():
         part += [name, amount]
     return part
-
-
-def flush_arguments(changes: list[Change], ttl_s: int) -> tuple[list[str], list[int | str]]:
-    """KEYS and ARGV of ``FLUSH_SCRIPT`` for (key, last inference, increments) triples."""
-    keys: list[str] = []
-    args: list[int | str] = [ttl_s]
-    for key, last, increments in changes:
-        keys.append(key)
-        args += _part(last, increments)
-    return keys, args
 
 
 def flusher_key(names: Names, model: str, flusher: str) -> str:

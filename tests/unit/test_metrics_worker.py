@@ -15,7 +15,7 @@ from plaza.contract import ErrorInfo, InferResult
 from plaza.metrics import render
 from plaza.naming import Names
 from plaza.settings import WorkerSettings
-from plaza.statistics import ModelStatistics, flush_arguments, increments
+from plaza.statistics import ModelStatistics, increments
 from plaza.workers.cpu_metrics import CpuCollector
 from plaza.workers.device import list_gpus
 from plaza.workers.gpu_metrics import GpuCollector
@@ -94,14 +94,11 @@ def test_tritons_json_shape() -> None:
     assert ModelStatistics().to_triton("m", "2")["batch_stats"] == []
 
 
-def test_increments_and_flush_arguments() -> None:
+def test_increments() -> None:
     before = {"inference_count": 2, "success.count": 2, "last_inference": 5}
     now = {"inference_count": 5, "success.count": 2, "fail.count": 1, "last_inference": 9}
     delta = increments(now, before)
     assert delta == {"inference_count": 3, "fail.count": 1}
-    keys, args = flush_arguments([("k1", 9, delta), ("k2", 0, {})], ttl_s=60)
-    assert keys == ["k1", "k2"]
-    assert args == [60, 9, 2, "inference_count", 3, "fail.count", 1, 0, 0]
 
 
 # -- the worker's numbers -------------------------------------------------------------------
