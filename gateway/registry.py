@@ -8,7 +8,12 @@ one it serves (a load through another gateway, a reload after a config edit or a
 folder), so they all serve the same models. A model that cannot be read then (its folder
 still being copied to a shared disk, say) is read again on later rounds, at growing intervals,
 until it is read or its generation changes; meanwhile it keeps the config it was served
-with (if any) and is reported failed. Whoever runs the workers watches the same table
+with (if any) and is reported failed. A generation that the model hosts refused
+(``ModelTable.fail``: its worker could not be made) leaves the previous one's unit serving,
+as Triton keeps the old model after a failed reload: the gateway then serves the config of
+the generation a live worker still names (metadata, config and validation; the index says
+READY, with the refusal as its reason), if it read that one (it keeps the last
+``KEPT_GENERATIONS`` of each model). Whoever runs the workers watches the same table
 (model hosts with ``host.follow_model_table``, or ``plaza up``'s supervisor with
 ``--process-per-model``).
 
@@ -26,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from plaza.errors import ConfigError, PlazaError, Unavailable
 from plaza.model_control import (
@@ -37,6 +43,7 @@ from plaza.model_control import (
     check_load,
     dependents,
     folder_fingerprint,
+    live_generations,
     read_load,
     read_model,
 )
@@ -52,6 +59,10 @@ FOLLOW_INTERVAL_S = 1.0
 FOLLOW_RETRY_MAX_S = 30.0
 """The longest wait before a model that could not be read as the table says is read again
 (the wait doubles from ``FOLLOW_INTERVAL_S`` after each failed read)."""
+
+KEPT_GENERATIONS = 4
+"""The configs of a model's latest generations that a gateway keeps: when the hosts refuse
+the newest, the one a live worker still runs is served again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,17 @@ class FollowRetry:
     """The wait after the last failure; doubled after the next one, up to the maximum."""
     due: float
     """When (``time.monotonic``) the next read may be made."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A model whose generation in the table the model hosts refused, as a gateway settled it."""
+
+    generation: int
+    """The generation refused (settled once: a new one is settled anew)."""
+    serving: int | None
+    """The older generation whose config is served instead (a live worker of it answers);
+    None: none that this gateway read."""
 
 
 class ModelRegistry:
@@ -110,6 +132,12 @@ class ModelRegistry:
         """One per model: its loads, unloads and following run one at a time."""
         self._retries: dict[str, FollowRetry] = {}
         """Models whose generation in the table could not be read (``follow`` backs off)."""
+        self._kept: dict[str, dict[int, LoadedModel]] = {}
+        """The configs of each model's latest generations served (``KEPT_GENERATIONS``; a
+        refused one is dropped): one of them may still run when the newest is refused."""
+        self._refusals: dict[str, Refusal] = {}
+        """Models whose generation served here the hosts refused, and what serves instead."""
+        self._redis: aioredis.Redis | None = None
         self._clock = clock
         self._seen: dict[str, str] = {}
         """Poll mode: a fingerprint of each model's folder as last read."""
@@ -164,6 +192,7 @@ class ModelRegistry:
         not loaded there yet) and take over what other gateways loaded."""
         if self.mode == "none":
             return
+        self._redis = redis
         self._control = ModelControl(
             redis, self._names, self._kafka, self.repo, self._load_timeout_s
         )
@@ -199,6 +228,7 @@ class ModelRegistry:
         name, generation = desired.name, desired.generation
         served = self._generations.get(name)
         if served == generation:
+            await self._settle_refusal(desired)
             return
         if not desired.loaded:
             if name in self.models or name in self._retries:
@@ -214,10 +244,13 @@ class ModelRegistry:
             if self._generations.get(name) == served:
                 self._follow_failed(desired, exc.message, retry)
             return
+        older = await self._older_serving(desired)  # before serving: not a moment on a refused one
         if self._generations.get(name) != served:
             return  # a load or unload through this gateway wrote it meanwhile: it stands
         self._serve(name, model)
         self._followed(name, generation)
+        if desired.failed:
+            self._refusal_settled(desired, older)
 
     def _follow_failed(self, desired: DesiredModel, error: str, retry: FollowRetry | None) -> None:
         """Record that ``desired`` could not be read: a model served keeps its config (as a
@@ -239,6 +272,12 @@ class ModelRegistry:
     def _followed(self, name: str, generation: int) -> None:
         """``name`` is served (or dropped) at the table's ``generation``: no retry is due."""
         self._generations[name] = generation
+        model = self.models.get(name)
+        if model is not None:
+            self._keep(name, generation, model)
+        refusal = self._refusals.get(name)
+        if refusal is not None and refusal.generation != generation:
+            del self._refusals[name]
         if self._retries.pop(name, None) is not None:
             self.failed.pop(name, None)
             log.info("model %s follows the model table again (generation %d)", name, generation)
@@ -270,10 +309,22 @@ class ModelRegistry:
         if wait:
             try:
                 await control.wait_served(marked[-1])
-            except ConfigError as exc:  # a host refused it: no worker will serve it
+            except ConfigError as exc:  # a host refused it: the previous unit (if any) serves
                 self.refused[name] = str(exc.details.get("reason", exc.message))
+                await self._refused_now(control, name)
                 raise
         return model
+
+    async def _refused_now(self, control: ModelControl, name: str) -> None:
+        """A load of ``name`` was refused by a host: serve the config that still runs at
+        once (``_settle_refusal``), not from the next ``follow``, which does it otherwise."""
+        try:
+            desired = await control.table.get(name)
+            if desired is not None:
+                async with self._lock(name):
+                    await self._settle_refusal(desired)
+        except (RedisError, OSError) as exc:
+            log.warning("model %s: its refusal is settled on the next follow: %s", name, exc)
 
     def _note_refusal(self, desired: DesiredModel) -> None:
         """Follow the table's word that no host could load ``desired``'s generation."""
@@ -281,6 +332,46 @@ class ModelRegistry:
             self.refused[desired.name] = desired.failed
         else:
             self.refused.pop(desired.name, None)
+
+    async def _settle_refusal(self, desired: DesiredModel) -> None:
+        """Once for each generation the hosts refused (``desired``'s, served here): serve
+        the config of the older generation a live worker still runs (``_older_serving``)."""
+        name = desired.name
+        if not (desired.loaded and desired.failed):
+            return
+        settled = self._refusals.get(name)
+        if settled is not None and settled.generation == desired.generation:
+            return
+        older = await self._older_serving(desired)
+        if self._generations.get(name) == desired.generation and name in self.models:
+            self._refusal_settled(desired, older)
+
+    async def _older_serving(self, desired: DesiredModel) -> tuple[int, LoadedModel] | None:
+        """When the hosts refused ``desired``'s generation: the newest other generation of
+        the model kept here that a live worker names in its registry entry, with its
+        config; None when there is none (or nothing was refused)."""
+        kept = self._kept.get(desired.name, {})
+        older = sorted((g for g in kept if g != desired.generation), reverse=True)
+        if not (desired.loaded and desired.failed and older) or self._redis is None:
+            return None
+        live = await live_generations(self._redis, self._names, desired.name)
+        return next(((g, kept[g]) for g in older if g in live), None)
+
+    def _refusal_settled(
+        self, desired: DesiredModel, older: tuple[int, LoadedModel] | None
+    ) -> None:
+        """``desired``'s generation was refused: ``older`` (``_older_serving``) is served."""
+        name = desired.name
+        self._refusals[name] = Refusal(desired.generation, None if older is None else older[0])
+        self._kept.get(name, {}).pop(desired.generation, None)  # no worker will run it
+        if older is None:
+            return
+        self.models[name] = older[1]
+        log.warning(
+            "model %s: the model hosts refused its generation %d (%s); the config of "
+            "generation %d, which a live worker runs, is served",
+            name, desired.generation, desired.failed, older[0],
+        )  # fmt: skip
 
     async def unload(self, name: str, dependents: bool = False) -> None:
         """Stop serving ``name`` and mark it unloaded (its workers drain, then stop), with
@@ -336,11 +427,8 @@ class ModelRegistry:
             if model is not None:
                 state = "READY" if live.get(name, 0) > 0 else "LOADING"
                 reason = "" if state == "READY" else "no worker serves it yet"
-                if state == "LOADING" and name in self.refused:
-                    state, reason = (
-                        "UNAVAILABLE",
-                        f"a model host could not load it: {self.refused[name]}",
-                    )
+                if name in self.refused:
+                    state, reason = self._refused_row(name, state)
                 if name in self.failed:  # the table's newer config could not be read here
                     reason = f"serves its previous config; the new one failed: {self.failed[name]}"
                 rows += [IndexEntry(name, str(v), state, reason) for v in model.versions]
@@ -351,6 +439,17 @@ class ModelRegistry:
             else:
                 rows.append(IndexEntry(name))
         return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    def _refused_row(self, name: str, state: str) -> tuple[str, str]:
+        """State and reason of a model whose generation in the table the hosts refused:
+        READY while a worker of an older one answers (Triton's, after a failed reload)."""
+        why = self.refused[name]
+        if state == "LOADING":
+            return "UNAVAILABLE", f"a model host could not load it: {why}"
+        refusal = self._refusals.get(name)
+        if refusal is None or refusal.serving is None:  # this gateway knows no older config
+            return state, f"reload refused, an older config serves (unknown here): {why}"
+        return state, f"reload refused, the previous config serves: {why}"
 
     # -- helpers ---------------------------------------------------------------------------
     def _changes_allowed(self) -> ModelControl:
@@ -389,9 +488,18 @@ class ModelRegistry:
         self.failed[name] = exc.message
         self.models.pop(name, None)
 
+    def _keep(self, name: str, generation: int, model: LoadedModel) -> None:
+        """Keep ``model`` as ``name``'s config at ``generation`` (the latest few)."""
+        kept = self._kept.setdefault(name, {})
+        kept[generation] = model
+        for old in sorted(kept)[:-KEPT_GENERATIONS]:
+            del kept[old]
+
     def _drop(self, name: str) -> None:
         self.models.pop(name, None)
         self.refused.pop(name, None)
+        self._kept.pop(name, None)
+        self._refusals.pop(name, None)
         self.unloaded.add(name)
 
     def _fingerprint(self, name: str) -> str:

@@ -252,9 +252,27 @@ async def serves_generation(
     members = await pipe.execute()
     if not all(members):
         return False
-    ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members[0]]
+    named = await _named_generations(redis, names, members[0])
+    return any(each in (None, generation) for each in named)
+
+
+async def live_generations(redis: aioredis.Redis, names: Names, name: str) -> set[int | None]:
+    """The model table's generations that the live workers of ``name`` name in their
+    entries (None for one that names none: ``serves_generation``)."""
+    members = await redis.zrangebyscore(names.worker_registry_key(name), time.time(), "+inf")
+    return set(await _named_generations(redis, names, members))
+
+
+async def _named_generations(
+    redis: aioredis.Redis, names: Names, members: Sequence[object]
+) -> list[int | None]:
+    """The generation each of the workers ``members`` (a registry's) names in its entry,
+    for those whose entry is still there."""
+    if not members:
+        return []
+    ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
     infos = await redis.mget([names.worker_info_key(i) for i in ids])
-    return any(raw is not None and _generation_of(raw) in (None, generation) for raw in infos)
+    return [_generation_of(raw) for raw in infos if raw is not None]
 
 
 def dependents(names: str | Collection[str], specs: Mapping[str, ModelSpec]) -> list[str]:
