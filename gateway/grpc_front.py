@@ -504,6 +504,7 @@ async def start_server(
     own = GrpcServer(
         methods,
         max_message_bytes=service.settings.gateway.max_body_bytes,
+        max_buffered_bytes=service.settings.gateway.grpc_max_buffered_bytes or None,
         ssl_context=alpn_h2(ssl_context(tls)),
     )
     return own, await own.start(host, port)

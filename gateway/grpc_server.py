@@ -22,6 +22,12 @@ and keeps what Triton's clients use:
   ``grpc-accept-encoding``; answers are sent uncompressed;
 - a message over ``max_message_bytes``, before or after inflating, is RESOURCE_EXHAUSTED;
   a second request message on a unary call is INTERNAL (nothing past the first is kept);
+- a connection holds at most ``max_buffered_bytes`` of request messages not yet handed to
+  their handlers (messages still arriving, and a streaming call's queued ones): the call
+  whose bytes pass it ends RESOURCE_EXHAUSTED; a call whose request message stops arriving
+  for ``stall_s`` (a unary call's, or a streaming call's begun one) ends DEADLINE_EXCEEDED;
+  so one connection cannot hold a message of almost the size limit on each of its streams,
+  nor hold any for ever;
 - HTTP/2 flow control both ways: answers wait for the client's window; a streaming
   call's complete request messages hold back their bytes of its window until its handler
   reads them (a client that sends faster than its answers are made is held back by
@@ -40,13 +46,15 @@ and keeps what Triton's clients use:
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
 Not served: compressed answers and server reflection; binary (``-bin``) metadata is decoded
-from base64 as gRPC does.
+from base64 as gRPC does (padded or not; a value that is not base64 ends the call
+INVALID_ARGUMENT before its handler runs, where grpc-core says INTERNAL).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import logging
 import socket
 import ssl
@@ -65,7 +73,7 @@ from google.protobuf.message import DecodeError, Message
 
 from plaza.errors import ConfigError
 from plaza.gateway import http2
-from plaza.gateway.http_server import drain_and_close
+from plaza.gateway.http_server import STALL_S, drain_and_close
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +88,10 @@ FLUSH_BYTES = 64 << 10
 """Frames pending past this are written at once rather than at the end of the loop's
 iteration, so that a client that does not read holds the next answers back
 (``pause_writing``) instead of having them queued in memory."""
+
+BUFFERED_MESSAGES = 4
+"""By default a connection may hold this many times ``max_message_bytes`` of request
+messages not yet handed to their handlers (``GrpcServer``'s ``max_buffered_bytes``)."""
 
 HANDSHAKE_S = 20.0
 """A connection whose HTTP/2 preface has not come this long after it opened is closed."""
@@ -158,7 +170,7 @@ class Context:
                 continue
             key = k.decode("latin-1")
             if key.endswith("-bin"):
-                out.append((key, base64.b64decode(v + b"=" * (-len(v) % 4))))
+                out.append((key, _binary(v)))  # checked when the call began (_bad_binary)
             else:
                 out.append((key, v.decode("latin-1")))
         return tuple(out)
@@ -186,6 +198,24 @@ def _status(code: grpc.StatusCode, details: str) -> bytes:
     return status
 
 
+def _binary(value: bytes) -> bytes:
+    """A ``-bin`` metadata value's bytes: base64, its padding optional (binascii.Error when
+    it is not base64)."""
+    return base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+
+
+def _bad_binary(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why the call's binary metadata cannot be read, or None when it can."""
+    for k, v in headers:
+        if k.endswith(b"-bin"):
+            try:
+                _binary(v)
+            except binascii.Error:
+                name = k.decode("latin-1")[:64]
+                return f"metadata {name!r} is not base64, as a -bin key's value must be"
+    return None
+
+
 class _BadTimeout(ValueError):
     """A ``grpc-timeout`` that is not the gRPC spec's: 1 to 8 ASCII digits and a unit."""
 
@@ -204,11 +234,13 @@ class _Call:
     """One stream: its request messages as they arrive, and the task that answers it."""
 
     __slots__ = (
-        "buffer", "context", "headers_sent", "held", "id", "kept", "messages", "method",
-        "received", "task", "wbits",
+        "buffer", "context", "counted", "headers_sent", "held", "id", "kept", "last_data",
+        "messages", "method", "received", "task", "wbits",
     )  # fmt: skip
 
-    def __init__(self, stream_id: int, method: Method, context: Context, wbits: int | None) -> None:
+    def __init__(
+        self, stream_id: int, method: Method, context: Context, wbits: int | None, now: float
+    ) -> None:
         self.id = stream_id
         self.method = method
         self.context = context
@@ -219,8 +251,18 @@ class _Call:
         self.held = 0  # bytes of the queued, unread messages: the window to hold back
         self.kept = 0  # bytes received and not given back (at most ``held`` once settled)
         self.received = 0  # request messages so far
+        self.counted = 0  # its bytes in the connection's ``unread``: buffer and held
+        self.last_data = now  # when its last request bytes came (the loop's clock)
         self.task: asyncio.Task[None] | None = None
         self.headers_sent = False
+
+    def stalled(self) -> bool:
+        """Whether it waits for a request message that this side does not hold back: a
+        unary call's, or a streaming call's begun one with nothing queued for its handler
+        (one whose queue is full may be held back by its window)."""
+        if self.held or not self.messages.empty():
+            return False
+        return bool(self.buffer) or not (self.method.streaming or self.received)
 
 
 class GrpcProtocol(asyncio.Protocol):
@@ -236,6 +278,9 @@ class GrpcProtocol(asyncio.Protocol):
         self._going_away = False
         self._flush_due = False
         self._handshake: asyncio.TimerHandle | None = None
+        self.unread = 0  # bytes of request messages not yet handed to their handlers
+        self._stall_check: asyncio.TimerHandle | None = None
+        self._read_since = 0.0  # when reading last went on after a pause (the loop's clock)
         self._writable = asyncio.Event()  # cleared while the transport's buffer is full
         self._writable.set()
 
@@ -257,6 +302,8 @@ class GrpcProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._handshake is not None:
             self._handshake.cancel()
+        if self._stall_check is not None:
+            self._stall_check.cancel()
         self.server.connections.discard(self)
         for call in self.calls.values():  # the client went away: its calls are cancelled
             if call.task is not None:
@@ -282,6 +329,7 @@ class GrpcProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._writable.set()
         self.h2.paused = False
+        self._read_since = self.server.loop.time()  # unread meanwhile: no call's stall
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
             # the frames left unread, once the transport's callback is over
@@ -361,10 +409,17 @@ class GrpcProtocol(asyncio.Protocol):
         except _BadTimeout as exc:  # this call's alone: grpc-core ends it with an error too
             self._trailers_only(stream_id, _status(grpc.StatusCode.INTERNAL, str(exc)))
             return
+        bad = _bad_binary(headers)
+        if bad is not None:
+            self._trailers_only(stream_id, _status(grpc.StatusCode.INVALID_ARGUMENT, bad))
+            return
         context = Context(headers, deadline)
-        call = _Call(stream_id, method, context, _WBITS.get(encoding))
+        loop = self.server.loop
+        call = _Call(stream_id, method, context, _WBITS.get(encoding), loop.time())
         self.calls[stream_id] = call
-        call.task = self.server.loop.create_task(self._serve(call))
+        call.task = loop.create_task(self._serve(call))
+        if self._stall_check is None:
+            self._stall_check = loop.call_later(self.server.stall_s / 2, self._end_stalled)
         if ended:
             call.messages.put_nowait(None)
 
@@ -379,10 +434,17 @@ class GrpcProtocol(asyncio.Protocol):
         if call is None:
             return
         call.kept += flow_length
+        call.last_data = self.server.loop.time()
         if data:
             self._messages(call, data)
             if stream_id not in self.calls:
                 return  # refused
+            self._recount(call)
+            if self.unread > self.server.max_buffered_bytes:
+                limit = self.server.max_buffered_bytes
+                full = f"the connection's unread request messages are over {limit} bytes"
+                self._refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED, full)
+                return
         self._give_back(call)
         if ended:
             call.messages.put_nowait(None)
@@ -418,7 +480,7 @@ class GrpcProtocol(asyncio.Protocol):
             self.h2.reset(stream_id, http2.NO_ERROR)
 
     def on_reset(self, stream_id: int) -> None:
-        call = self.calls.pop(stream_id, None)
+        call = self._drop(stream_id)
         if call is not None and call.task is not None:
             call.task.cancel()  # a cancelled call: its handler stops waiting
         waiter = self._windows.pop(stream_id, None)
@@ -482,10 +544,42 @@ class GrpcProtocol(asyncio.Protocol):
         elif at < end:
             call.buffer += buf[at:]
 
+    def _drop(self, stream_id: int) -> _Call | None:
+        """The call of ``stream_id`` is over: forget it and the request bytes it held."""
+        call = self.calls.pop(stream_id, None)
+        if call is not None:
+            self.unread -= call.counted
+            call.counted = 0
+            call.buffer.clear()
+        return call
+
+    def _recount(self, call: _Call) -> None:
+        """The connection's ``unread``, after the call's request bytes changed."""
+        now = len(call.buffer) + call.held
+        self.unread += now - call.counted
+        call.counted = now
+
+    def _end_stalled(self) -> None:
+        """End the calls whose request messages stopped coming ``stall_s`` ago (checked
+        every ``stall_s`` / 2 while the connection has calls)."""
+        self._stall_check = None
+        if not self.calls or self.transport is None:
+            return
+        loop, stall_s = self.server.loop, self.server.stall_s
+        since = loop.time() - stall_s
+        # this side read nothing while paused: a call's bytes may have waited on it
+        if not self.h2.paused and self._read_since < since:
+            stalled = [c for c in self.calls.values() if c.last_data < since and c.stalled()]
+            for call in stalled:
+                why = f"no bytes of the request message came for {stall_s:g} s"
+                self._refuse(call, grpc.StatusCode.DEADLINE_EXCEEDED, why)
+            self._flush()
+        self._stall_check = loop.call_later(stall_s / 2, self._end_stalled)
+
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
         """End a call that cannot go on with ``code``: its handler is cancelled, and the
         client is told to stop sending (RST_STREAM NO_ERROR after the status)."""
-        self.calls.pop(call.id, None)
+        self._drop(call.id)
         if call.task is not None:
             call.task.cancel()
         status = _status(code, details)
@@ -547,6 +641,8 @@ class GrpcProtocol(asyncio.Protocol):
         while (got := await call.messages.get()) is not None:
             message, size = got
             call.held -= size  # the next messages' window, as this one is read
+            if call.id in self.calls:
+                self._recount(call)
             self._give_back(call)
             self._flush_soon()
             yield message
@@ -580,7 +676,7 @@ class GrpcProtocol(asyncio.Protocol):
             await waiter
 
     def _finish(self, call: _Call, status: bytes) -> None:
-        if self.calls.pop(call.id, None) is None:
+        if self._drop(call.id) is None:
             return  # reset by the client: nothing more to say
         self.h2.send_headers(call.id, status if call.headers_sent else _HEADERS + status, True)
         if self._going_away and not self.calls and self.transport is not None:
@@ -636,12 +732,18 @@ class GrpcServer:
         methods: dict[bytes, Method],
         *,
         max_message_bytes: int,
+        max_buffered_bytes: int | None = None,
         max_streams: int = MAX_STREAMS,
         handshake_s: float = HANDSHAKE_S,
+        stall_s: float = STALL_S,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
+        self.max_buffered_bytes = max_buffered_bytes or BUFFERED_MESSAGES * max_message_bytes
+        """The most request bytes a connection holds unread (None: BUFFERED_MESSAGES
+        times ``max_message_bytes``)."""
+        self.stall_s = stall_s
         self.max_streams = max_streams
         self.handshake_s = handshake_s
         self.ssl_context = ssl_context

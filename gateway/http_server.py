@@ -20,9 +20,13 @@ keeps what an inference front needs and nothing else:
 - ``Upgrade`` is ignored (RFC 9110 §7.8): the request is answered as any other and the
   connection goes on; CONNECT gets 400 and a close;
 - a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
-  ``stall_s`` gets 408 and a close; a request line and headers, or a chunked body's
-  trailers, over ``max_head_bytes`` get 431 and a close; a malformed request gets 400 and a
-  close;
+  ``stall_s``, or whose request line and headers (a chunk's size line, a chunked body's
+  trailers) are not whole ``stall_s`` after they began, gets 408 and a close (a client
+  that trickles a head a byte at a time must not hold a connection for ever); a request
+  line and headers, or a chunked body's trailers, over ``max_head_bytes`` get 431 and a
+  close; a malformed request gets 400 and a close, and so does an HTTP/1.1 request without
+  a Host header or any request with more than one (RFC 9112 §3.2);
+- a client that half-closes (a FIN after its requests) gets its answers, then the close;
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -67,10 +71,12 @@ MAX_HEAD_BYTES = 1 << 20
 somewhat past this."""
 
 STALL_S = 30.0
-"""A request half received whose next bytes do not come for this long is answered 408 and
-its connection closed (a dead or hostile client must not hold a connection for ever)."""
+"""A request half received whose next bytes do not come for this long, or whose head has
+not come whole this long after it began, is answered 408 and its connection closed (a dead
+or hostile client must not hold a connection for ever)."""
 
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_HOST_REQUIRED = "an HTTP/1.1 request needs one Host header, and no request may have two"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
@@ -156,6 +162,9 @@ class HttpProtocol(asyncio.Protocol):
         self._head_bytes = 0
         self._replay: bytes | None = None  # an Upgrade request's head, without the Upgrade
         self._last_data = 0.0
+        self._head_due: float | None = None  # the head being read must be whole by then
+        self._hosts = 0  # Host headers of the request being read
+        self._eof = False  # the client half-closed: answer what came, then close
         self._broken = False
         self._pump: asyncio.Task[None] | None = None
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -176,6 +185,16 @@ class HttpProtocol(asyncio.Protocol):
             self._pump.cancel()  # a streamed body's client went away: stop what it waits for
         if not self.closed.done():
             self.closed.set_result(None)
+
+    def eof_received(self) -> bool:
+        """The client will send nothing more (a FIN): the requests it sent are answered, then
+        the connection closes; at once when none is waiting (a request cut short is not)."""
+        self._eof = True
+        self._receiving = False  # a request cut short never completes: nothing to time
+        if self._busy or self._pending:
+            # False lets the transport close itself; TLS cannot stay half open anyway
+            return self._server.ssl_context is None
+        return False
 
     def data_received(self, data: bytes) -> None:
         if self._broken:
@@ -223,6 +242,8 @@ class HttpProtocol(asyncio.Protocol):
         self._receiving = True  # the idle timer, if armed, now watches for a stall
         self._in_head = True
         self._head_bytes = 0
+        self._head_due = self._last_data + self._server.stall_s
+        self._hosts = 0
         self._url = b""
         self._headers = {}
         self._body = []
@@ -237,20 +258,29 @@ class HttpProtocol(asyncio.Protocol):
             return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
+        if key == "host":
+            self._hosts += 1
         old = self._headers.get(key)
         self._headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
         self._in_body = True
         self._in_head = False
+        version = self._parser.get_http_version()
+        if self._hosts > 1 or (self._hosts == 0 and version != "1.0"):
+            self._reject_now(_plain(400, _HOST_REQUIRED))  # RFC 9112 §3.2
+            return
         if self._parser.should_upgrade():
             return  # read again without its Upgrade (_parse), or refused (on_message_complete)
         declared = self._headers.get("content-length", "")
         limit = self._server.max_body_bytes
         expects = (
             self._headers.get("expect", "").lower() == "100-continue"
-            and self._parser.get_http_version() != "1.0"  # ignored in 1.0 (RFC 9110 §10.1.1)
+            and version != "1.0"  # ignored in 1.0 (RFC 9110 §10.1.1)
         )
+        # the body's first bytes (a chunked one's first size line: timed as a head) come
+        # next, unless the client waits for an answer first
+        self._head_due = None if expects else self._last_data + self._server.stall_s
         if declared.isdigit() and int(declared) > limit:
             if expects:  # the client waits before it sends the body: answer it now
                 self._reject_now(_payload_too_large(limit))
@@ -266,9 +296,15 @@ class HttpProtocol(asyncio.Protocol):
     def on_chunk_header(self) -> None:
         self._in_head = True  # a chunk's size line, or the trailers after the last one
 
+    def on_chunk_complete(self) -> None:
+        # the next chunk's size line (or, after the last chunk, the trailers) is timed as a
+        # head: its bytes are not body, and a trickle of them must end too
+        self._head_due = self._last_data + self._server.stall_s
+
     def on_body(self, body: bytes) -> None:
         self._continue_owed = False  # the body comes without it
         self._in_head = False
+        self._head_due = None
         self._head_bytes = 0  # what was counted was a chunk's size line, not trailers
         if self._rejected is not None or self._broken:
             return
@@ -281,6 +317,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._receiving = self._in_body = self._in_head = self._continue_owed = False
+        self._head_due = None
         self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
             return
@@ -338,7 +375,10 @@ class HttpProtocol(asyncio.Protocol):
                 else:
                     response = item
                 keep_alive = (
-                    keep_alive and not self._closing and (chunked or response.stream is None)
+                    keep_alive
+                    and not self._closing
+                    and not (self._eof and not self._pending)  # its last answer: then close
+                    and (chunked or response.stream is None)
                 )
                 if self._transport is None or not await self._writable():
                     await _close_stream(response)
@@ -353,7 +393,7 @@ class HttpProtocol(asyncio.Protocol):
                     return
         finally:
             self._busy = False
-        if self._closing and self._transport is not None:
+        if (self._closing or self._eof) and self._transport is not None:
             self._transport.close()
             return
         if self._continue_owed and self._transport is not None:
@@ -437,11 +477,18 @@ class HttpProtocol(asyncio.Protocol):
         if not self._receiving:
             self._transport.close()
             return
-        left = self._last_data + self._server.stall_s - self._loop.time()
+        now = self._loop.time()
+        stall_s = self._server.stall_s
+        if self._head_due is not None and self._head_due <= now:
+            slow = f"the request's head (or a chunk size line, trailers) took over {stall_s:g} s"
+            self._reject_now(_plain(408, slow, "request_timeout"))
+            return
+        left = self._last_data + stall_s - now
         if left > 0:  # half a request, still coming in
-            self._idle = self._loop.call_later(left, self._idle_timeout)
+            due = left if self._head_due is None else min(left, self._head_due - now)
+            self._idle = self._loop.call_later(due, self._idle_timeout)
         else:
-            stalled = f"no bytes of the request came for {self._server.stall_s:g} s"
+            stalled = f"no bytes of the request came for {stall_s:g} s"
             self._reject_now(_plain(408, stalled, "request_timeout"))
 
     def shutdown(self) -> None:

@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
@@ -38,8 +38,9 @@ from plaza.settings import GatewaySettings, PlazaSettings
 
 log = logging.getLogger(__name__)
 
-GRPC_STOP_GRACE_S = 5.0
-"""On shutdown, gRPC calls in flight get this long to finish."""
+STOP_GRACE_S = 5.0
+"""On shutdown, the calls in flight on both fronts get ``sync_timeout_s`` and this long to
+finish (a sync call ends within its timeout)."""
 
 WORKER_STOP_GRACE_S = 30.0
 """With several gateway processes: how long each gets after SIGTERM before SIGKILL."""
@@ -80,20 +81,27 @@ async def serving(
             await service.start()
         http = HttpServer(front, max_body_bytes=gw.max_body_bytes, ssl_context=ssl_context(files))
         port = await http.start(gw.host, gw.http_port, http_socket)
+        stops: list[Callable[[float], Awaitable[None]]] = [http.stop]
         try:
             grpc_server, bound = await start_server(
                 service, gw.host, gw.grpc_port if grpc_port is None else grpc_port, files
             )
-            try:
-                scheme = "http" if files is None else "https"
-                yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, app)
-            finally:
-                await grpc_server.stop(GRPC_STOP_GRACE_S)
+            stops.append(grpc_server.stop)
+            scheme = "http" if files is None else "https"
+            yield Serving(f"{scheme}://{gw.host}:{port}", f"{gw.host}:{bound}", service, app)
         finally:
-            # a sync call ends within its timeout: that long for the calls in flight
-            await http.stop(gw.sync_timeout_s + 5)
+            await _stop_together(stops, gw.sync_timeout_s + STOP_GRACE_S)
     finally:
         await service.stop()
+
+
+async def _stop_together(stops: list[Callable[[float], Awaitable[None]]], grace_s: float) -> None:
+    """Stop the fronts at once, each giving its calls in flight ``grace_s``; the first
+    failure is raised once all have stopped."""
+    outcomes = await asyncio.gather(*(stop(grace_s) for stop in stops), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 async def _until_signalled() -> None:

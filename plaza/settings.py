@@ -327,6 +327,13 @@ class GatewaySettings(_Section):
         ge=1024,
         description="request body limit (HTTP 413 beyond), and gRPC's max receive message size",
     )
+    grpc_max_buffered_bytes: int = Field(
+        0,
+        ge=0,
+        description="the most bytes of request messages one gRPC connection holds before their "
+        "calls' handlers take them (messages still arriving, a stream's queued ones); the call "
+        "whose bytes pass it ends RESOURCE_EXHAUSTED (0: 4 x max_body_bytes)",
+    )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
     tls_cert_file: Path | None = Field(
         None, description="PEM certificate chain: HTTPS and gRPC over TLS when set"
