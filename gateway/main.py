@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -42,8 +43,10 @@ STOP_GRACE_S = 5.0
 """On shutdown, the calls in flight on both fronts get ``sync_timeout_s`` and this long to
 finish (a sync call ends within its timeout)."""
 
-WORKER_STOP_GRACE_S = 30.0
-"""With several gateway processes: how long each gets after SIGTERM before SIGKILL."""
+WORKER_STOP_MARGIN_S = 5.0
+"""With several gateway processes: after SIGTERM each gets the fronts' own grace
+(``sync_timeout_s`` + ``STOP_GRACE_S``) and this long more (its clients' close) before
+SIGKILL."""
 
 HTTP_BACKLOG = 2048
 """listen() backlog of a shared HTTP socket."""
@@ -248,17 +251,21 @@ def run_gateway_processes(settings: PlazaSettings) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _stop_all(procs)
+        grace_s = settings.gateway.sync_timeout_s + STOP_GRACE_S + WORKER_STOP_MARGIN_S
+        _stop_all(procs, grace_s)
     failed = [p for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
     return 0 if stopping.is_set() and not failed else 1
 
 
-def _stop_all(procs: list[BaseProcess]) -> None:
+def _stop_all(procs: list[BaseProcess], grace_s: float) -> None:
+    """SIGTERM every process, then SIGKILL those still alive ``grace_s`` later (one deadline
+    for all: they stop at the same time)."""
     for proc in procs:
         if proc.is_alive():
             proc.terminate()
+    deadline = time.monotonic() + grace_s
     for proc in procs:
-        proc.join(WORKER_STOP_GRACE_S)
+        proc.join(max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
             proc.kill()
             proc.join()
