@@ -7,8 +7,9 @@ stores the settings in Redis (one key, ``Names.log_settings_key``) and applies t
 itself; every other Plaza process (workers, hosts, ensemble runners, the other gateway
 processes) reads the key on its heartbeat and applies what changed. The change is stored
 with a compare-and-set (``change_stored``), so changes made at once by several gateways
-all land. Applying sets the level of the process's root logger and its handlers' time
-format:
+all land; a worker's Python model process logs as its worker (``log_state``, ``copy_log``:
+each batch sent to it says how). Applying sets the level of the process's root logger and
+its handlers' time format:
 
 - ``log_verbose_level`` >= 1: DEBUG; else ``log_info``: INFO; else ``log_warnings``:
   WARNING; else ``log_errors``: ERROR; else nothing is logged;
@@ -152,11 +153,38 @@ def configure_logging(level: str) -> None:
 def apply(settings: LogSettings, root: logging.Logger | None = None) -> None:
     """Make this process log as ``settings`` say: its root logger's level, and the time
     format of the handlers ``configure_logging`` installed."""
+    copy_log((settings.level, settings.log_format), root)
+
+
+LogState = tuple[int, LogFormat]
+"""How a process logs: its root logger's level, and its handlers' time format."""
+
+
+def log_state(root: logging.Logger | None = None) -> LogState:
+    """How this process logs now, for another to copy (``copy_log``): a worker's Python
+    model process logs as its worker, whose settings may change at run time."""
     root = root or logging.getLogger()
-    root.setLevel(settings.level)
+    formats = [_format_of(h.formatter) for h in root.handlers]
+    return root.getEffectiveLevel(), "ISO8601" if "ISO8601" in formats else "default"
+
+
+def copy_log(state: LogState, root: logging.Logger | None = None) -> None:
+    """Log as ``state`` says (``log_state`` of another process); what is already so is
+    left alone (a level set again clears every logger's cache)."""
+    level, log_format = state
+    root = root or logging.getLogger()
+    if root.level != level:
+        root.setLevel(level)
     for handler in root.handlers:
-        if isinstance(handler.formatter, PlazaFormatter):
-            handler.setFormatter(PlazaFormatter(settings.log_format))
+        if _format_of(handler.formatter) not in (None, log_format):
+            handler.setFormatter(PlazaFormatter(log_format))
+
+
+def _format_of(formatter: logging.Formatter | None) -> LogFormat | None:
+    """The time format of a Plaza formatter; None for any other."""
+    if not isinstance(formatter, PlazaFormatter):
+        return None
+    return "ISO8601" if formatter.datefmt == ISO8601 else "default"
 
 
 class Store(Protocol):

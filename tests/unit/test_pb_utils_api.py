@@ -140,7 +140,7 @@ def test_cancel_closes_a_decoupled_execs_stream_and_ends_it() -> None:
     responses.cancel()  # again: nothing more happens
 
 
-def test_cancel_before_the_first_response_sends_nothing() -> None:
+def test_cancel_before_the_first_response_never_starts_a_lazy_stream() -> None:
     stream = _Stream(5)
     responses = _exec_with(stream)
     responses.cancel()

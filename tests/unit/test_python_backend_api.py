@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 
 from plaza.client import make_request
-from plaza.contract import InferResult
 from plaza.errors import PlazaError
 from plaza.repository import ModelRepository
-from plaza.settings import PlazaSettings
 from plaza.workers.backends import pb_utils
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.backends.python_stub import BlsClient
@@ -174,36 +172,3 @@ def test_a_bls_requests_correlation_id_and_flags_become_sequence_parameters() ->
         "sequence_end": True,
     }
     assert _bls_parameters(parameters={"k": 1}) == {"k": 1}  # outside a sequence: nothing
-
-
-class _Sdk:
-    """The part of the SDK client a BLS stream uses: a stream of results that records
-    whether it was closed (and keeps it, so that only an explicit close closes it)."""
-
-    def __init__(self) -> None:
-        self.streams: list[Iterator[InferResult]] = []
-        self.closed = False
-
-    def infer_stream(self, model: str, inputs: object, **options: object) -> Iterator[InferResult]:
-        stream = self._results(model)
-        self.streams.append(stream)
-        return stream
-
-    def _results(self, model: str) -> Iterator[InferResult]:
-        try:
-            for i in range(100):
-                yield InferResult(f"r{i}", model, "1", index=i, final=False)
-        finally:
-            self.closed = True
-
-
-def test_cancelling_a_bls_stream_closes_the_sdks_stream_at_once() -> None:
-    """Closing the SDK's stream is what stores the caller's cancelled answer."""
-    client = BlsClient(lambda: PlazaSettings())
-    sdk = _Sdk()
-    client._client = sdk
-    request = pb_utils.InferenceRequest(model_name="endless")
-    responses = pb_utils.ResponseIterator(client.stream(request, 5.0))
-    assert next(responses).output_tensors() == []
-    responses.cancel()
-    assert sdk.closed and list(responses) == []

@@ -324,8 +324,22 @@ class InferenceResponseSender:
         return self._cancelled()
 
 
+class ResponseStream(Protocol):
+    """One decoupled BLS call's responses as the transport hands them over: the call is
+    already sent when the transport returns this."""
+
+    def next(self) -> InferenceResponse | None:
+        """The next response, waiting for it; None once there are no more."""
+
+    async def anext(self) -> InferenceResponse | None:
+        """``next``, awaited on the caller's event loop (which it leaves free meanwhile)."""
+
+    def cancel(self) -> None:
+        """Cancel the call at once, from any thread (a wait for a response ends)."""
+
+
 BlsCall = Callable[["InferenceRequest", float], InferenceResponse]
-BlsStream = Callable[["InferenceRequest", float], Iterator[InferenceResponse]]
+BlsStream = Callable[["InferenceRequest", float], "ResponseStream | Iterator[InferenceResponse]"]
 _bls_call: BlsCall | None = None
 """How ``InferenceRequest.exec`` reaches another model; the Python backend's process sets it."""
 _bls_stream: BlsStream | None = None
@@ -339,31 +353,26 @@ def set_bls_call(call: BlsCall | None, stream: BlsStream | None = None) -> None:
     _bls_stream = stream
 
 
-class ResponseIterator:
-    """What ``InferenceRequest.exec(decoupled=True)`` returns: the called model's
-    responses as they come.
-
-    ``cancel()`` cancels the call: the transport's stream is closed (Plaza's stores the
-    caller's ``cancelled`` answer for the called request, so the called model's
-    ``is_cancelled()`` turns True, and a call not yet sent is never sent) and the iteration
-    ends there. From another thread than the one iterating, it takes effect once the
-    response that thread waits for came (that one is still handed over)."""
+class _IteratedStream:
+    """A transport's plain iterator as a ``ResponseStream`` (a call that failed before it
+    was sent, a test's fake transport): it starts when first asked, and a ``cancel()`` from
+    another thread than the one waiting for a response takes effect once that response
+    came."""
 
     def __init__(self, responses: Iterator[InferenceResponse]) -> None:
         self._responses = responses
         self._cancelled = False
 
-    def __iter__(self) -> ResponseIterator:
-        return self
-
-    def __next__(self) -> InferenceResponse:
+    def next(self) -> InferenceResponse | None:
         if self._cancelled:
             self._close()
-            raise StopIteration
-        return next(self._responses)
+            return None
+        return next(self._responses, None)
+
+    async def anext(self) -> InferenceResponse | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self.next)
 
     def cancel(self) -> None:
-        """Cancel the BLS call (nothing happens once its last response came)."""
         self._cancelled = True
         with contextlib.suppress(ValueError):  # iterated on another thread: closed at its next
             self._close()
@@ -372,6 +381,45 @@ class ResponseIterator:
         close = getattr(self._responses, "close", None)
         if callable(close):
             close()
+
+
+class ResponseIterator:
+    """What ``InferenceRequest.exec(decoupled=True)`` returns, and what ``await
+    async_exec(decoupled=True)`` resolves to: the called model's responses as they come,
+    with ``for`` (each wait blocks the thread, as Triton's) or with ``async for`` (each
+    wait leaves the event loop free).
+
+    ``cancel()`` cancels the call at once, from any thread: Plaza's transport stores the
+    caller's ``cancelled`` answer for the called request (so the called model's
+    ``is_cancelled()`` turns True, and a request it has not run yet is skipped), a wait for
+    a response ends, and the iteration ends there."""
+
+    def __init__(self, responses: ResponseStream | Iterator[InferenceResponse]) -> None:
+        if isinstance(responses, Iterator):
+            responses = _IteratedStream(responses)
+        self._responses = responses
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        response = self._responses.next()
+        if response is None:
+            raise StopIteration
+        return response
+
+    def __aiter__(self) -> ResponseIterator:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        response = await self._responses.anext()
+        if response is None:
+            raise StopAsyncIteration
+        return response
+
+    def cancel(self) -> None:
+        """Cancel the BLS call (nothing happens once its last response came)."""
+        self._responses.cancel()
 
 
 class InferenceRequest:
@@ -461,10 +509,14 @@ class InferenceRequest:
         """Run this request on the Plaza model ``model_name`` and wait for its answer (BLS).
 
         An error of the called model comes back as the response's error, as in Triton. With
-        ``decoupled=True`` an iterator of the called model's responses, each as it comes
-        (a decoupled model's many, an ordinary model's one); the last one is empty (no
-        output tensors) when the model closed the request without a response; its
-        ``cancel()`` cancels the call (``ResponseIterator``)."""
+        ``decoupled=True`` the call is sent at once, and an iterator of the called model's
+        responses, each as it comes (a decoupled model's many, an ordinary model's one), is
+        returned; the last one is empty (no output tensors) when the model closed the
+        request without a response; its ``cancel()`` cancels the call (``ResponseIterator``).
+        ``timeout`` (microseconds), and the deadline of the request the caller is running,
+        become the called request's deadline: past it the call ends with a TritonError
+        (``UNAVAILABLE``, as Triton's timed-out request) and the called request is
+        cancelled."""
         if not self.model_name:
             raise TritonModelException("InferenceRequest.exec: model_name is required")
         timeout_s = self._timeout_us / 1e6
@@ -479,8 +531,9 @@ class InferenceRequest:
     def async_exec(self, decoupled: bool = False) -> asyncio.Future[Any]:
         """``exec`` as an awaitable, for an ``async def execute``: the call waits on a thread
         of the running loop's executor, so several BLS calls gathered run side by side.
-        With ``decoupled=True`` it resolves, once the called model closed the request, to
-        its responses (a list, iterated as the decoupled ``exec``'s iterator is)."""
+        With ``decoupled=True`` it resolves, once the call is sent, to its
+        ``ResponseIterator``: ``async for`` takes each response as it comes, leaving the
+        loop free; ``cancel()`` cancels the call."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -488,7 +541,7 @@ class InferenceRequest:
                 "InferenceRequest.async_exec must be awaited inside an async def execute"
             ) from None
         if decoupled:
-            return loop.run_in_executor(None, lambda: list(self.exec(decoupled=True)))
+            return loop.run_in_executor(None, lambda: self.exec(decoupled=True))
         return loop.run_in_executor(None, self.exec)
 
 
@@ -671,7 +724,9 @@ _LEVELS = {
 
 class Logger:
     """Triton's ``pb_utils.Logger``: messages go to the worker's log (the model process's
-    stderr, at the worker's level: VERBOSE shows at DEBUG)."""
+    stderr, at the worker's level: VERBOSE shows at DEBUG). A change of the log settings at
+    run time holds from the model's next batch on (each batch's frame carries the worker's
+    level)."""
 
     LogLevel = _LogLevel
     INFO: ClassVar[_LogLevel] = _LogLevel.INFO

@@ -44,6 +44,7 @@ from plaza.client import make_request
 from plaza.codec import decode_result, encode_request
 from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError
+from plaza.log_settings import log_state
 from plaza.modelconfig import int64_as_numbers
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
@@ -108,7 +109,7 @@ class PythonBackend:
             with self._lock:
                 if self._channel is None:
                     self._restart()
-                message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
+                message = _execute_message(requests)
                 self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
                 with self._hearing_cancels(requests):
                     recv = partial(Channel.recv, timeout_s=self._timeout_s)
@@ -136,7 +137,7 @@ class PythonBackend:
         with self._lock:
             if self._channel is None:
                 self._restart()
-            message = {"op": "execute", "requests": [encode_request(r) for r in requests]}
+            message = _execute_message(requests)
             deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
             self._exchange(lambda channel: channel.send(message), "execute_timeout_s")
             with self._hearing_cancels(requests):
@@ -381,6 +382,7 @@ class PythonBackend:
             "repository": str(self.mv.path.parent.parent.parent),
             "settings": self._settings_json,
             "args": initialize_args(self.mv, self.device),
+            "log": list(log_state()),
         }
 
     def _answer(self, req: InferRequest, raw: bytes) -> Answer:
@@ -403,6 +405,14 @@ class PythonBackend:
             )
         outputs = tuple(given[n] for n in wanted)
         return Response(outputs, result.parameters) if result.parameters else outputs
+
+
+def _execute_message(requests: Sequence[InferRequest]) -> dict[str, Any]:
+    """A batch for the model's process, with how the worker logs now (``log_state``): a
+    change of the log settings at run time reaches the model's process with its next
+    batch."""
+    encoded = [encode_request(r) for r in requests]
+    return {"op": "execute", "requests": encoded, "log": list(log_state())}
 
 
 def _runs(process: subprocess.Popen[bytes]) -> bool:

@@ -2,22 +2,26 @@
 
 Started by ``PythonBackend`` as ``python -m plaza.workers.backends.python_stub READ_FD
 WRITE_FD PARENT_PID LOG_LEVEL`` (the worker's log level, a number: ``pb_utils.Logger`` and
-the rest of this process log at it, to stderr). It puts ``pb_utils`` into ``sys.modules`` as
-``triton_python_backend_utils``, loads ``model.py`` and answers the worker's frames
-(``python_channel``): ``initialize``, ``execute`` (a batch of Plaza requests in, one result
-per request out) and ``finalize``; an answer carries the model's custom metrics
-(``pb_metrics``) when they changed. A decoupled model's ``execute`` answers through its
-requests' response senders instead: each ``send`` goes to the worker at once as a frame of
-its own (``{"response": i, "final": ..., "result": ...}``, ``result`` absent for a final
-flag without a response), and the batch's answer (``{"ok": true}``) follows once every
-request got its final flag. While any batch runs, the worker's cancel frames wait on the
-pipe until the model asks ``is_cancelled()`` (``_Cancels``). What model.py does wrong
-becomes an error answer; what kills this process (``os._exit``, a segfault) the worker sees
-as a closed pipe. An ``async def execute`` runs to its end on this process's own event
-loop, one batch at a time (the same loop every call, so a model may keep loop-bound
-resources between calls), where ``async_exec`` BLS calls run side by side. The model loading
-API (``pb_utils.load_model``, ``unload_model``, ``is_model_ready``: ``pb_model_loader``)
-works in ``initialize`` and ``execute``; ``finalize`` refuses it, as Triton does.
+the rest of this process log at it, to stderr; each ``initialize`` and ``execute`` frame
+says the worker's level and time format again, ``log``, which this process then follows, so
+a change of the log settings at run time reaches it with the next batch). It puts
+``pb_utils`` into ``sys.modules`` as ``triton_python_backend_utils``, loads ``model.py`` and
+answers the worker's frames (``python_channel``): ``initialize``, ``execute`` (a batch of
+Plaza requests in, one result per request out) and ``finalize``; an answer carries the
+model's custom metrics (``pb_metrics``) when they changed. A decoupled model's ``execute``
+answers through its requests' response senders instead: each ``send`` goes to the worker at
+once as a frame of its own (``{"response": i, "final": ..., "result": ...}``, ``result``
+absent for a final flag without a response), and the batch's answer (``{"ok": true}``)
+follows once every request got its final flag. While any batch runs, the worker's cancel
+frames wait on the pipe until the model asks ``is_cancelled()`` (``_Cancels``). What
+model.py does wrong becomes an error answer; what kills this process (``os._exit``, a
+segfault) the worker sees as a closed pipe. An ``async def execute`` runs to its end on this
+process's own event loop, one batch at a time (the same loop every call, so a model may keep
+loop-bound resources between calls), where ``async_exec`` BLS calls run side by side. BLS
+calls (``BlsClient``) run on the SDK's own loop thread; while a batch runs, its deadline
+bounds them (``batch_deadline_ms``). The model loading API (``pb_utils.load_model``,
+``unload_model``, ``is_model_ready``: ``pb_model_loader``) works in ``initialize`` and
+``execute``; ``finalize`` refuses it, as Triton does.
 """
 
 from __future__ import annotations
@@ -28,22 +32,28 @@ import importlib.util
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import CancelledError
+from concurrent.futures import Future as ConcurrentFuture
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
+
+from plaza.client import PlazaClient, SyncPlazaClient, make_request
 from plaza.codec import decode_request, encode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
-from plaza.errors import PlazaError
-from plaza.log_settings import configure_logging
+from plaza.errors import DeadlineExceeded, PlazaError, Unavailable
+from plaza.log_settings import configure_logging, copy_log
 from plaza.sequence_batching import PARAM_END, PARAM_ID, PARAM_START
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor as WireTensor
@@ -52,9 +62,14 @@ from plaza.workers.backends.pb_model_loader import ModelLoader
 from plaza.workers.backends.python_channel import Channel, ChannelClosed
 from plaza.workers.backends.python_errors import plaza_code, triton_code
 
+T = TypeVar("T")
 MODULE_NAME = "triton_python_backend_utils"
 BLS_DEFAULT_TIMEOUT_S = 30.0
-"""How long a BLS call waits for its answer when the request sets no ``timeout``."""
+"""How long a BLS call waits for its answer (a decoupled call: for each response) when it
+has no deadline (no ``timeout``, and a caller without one)."""
+BLS_GRACE_S = 1.0
+"""How much longer than the BLS caller waits the SDK's own limit is: the caller's ends the
+call first, cancelling its request."""
 PARENT_CHECK_S = 0.5
 """How often the process checks that the worker that started it still runs."""
 PARENT_EXIT_S = 0.2
@@ -79,7 +94,10 @@ class ModelHost:
         """Where a decoupled model's responses go as they are sent."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The answer to one frame, with the model's custom metrics when they changed."""
+        """The answer to one frame, with the model's custom metrics when they changed. A
+        batch's frame says how the worker logs now (``log_state``): this process logs so
+        from then on (``pb_utils.Logger`` included)."""
+        _follow_log(message.get("log"))
         answer = self._handle(message)
         snapshot = pb_metrics.registry.snapshot()
         if snapshot is not None:
@@ -133,9 +151,10 @@ class ModelHost:
         built = [self._try_pb_request(r, cancels) for r in requests]
         pb_requests = [b for b in built if isinstance(b, pb_utils.InferenceRequest)]
         try:
-            responses = self.model.execute(pb_requests) if pb_requests else []
-            if inspect.isawaitable(responses):  # async def execute
-                responses = self._event_loop().run_until_complete(responses)
+            with self._calls_within(requests):
+                responses = self.model.execute(pb_requests) if pb_requests else []
+                if inspect.isawaitable(responses):  # async def execute
+                    responses = self._event_loop().run_until_complete(responses)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         finally:
@@ -173,21 +192,35 @@ class ModelHost:
             made._sender = sender
             pb_requests.append(made)
         try:
-            returned = self.model.execute(pb_requests) if pb_requests else None
-            if inspect.isawaitable(returned):
-                returned = self._event_loop().run_until_complete(returned)
-            if returned is not None:
-                return _failure(
-                    "a decoupled model's execute must return None (its responses go through "
-                    f"each request's response sender); it returned a {type(returned).__name__}"
-                )
-            self._wait(responses.done)
+            with self._calls_within(requests):
+                returned = self.model.execute(pb_requests) if pb_requests else None
+                if inspect.isawaitable(returned):
+                    returned = self._event_loop().run_until_complete(returned)
+                if returned is not None:
+                    return _failure(
+                        "a decoupled model's execute must return None (its responses go "
+                        "through each request's response sender); it returned a "
+                        f"{type(returned).__name__}"
+                    )
+                self._wait(responses.done)
         except Exception as exc:
             return _failure(f"execute raised {type(exc).__name__}: {exc}")
         finally:
             responses.close()
             cancels.close()
         return {"ok": True}
+
+    @contextlib.contextmanager
+    def _calls_within(self, requests: Sequence[InferRequest]) -> Iterator[None]:
+        """While a batch runs, its BLS calls end by its deadline (``batch_deadline_ms``)."""
+        if self.bls is None:  # no initialize: no BLS either
+            yield
+            return
+        self.bls.caller_deadline_ms = batch_deadline_ms(requests)
+        try:
+            yield
+        finally:
+            self.bls.caller_deadline_ms = None
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -347,55 +380,104 @@ class _Responses:
             sender.close()
 
 
+class BlsSdk(PlazaClient):
+    """The SDK client of BLS calls: it sends a request the call made, with the deadline the
+    call chose (the SDK's own ``infer`` sets none)."""
+
+    async def call(self, req: InferRequest, wait_s: float) -> InferResult:
+        return await self.producer.infer(req, await self._spec(req.model), wait_s)
+
+    async def responses(
+        self, req: InferRequest, wait_s: float
+    ) -> AsyncGenerator[InferResult, None]:
+        """Each response of ``req`` as it comes, the empty final one included; closed
+        early, the request's ``cancelled`` answer is stored."""
+        stream = self.producer.infer_stream(req, await self._spec(req.model), wait_s)
+        async with contextlib.aclosing(stream):
+            async for result in stream:
+                yield result
+
+
+class BlsThread(SyncPlazaClient):
+    """``BlsSdk`` on its own event loop thread (``SyncPlazaClient``'s), where BLS calls'
+    coroutines run; ``close`` ends the ones still waiting."""
+
+    @staticmethod
+    async def _make(settings: PlazaSettings | None) -> PlazaClient:
+        return BlsSdk(settings)
+
+    @property
+    def sdk(self) -> BlsSdk:
+        assert isinstance(self._client, BlsSdk)
+        return self._client
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro`` on the SDK's loop, waited for."""
+        return self._call(coro)
+
+    def schedule(self, coro: Coroutine[Any, Any, T]) -> ConcurrentFuture[T]:
+        """``coro`` on the SDK's loop, not waited for; Unavailable once closed."""
+        if self._closed:
+            coro.close()
+            raise Unavailable("the BLS client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+
 class BlsClient:
-    """``InferenceRequest.exec``: a Plaza SDK client, made on the first call."""
+    """``InferenceRequest.exec``: the SDK on a thread of its own, made on the first call.
+
+    A call's deadline is the earlier of its own ``timeout`` and ``caller_deadline_ms`` (the
+    batch's that the model runs); the called request carries it, so that its worker expires
+    it as its queue policy says, and the caller waits until then at most
+    (``BLS_DEFAULT_TIMEOUT_S`` without one). A caller that stops waiting cancels the called
+    request, and its answer is a TritonError of the ``timeout`` code (``UNAVAILABLE``)."""
 
     def __init__(self, settings: Callable[[], PlazaSettings]) -> None:
         self._settings = settings
-        self._client: Any = None
+        self._thread: BlsThread | None = None
+        self._making = threading.Lock()
+        self.caller_deadline_ms: int | None = None
+        """The deadline of the batch the model runs now (``batch_deadline_ms``)."""
 
-    def __call__(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
+    def __call__(
+        self, request: pb_utils.InferenceRequest, timeout_s: float
+    ) -> pb_utils.InferenceResponse:
         try:
-            return self._call(request, timeout_s or BLS_DEFAULT_TIMEOUT_S)
+            req, wait_s = self._request(request, timeout_s)
+            thread = self._sdk()
+            result = thread.run(_within(wait_s, thread.sdk.call(req, wait_s + BLS_GRACE_S)))
         except PlazaError as exc:
-            error = pb_utils.TritonError(exc.message, triton_code(exc.code))
-            return pb_utils.InferenceResponse(error=error)
-
-    def stream(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Iterator[Any]:
-        """``InferenceRequest.exec(decoupled=True)``: the called model's responses as they
-        come, then an empty one when it closed the request without a response (as Triton's
-        iterator ends); a failure of the call itself is one last error response."""
-        final = False
-        try:
-            responses = self._sdk().infer_stream(
-                request.model_name,
-                self._inputs(request),
-                timeout_s=timeout_s or BLS_DEFAULT_TIMEOUT_S,
-                raise_on_error=False,
-                **self._options(request),
-            )
-            # Closed early (``ResponseIterator.cancel``): the SDK's stream is closed at once,
-            # which stores the caller's cancelled answer for the called request.
-            with contextlib.closing(responses):
-                for result in responses:
-                    final = result.final
-                    yield _response(result)
-        except PlazaError as exc:
-            error = pb_utils.TritonError(exc.message, triton_code(exc.code))
-            yield pb_utils.InferenceResponse(error=error)
-            return
-        if not final:  # the SDK leaves the empty final response out
-            yield pb_utils.InferenceResponse()
-
-    def _call(self, request: pb_utils.InferenceRequest, timeout_s: float) -> Any:
-        result = self._sdk().infer(
-            request.model_name,
-            self._inputs(request),
-            timeout_s=timeout_s,
-            raise_on_error=False,
-            **self._options(request),
-        )
+            return _error_response(exc)
         return _response(result)
+
+    def stream(
+        self, request: pb_utils.InferenceRequest, timeout_s: float
+    ) -> pb_utils.ResponseStream | Iterator[pb_utils.InferenceResponse]:
+        """``InferenceRequest.exec(decoupled=True)``: the call is sent now, its responses
+        taken as they come (``BlsStream``); a call that cannot be sent is one error
+        response."""
+        try:
+            req, wait_s = self._request(request, timeout_s)
+            return BlsStream(self._sdk(), req, wait_s, req.deadline_ms is not None)
+        except PlazaError as exc:
+            return iter([_error_response(exc)])
+
+    def _request(
+        self, request: pb_utils.InferenceRequest, timeout_s: float
+    ) -> tuple[InferRequest, float]:
+        """The Plaza request of a BLS call, its deadline set, and how long the caller waits
+        for it; DeadlineExceeded (sent nothing) when that deadline has passed."""
+        req = make_request(request.model_name, self._inputs(request), **self._options(request))
+        deadline_ms = call_deadline_ms(timeout_s, self.caller_deadline_ms, req.created_ms)
+        if deadline_ms is None:
+            return req, BLS_DEFAULT_TIMEOUT_S
+        wait_s = (deadline_ms - time.time() * 1000) / 1000
+        if wait_s <= 0:
+            raise DeadlineExceeded(
+                f"BLS call to model {request.model_name!r}: its deadline passed before it was "
+                "sent (the timeout it was given, or its caller's deadline)"
+            )
+        return msgspec.structs.replace(req, deadline_ms=deadline_ms), wait_s
 
     @staticmethod
     def _inputs(request: pb_utils.InferenceRequest) -> list[WireTensor]:
@@ -413,18 +495,168 @@ class BlsClient:
             },
         }
 
-    def _sdk(self) -> Any:
-        if self._client is None:
-            from plaza.client import SyncPlazaClient
-
-            self._client = SyncPlazaClient(self._settings())
-        return self._client
+    def _sdk(self) -> BlsThread:
+        with self._making:  # gathered async_exec calls make one client, not one each
+            if self._thread is None:
+                self._thread = BlsThread(self._settings())
+            return self._thread
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._thread is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
-            self._client = None
+                self._thread.close()
+            self._thread = None
+
+
+class BlsStream:
+    """One ``InferenceRequest.exec(decoupled=True)`` call (a ``pb_utils.ResponseStream``):
+    sent when made, its responses taken one at a time. Its state lives on the SDK's loop,
+    so ``cancel`` from any thread ends a wait for a response at once: the step waiting is
+    cancelled, which stores the caller's ``cancelled`` answer for the called request.
+
+    ``deadline``: the call has one, ``wait_s`` from now, which bounds the whole stream;
+    else ``wait_s`` bounds each wait for a response. A wait that ends there ends the stream
+    with a ``timeout`` error response, its request cancelled."""
+
+    def __init__(self, thread: BlsThread, req: InferRequest, wait_s: float, deadline: bool):
+        self._thread = thread
+        self._model = req.model
+        self._wait_s = wait_s
+        self._until: float | None = time.monotonic() + wait_s if deadline else None
+        self._results = thread.sdk.responses(req, wait_s + BLS_GRACE_S)
+        self._step: asyncio.Future[InferResult | None] | None = None
+        """The step taking the next response, started ahead (the first one, at once)."""
+        self._over = False
+        self._closed = False
+        self._failed = False
+        """On the caller's side: the SDK failed and its error response was handed over."""
+        thread.schedule(self._start())  # sends the request now
+
+    # -- the caller's side (any thread) ----------------------------------------------------
+    def next(self) -> pb_utils.InferenceResponse | None:
+        if self._failed:
+            return None
+        try:
+            return self._thread.schedule(self._take()).result()
+        except CancelledError:  # the SDK's loop is closing (finalize)
+            return None
+        except PlazaError as exc:
+            self._failed = True
+            return _error_response(exc)
+
+    async def anext(self) -> pb_utils.InferenceResponse | None:
+        if self._failed:
+            return None
+        try:
+            return await asyncio.wrap_future(self._thread.schedule(self._take()))
+        except PlazaError as exc:
+            self._failed = True
+            return _error_response(exc)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(PlazaError, CancelledError):
+            self._thread.schedule(self._cancel()).result()
+
+    # -- on the SDK's loop -----------------------------------------------------------------
+    async def _start(self) -> None:
+        """Take the first response ahead, which publishes the request."""
+        if not self._over and self._step is None:
+            self._step = asyncio.ensure_future(_next_of(self._results))
+
+    async def _take(self) -> pb_utils.InferenceResponse | None:
+        if self._over:
+            return None
+        if self._step is None:  # else started ahead; ``_cancel`` reaches it while awaited
+            self._step = asyncio.ensure_future(_next_of(self._results))
+        try:
+            async with asyncio.timeout(self._left()):
+                result = await self._step
+        except TimeoutError:
+            self._over = True
+            return _error_response(self._late())
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self._over and current is not None and not current.cancelling():
+                return None  # ``_cancel`` cancelled the step
+            self._over = True
+            raise
+        except PlazaError as exc:
+            self._over = True
+            return _error_response(exc)
+        finally:
+            self._step = None
+            if self._over:
+                await self._close()
+        if result is None or result.final:
+            self._over = True
+            await self._close()
+        return None if result is None else _response(result)
+
+    async def _cancel(self) -> None:
+        self._over = True
+        step = self._step
+        if step is not None:
+            step.cancel()
+            await asyncio.wait([step])
+        await self._close()
+
+    async def _close(self) -> None:
+        """Close the SDK's stream, once (its request cancelled unless it was answered)."""
+        if not self._closed:
+            self._closed = True
+            await self._results.aclose()
+
+    def _left(self) -> float:
+        return self._wait_s if self._until is None else max(0.0, self._until - time.monotonic())
+
+    def _late(self) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            f"BLS call to model {self._model!r}: no response within {self._wait_s:g} s (the "
+            "timeout it was given, or its caller's deadline); the called request was cancelled"
+        )
+
+
+async def _next_of(results: AsyncIterator[InferResult]) -> InferResult | None:
+    """The next result, None at the end."""
+    try:
+        return await anext(results)
+    except StopAsyncIteration:
+        return None
+
+
+async def _within(wait_s: float, call: Coroutine[Any, Any, InferResult]) -> InferResult:
+    """``call``'s answer within ``wait_s``; past it the call is cancelled (its request's
+    ``cancelled`` answer stored) and DeadlineExceeded raised."""
+    try:
+        async with asyncio.timeout(wait_s):
+            return await call
+    except TimeoutError:
+        raise DeadlineExceeded(
+            f"BLS call: no answer within {wait_s:g} s (the timeout it was given, or its "
+            "caller's deadline); the called request was cancelled"
+        ) from None
+
+
+def call_deadline_ms(timeout_s: float, caller_ms: int | None, now_ms: int) -> int | None:
+    """A BLS call's deadline (epoch ms): ``now_ms`` plus its own timeout (0: none), or its
+    caller's deadline, whichever comes first; None when it has neither."""
+    own = now_ms + math.ceil(timeout_s * 1000) if timeout_s > 0 else None
+    deadlines = [d for d in (own, caller_ms) if d is not None]
+    return min(deadlines) if deadlines else None
+
+
+def batch_deadline_ms(requests: Sequence[InferRequest]) -> int | None:
+    """The deadline of a batch's BLS calls: its requests' latest (a call may serve any of
+    them); None when one of them has none."""
+    deadlines = [r.deadline_ms for r in requests]
+    if not deadlines or any(d is None for d in deadlines):
+        return None
+    return max(d for d in deadlines if d is not None)
+
+
+def _error_response(exc: PlazaError) -> pb_utils.InferenceResponse:
+    error = pb_utils.TritonError(exc.message, triton_code(exc.code))
+    return pb_utils.InferenceResponse(error=error)
 
 
 def request_flags(req: InferRequest) -> int:
@@ -471,7 +703,7 @@ def process_settings(settings_json: str, repository: str) -> PlazaSettings:
     return PlazaSettings(repository=Path(repository))
 
 
-def _response(result: InferResult) -> Any:
+def _response(result: InferResult) -> pb_utils.InferenceResponse:
     """A Plaza result as the ``pb_utils.InferenceResponse`` a BLS caller gets."""
     if result.error is not None:
         error = pb_utils.TritonError(result.error.message, triton_code(result.error.code))
@@ -536,6 +768,12 @@ def _configure_logging(argv: Sequence[str]) -> None:
     configure_logging("INFO")
     if len(argv) > 4:
         logging.getLogger().setLevel(int(argv[4]))
+
+
+def _follow_log(state: Any) -> None:
+    """Log as the worker's frame says (``[level, format]``), if it says."""
+    if isinstance(state, list) and len(state) == 2 and isinstance(state[0], int):
+        copy_log((state[0], "ISO8601" if state[1] == "ISO8601" else "default"))
 
 
 def main(argv: Sequence[str]) -> int:
