@@ -32,6 +32,19 @@ before it ran; a write retried after its reply was lost finds its own answers st
 Where fewer than all were, ``first_writes`` looks which answers the keys hold: only those
 count as answered requests in the metrics.
 
+A request skipped as answered that names a reply stream may be a producer's retry under
+the same id (docs/protocol.md, "The request record"), whose caller waits on that stream: the
+worker sends the stored answer there again (``stored_answers``, then
+``ResultWriter.resend``) before the record is finished, and counts nothing for it. Only
+where the request was sent after its answer was stored (its ``sent_us`` against the key's
+remaining TTL, on Redis' clock, to the millisecond; either unknown: sent): a record
+replayed after a crash or a rebalance was sent before the answer that its first run wrote
+and added to its stream, so it adds no second copy. Never a caller's cancel (that caller
+is gone). A decoupled model's request gets its stored responses before its final one (the
+final's ``index`` tells how many; one expired since is left out). Each part is one
+pipelined call of at most :data:`RESEND_CHUNK` keys; only fetches and batches that skipped
+a request make any.
+
 Redis not answering is not a reason to hold a batch back: the batch then runs whole, as it
 would without this check.
 
@@ -46,7 +59,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
@@ -56,6 +69,7 @@ from plaza.contract import InferResult
 from plaza.errors import Cancelled, CodecError
 from plaza.naming import Names
 from plaza.workers.runner import WorkItem
+from plaza.workers.writer import StoredAnswer
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +83,28 @@ CANCEL_PEEK_BYTES = 4096
 """How much of a stored answer is read to tell whether it is its caller's cancel: a small
 error answer; one this long or longer is none."""
 
+RESEND_CHUNK = 64
+"""Stored answers read in one pipelined call to be sent again, at most."""
+
+# KEYS: one result key. ARGV: when the request found answered was sent (Unix us, 0: not
+# known), the answers' TTL (ms). Returns the answer unless the request was sent over a
+# millisecond (the resolution of the key's TTL, and of Redis' clock in a script) before the
+# answer was stored; nil when there is none (or not a string).
+_SENT_AFTER_SCRIPT = """
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) ~= 'string' then
+  return false
+end
+local sent, left = tonumber(ARGV[1]), redis.call('PTTL', KEYS[1])
+if sent > 0 and left >= 0 then
+  local now = redis.call('TIME')
+  local stored_ms = now[1] * 1000 + math.floor(now[2] / 1000) - (tonumber(ARGV[2]) - left)
+  if sent < (stored_ms - 1) * 1000 then
+    return false
+  end
+end
+return stored
+"""
 # KEYS: one answer key. ARGV: the SHA-1 of an answer's encoding. 1 when the key holds it.
 _HOLDS_SCRIPT = """
 local stored = redis.call('GET', KEYS[1])
@@ -88,6 +124,15 @@ class Look(NamedTuple):
     """Answered already (cancelled by their callers, or replays): finished unrun."""
     cancelled: list[WorkItem]
     """Those of ``answered`` whose answer is their caller's cancel."""
+
+
+def _responses_before(final: bytes) -> int:
+    """How many responses a decoupled model's request gave before its ``final`` one (each
+    under its ``Names.response_key``): the final's ``index``."""
+    try:
+        return decode_result(final).index
+    except CodecError:
+        return 0
 
 
 def is_callers_cancel(stored: bytes) -> bool:
@@ -164,6 +209,50 @@ class AnsweredCheck:
             log.warning("%d skipped requests not counted (cancelled or not?): %s", len(keys), exc)
             return []
         return [it for it, s in zip(answered, stored, strict=True) if is_callers_cancel(s)]
+
+    async def stored_answers(
+        self, items: Sequence[WorkItem], ttl_s: int, decoupled: bool = False
+    ) -> AsyncGenerator[list[StoredAnswer], None]:
+        """What to send again to the reply streams of ``items`` (found answered), in parts
+        to send in order: each stored answer whose request names a stream and was sent
+        after it was stored (``ttl_s``: the answers' TTL), not a caller's cancel; a
+        ``decoupled`` model's responses before its final one."""
+        asked = [(it.request, s) for it in items if (s := it.request.reply.stream)]
+        for start in range(0, len(asked), RESEND_CHUNK):
+            part = asked[start : start + RESEND_CHUNK]
+            ready: list[StoredAnswer] = []
+            pipe = self._redis.pipeline(transaction=False)
+            for req, _ in part:
+                key = self._names.result_key(req.id)
+                pipe.eval(_SENT_AFTER_SCRIPT, 1, key, req.sent_us, ttl_s * 1000)
+            for (req, stream), final in zip(part, await pipe.execute(), strict=True):
+                if not final or is_callers_cancel(final):
+                    continue
+                before = _responses_before(final) if decoupled else 0
+                if before and ready:  # each request's responses go before its final one
+                    yield ready
+                    ready = []
+                async for responses in self._responses(req.id, before, stream):
+                    yield responses
+                ready.append(StoredAnswer(req.id, bytes(final), stream))
+            if ready:
+                yield ready
+
+    async def _responses(
+        self, request_id: str, count: int, stream: str
+    ) -> AsyncGenerator[list[StoredAnswer], None]:
+        """Responses 0 to ``count`` - 1 of a decoupled model's request, those stored:
+        :data:`RESEND_CHUNK` a pipelined call."""
+        for first in range(0, count, RESEND_CHUNK):
+            pipe = self._redis.pipeline(transaction=False)
+            for index in range(first, min(count, first + RESEND_CHUNK)):
+                pipe.get(self._names.response_key(request_id, index))
+            found = await pipe.execute(raise_on_error=False)
+            part = [
+                StoredAnswer(request_id, bytes(p), stream) for p in found if isinstance(p, bytes)
+            ]
+            if part:
+                yield part
 
     async def first_writes(self, answers: Sequence[InferResult]) -> list[bool]:
         """For each of ``answers`` just written, whether its key holds it: it was the

@@ -40,6 +40,7 @@ from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
+from redis.exceptions import ResponseError
 
 from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher, queue_deadline
 from plaza.connections import ensure_topics, kafka_consumer
@@ -58,7 +59,7 @@ from plaza.model_control import model_spec
 from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import BACKEND_PYTHON, ModelSpec
 from plaza.repository import ModelRepository
-from plaza.retry import until_done
+from plaza.retry import refused_for_good, until_done
 from plaza.sequence_batching import SequenceKey
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
@@ -143,8 +144,9 @@ class Completed:
     states: list[StateWrite] = field(default_factory=list)
     """A stateful model's sequences' states, written with their answers."""
     skipped: list[WorkItem] = field(default_factory=list)
-    """Requests intake found answered already (finished unrun), to count once it has
-    looked which of them their callers cancelled (``_count_skipped``)."""
+    """Requests found answered already (finished unrun): their stored answers go to their
+    reply streams again first (``_resend``); intake's are counted once it has looked which
+    of them their callers cancelled (``_count_skipped``)."""
 
 
 class Worker:
@@ -871,7 +873,9 @@ class Worker:
             self.metrics.cancelled(look.cancelled)
             done = [(it.partition, it.offset) for it in answered]
             await self._results.put(
-                Completed(records=done, in_flight=len(answered) if in_flight else 0)
+                Completed(
+                    records=done, in_flight=len(answered) if in_flight else 0, skipped=answered
+                )
             )
         return batch
 
@@ -1075,6 +1079,8 @@ class Worker:
                 self.metrics.answered(firsts)
                 self.metrics.count("written", len(firsts))
                 self.metrics.count("duplicate", len(done.answers) - len(firsts))
+                if done.skipped:
+                    await self._resend(done.skipped)
                 self._finish(done.records)
                 self._in_flight -= done.in_flight
                 if self._in_flight == 0:
@@ -1082,6 +1088,25 @@ class Worker:
                 self._space.set()
             finally:
                 self._results.task_done()
+
+    async def _resend(self, skipped: list[WorkItem]) -> None:
+        """Send the stored answers of requests found answered to their reply streams again,
+        where a producer's retry under the same id waits (``workers/answered.py``), before
+        their records are finished; retried while Redis is away."""
+        ttl_s, decoupled = self.settings.redis.result_ttl_s, self.spec.decoupled
+
+        async def send() -> None:
+            parts = self.answered.stored_answers(skipped, ttl_s, decoupled)
+            try:
+                async with contextlib.aclosing(parts):
+                    async for part in parts:
+                        await self.writer.resend(part)
+            except ResponseError as exc:
+                if not refused_for_good(exc):
+                    raise
+                log.warning("%s: stored answers not sent again: %s", self.id, exc)
+
+        await until_done(send, f"sending the stored answers of {len(skipped)} requests again")
 
     async def _first_answers(self, answers: list[Answer], written: int) -> list[Answer]:
         """Those of ``answers`` that were their requests' first (the others lost to an

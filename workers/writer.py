@@ -32,6 +32,11 @@ A decoupled model's responses that are not final go under their own keys
 (``Names.response_key``), first write wins per response: a replay adds to the stream only
 the responses that its first run did not write.
 
+Answers stored already can be added to reply streams again (``resend``: no key written,
+the bytes as stored, the same entries, bound and expiry): a worker sends a request's stored
+answer to the stream of a producer's retry under the same id, which it does not run
+(``workers/answered.py``).
+
 A stateful model's answers carry their sequence's state (``StateWrite``): the state after
 the request, kept under the sequence's key, or the key dropped after its END. The script
 writes a state only where its answer's SET won, in the same call: the state Redis holds is
@@ -176,6 +181,15 @@ Results = Sequence[tuple[InferResult, str | None]]
 
 
 @dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """An answer as its key holds it, to add to a reply stream again (``resend``)."""
+
+    request_id: str
+    payload: bytes
+    stream: str
+
+
+@dataclass(frozen=True, slots=True)
 class StateWrite:
     """A sequence's state to keep under ``key`` (``state``; None drops the key), written
     with the answer at ``index`` of the same write, and only where that answer is the
@@ -306,13 +320,9 @@ class ResultWriter:
             args = (payload, ttl, w.state or b"", w.ttl_ms)
             pipe.eval(_CLAIM_WITH_STATE_SCRIPT, 2, key, slot_key, *args)
         won = [int(claimed) for claimed in await pipe.execute()]
-        entries = _Entries()
-        joined: dict[int, list[bytes]] = {}
-        for (result, stream), payload, first in zip(results, payloads, won, strict=True):
-            if first and stream:
-                joined.setdefault(entries.place(stream, result.id), []).append(payload)
-        if joined:
-            await self._add_to_streams([(entries.streams[i - 1], joined[i]) for i in joined])
+        outcomes = zip(results, payloads, won, strict=True)
+        placed = [(stream, r.id, payload) for (r, stream), payload, first in outcomes if first]
+        await self._add_to_streams(_stream_entries(placed))
         kept = [w for w in states if won[w.index]]
         if kept:
             pipe = self._redis.pipeline(transaction=False)
@@ -324,8 +334,17 @@ class ResultWriter:
             await pipe.execute()
         return sum(1 for first in won if first)
 
+    async def resend(self, answers: Sequence[StoredAnswer]) -> None:
+        """Add ``answers``, stored already, to their reply streams again, in order and byte
+        for byte as stored (the entries, bound and expiry of a write; no key written):
+        one pipelined call."""
+        placed = [(a.stream, a.request_id, a.payload) for a in answers]
+        await self._add_to_streams(_stream_entries(placed))
+
     async def _add_to_streams(self, entries: list[tuple[str, list[bytes]]]) -> None:
         """One entry each, in order (a stream's entries keep its results' order)."""
+        if not entries:
+            return
         pipe = self._redis.pipeline(transaction=False)
         for stream, payloads in entries:
             args = [self._settings.stream_maxlen, self._settings.reply_stream_ttl_s]
@@ -409,6 +428,19 @@ async def _proto_max_bulk_len(redis: aioredis.Redis) -> int:
         return int(value) if value is not None else sys.maxsize
     except ValueError:
         return sys.maxsize
+
+
+def _stream_entries(
+    placed: Sequence[tuple[str | None, str, bytes]],
+) -> list[tuple[str, list[bytes]]]:
+    """(stream, request id, payload) triples, in order, as the stream entries that carry
+    them (``_Entries``); those without a stream left out."""
+    entries = _Entries()
+    joined: dict[int, list[bytes]] = {}
+    for stream, request_id, payload in placed:
+        if stream:
+            joined.setdefault(entries.place(stream, request_id), []).append(payload)
+    return [(entries.streams[i - 1], joined[i]) for i in joined]
 
 
 def _states_in(states: Sequence[StateWrite], start: int, end: int) -> list[StateWrite]:
