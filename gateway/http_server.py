@@ -26,7 +26,9 @@ keeps what an inference front needs and nothing else:
   line and headers, or a chunked body's trailers, over ``max_head_bytes`` get 431 and a
   close; a malformed request gets 400 and a close, and so does an HTTP/1.1 request without
   a Host header or any request with more than one (RFC 9112 §3.2);
-- a client that half-closes (a FIN after its requests) gets its answers, then the close;
+- a client's FIN reads as the client gone, even when it only half-closes (as Go's net/http
+  and uvicorn read it): the connection closes and what it sent is cancelled, so a caller
+  that leaves stops the gateway waiting at once (docs/gateway.md, "Cancellation");
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -164,7 +166,6 @@ class HttpProtocol(asyncio.Protocol):
         self._last_data = 0.0
         self._head_due: float | None = None  # the head being read must be whole by then
         self._hosts = 0  # Host headers of the request being read
-        self._eof = False  # the client half-closed: answer what came, then close
         self._broken = False
         self._pump: asyncio.Task[None] | None = None
         self.closed: asyncio.Future[None] = self._loop.create_future()
@@ -185,16 +186,6 @@ class HttpProtocol(asyncio.Protocol):
             self._pump.cancel()  # a streamed body's client went away: stop what it waits for
         if not self.closed.done():
             self.closed.set_result(None)
-
-    def eof_received(self) -> bool:
-        """The client will send nothing more (a FIN): the requests it sent are answered, then
-        the connection closes; at once when none is waiting (a request cut short is not)."""
-        self._eof = True
-        self._receiving = False  # a request cut short never completes: nothing to time
-        if self._busy or self._pending:
-            # False lets the transport close itself; TLS cannot stay half open anyway
-            return self._server.ssl_context is None
-        return False
 
     def data_received(self, data: bytes) -> None:
         if self._broken:
@@ -375,10 +366,7 @@ class HttpProtocol(asyncio.Protocol):
                 else:
                     response = item
                 keep_alive = (
-                    keep_alive
-                    and not self._closing
-                    and not (self._eof and not self._pending)  # its last answer: then close
-                    and (chunked or response.stream is None)
+                    keep_alive and not self._closing and (chunked or response.stream is None)
                 )
                 if self._transport is None or not await self._writable():
                     await _close_stream(response)
@@ -393,7 +381,7 @@ class HttpProtocol(asyncio.Protocol):
                     return
         finally:
             self._busy = False
-        if (self._closing or self._eof) and self._transport is not None:
+        if self._closing and self._transport is not None:
             self._transport.close()
             return
         if self._continue_owed and self._transport is not None:
