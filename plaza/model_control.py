@@ -15,8 +15,8 @@ generation that changes with every load). Gateways write it and read it back (so
 gateways agree), and whoever runs workers watches it: a model host with
 ``host.follow_model_table`` (``workers/model_watch.py``; what ``plaza up`` runs) or, with
 ``plaza up --process-per-model``, its supervisor starts a model's workers when it is
-loaded, restarts them when its generation changes (a new config or version folder), and
-drains then stops them when it is unloaded. The table has
+loaded, starts a new generation's beside the old ones and stops those once it serves (a
+new config or version folder), and drains then stops them when it is unloaded. The table has
 one field per model ever loaded, so it is bounded by the repository.
 
 ``ModelControl`` is Triton's load and unload over that table, the one path that both the
@@ -242,9 +242,10 @@ async def serves_generation(
 ) -> bool:
     """Whether a live worker of ``generation`` (the model table's) serves ``group[0]``,
     and each other model of the group (``serving_models``) has a live worker. A worker
-    started by a model host names its generation in its entry (``worker_info_key``); one
-    whose entry names none (started otherwise: ``plaza worker``, ``plaza up
-    --process-per-model``, an ensemble runner) counts for any generation."""
+    started by a model host, or by ``plaza up --process-per-model``'s supervisor
+    (``worker.generation``), names its generation in its entry (``worker_info_key``); one
+    whose entry names none (started otherwise: a plain ``plaza worker``) counts for any
+    generation."""
     now = time.time()  # registry scores are epoch seconds
     pipe = redis.pipeline(transaction=False)
     for name in group:

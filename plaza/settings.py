@@ -159,6 +159,13 @@ class WorkerSettings(_Section):
         "empty: the repository's config.pbtxt",
     )
     worker_id: str = Field("", description="worker id; default host-pid-random")
+    generation: int | None = Field(
+        None,
+        description="the model table's generation this worker serves, named in its registry "
+        "entry, where a load waits for a worker of its generation (set by plaza up "
+        "--process-per-model's supervisor; a worker of one model only); none: it names none, and "
+        "counts for any",
+    )
     max_pending: int = Field(1024, ge=1, description="records held in memory before pausing fetch")
     max_pending_bytes: int = Field(
         256 * 1024 * 1024,

@@ -1176,8 +1176,9 @@ class Worker:
     # -- registry --------------------------------------------------------------------------
     generation: int | None = None
     """The model table's generation this worker serves, named in its registry entry (set by
-    the model host that starts it; ``plaza.model_control.serves_generation``); None: a
-    worker not started from the table."""
+    the model host that starts it, or from ``worker.generation`` in a worker of one model:
+    ``workers/main.py``; ``plaza.model_control.serves_generation``); None: a worker not
+    started from the table."""
 
     async def _heartbeat_loop(self) -> None:
         while True:

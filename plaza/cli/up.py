@@ -3,8 +3,9 @@
 Starts Kafka (KRaft) and Redis on 127.0.0.1, one host process serving every model in the
 repository (each with its own batcher and consumer group, instance_group count parallel
 executions, sharing the device fairly; ``--process-per-model``: one worker process per
-model), and the gateway; in model control modes explicit and poll the host follows the
-model table (loads, reloads, drains and unloads as the gateway's lifecycle API says);
+model), and the gateway; in model control modes explicit and poll the host (or, with
+``--process-per-model``, a supervisor starting a worker per model and generation) follows
+the model table (loads, reloads, drains and unloads as the gateway's lifecycle API says);
 waits until the gateway is ready; prints where
 to send requests; on Ctrl-C or SIGTERM stops everything it started, workers and gateway
 first (they drain and commit), services last.
@@ -45,6 +46,8 @@ from plaza.tasks import cancel_and_wait
 
 WATCH_S = 0.5
 """How often plaza up checks its processes (and, in modes explicit and poll, the model table)."""
+HANDOVER_S = 0.1
+"""How often the supervisor looks while a worker starts (``plaza.stack.supervisor``)."""
 STOP_TIMEOUT_S = 40.0
 """Grace period of the workers and the gateway: a worker drains and commits first."""
 
@@ -267,13 +270,14 @@ async def _ready_or_stopping(
 
 
 async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> None:
-    """Match the workers to the model table every WATCH_S, until stopped."""
+    """Match the workers to the model table every WATCH_S (every HANDOVER_S while a new
+    generation's worker starts: its old one stops soon after it serves), until stopped."""
     while not stopping.is_set():
         try:
             await supervisor.reconcile()
         except Exception as exc:  # Redis or Kafka restarting: the next round tries again
             print(f"supervisor: {exc}", flush=True)
-        await asyncio.sleep(WATCH_S)
+        await asyncio.sleep(HANDOVER_S if supervisor.starting else WATCH_S)
 
 
 async def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
