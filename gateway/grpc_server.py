@@ -22,9 +22,12 @@ and keeps what Triton's clients use:
   ``grpc-accept-encoding``; answers are sent uncompressed;
 - a message over ``max_message_bytes``, before or after inflating, is RESOURCE_EXHAUSTED;
   a second request message on a unary call is INTERNAL (nothing past the first is kept);
-- a connection holds at most ``max_buffered_bytes`` of request messages not yet handed to
-  their handlers (messages still arriving, and a streaming call's queued ones): the call
-  whose bytes pass it ends RESOURCE_EXHAUSTED; a call whose request message stops arriving
+- past ``max_buffered_bytes`` of request messages not yet handed to their handlers on one
+  connection (messages still arriving, and a streaming call's queued ones), its calls'
+  stream windows are held back (HTTP/2 flow control: each may send what is left of its
+  window, 1 MiB at most) but for the oldest call with a message half received, so that one
+  completes, is handed over and frees its bytes; under the limit again, every call gets its
+  window back. Clients see back-pressure, not an error; a call whose request message stops arriving
   for ``stall_s`` (a unary call's, or a streaming call's begun one) ends DEADLINE_EXCEEDED;
   so one connection cannot hold a message of almost the size limit on each of its streams,
   nor hold any for ever;
@@ -259,9 +262,10 @@ class _Call:
     def stalled(self) -> bool:
         """Whether it waits for a request message that this side does not hold back: a
         unary call's, or a streaming call's begun one with nothing queued for its handler
-        (one whose queue is full may be held back by its window)."""
-        if self.held or not self.messages.empty():
-            return False
+        (one whose queue is full, or whose window the connection withholds, may be held
+        back by it)."""
+        if self.held or not self.messages.empty() or self.kept > self.held:
+            return False  # this side holds back its message, or its window
         return bool(self.buffer) or not (self.method.streaming or self.received)
 
 
@@ -279,6 +283,7 @@ class GrpcProtocol(asyncio.Protocol):
         self._flush_due = False
         self._handshake: asyncio.TimerHandle | None = None
         self.unread = 0  # bytes of request messages not yet handed to their handlers
+        self._withholding = False  # calls' windows held back: unread was over the limit
         self._stall_check: asyncio.TimerHandle | None = None
         self._read_since = 0.0  # when reading last went on after a pause (the loop's clock)
         self._writable = asyncio.Event()  # cleared while the transport's buffer is full
@@ -440,11 +445,6 @@ class GrpcProtocol(asyncio.Protocol):
             if stream_id not in self.calls:
                 return  # refused
             self._recount(call)
-            if self.unread > self.server.max_buffered_bytes:
-                limit = self.server.max_buffered_bytes
-                full = f"the connection's unread request messages are over {limit} bytes"
-                self._refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED, full)
-                return
         self._give_back(call)
         if ended:
             call.messages.put_nowait(None)
@@ -456,9 +456,31 @@ class GrpcProtocol(asyncio.Protocol):
         back as much of what comes next (so the queue's bytes stay within about twice the
         window, however the client cuts its frames)."""
         spare = call.kept - call.held
-        if spare > 0:
-            call.kept = call.held
-            self.h2.give_back(call.id, spare)
+        if spare <= 0:
+            return
+        if self.unread > self.server.max_buffered_bytes and call is not self._favoured():
+            self._withholding = True  # its window comes back under the limit (``_recount``)
+            return
+        call.kept = call.held
+        self.h2.give_back(call.id, spare)
+
+    def _favoured(self) -> _Call | None:
+        """Over the connection's limit, the call whose window still comes back: the oldest
+        with a request message half received (it completes, and frees its bytes)."""
+        return next((c for c in self.calls.values() if c.buffer), None)
+
+    def _release(self) -> None:
+        """After the connection's unread bytes fell: under the limit, every call withheld
+        gets its window back; over it still, the call now favoured does."""
+        if not self._withholding:
+            return
+        if self.unread <= self.server.max_buffered_bytes:
+            self._withholding = False
+            for call in list(self.calls.values()):
+                self._give_back(call)
+        elif (favoured := self._favoured()) is not None:
+            self._give_back(favoured)
+        self._flush_soon()
 
     def on_end(self, stream_id: int) -> None:
         call = self.calls.get(stream_id)
@@ -551,13 +573,17 @@ class GrpcProtocol(asyncio.Protocol):
             self.unread -= call.counted
             call.counted = 0
             call.buffer.clear()
+            self._release()
         return call
 
     def _recount(self, call: _Call) -> None:
         """The connection's ``unread``, after the call's request bytes changed."""
         now = len(call.buffer) + call.held
+        fell = now < call.counted
         self.unread += now - call.counted
         call.counted = now
+        if fell:
+            self._release()
 
     def _end_stalled(self) -> None:
         """End the calls whose request messages stopped coming ``stall_s`` ago (checked

@@ -338,8 +338,9 @@ class GatewaySettings(_Section):
         0,
         ge=0,
         description="the most bytes of request messages one gRPC connection holds before their "
-        "calls' handlers take them (messages still arriving, a stream's queued ones); the call "
-        "whose bytes pass it ends RESOURCE_EXHAUSTED (0: 4 x max_body_bytes)",
+        "calls' handlers take them (messages still arriving, a stream's queued ones); past it "
+        "its calls' stream windows are held back but the oldest half-received message's "
+        "(flow control, not an error) (0: 4 x max_body_bytes)",
     )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
     tls_cert_file: Path | None = Field(

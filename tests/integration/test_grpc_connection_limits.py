@@ -1,6 +1,6 @@
 """The gateway's own gRPC server (``gateway/grpc_server.py``) against one connection that
 would hold the gateway's memory or its calls: unfinished request messages on many
-streams (past the connection's ``max_buffered_bytes`` a call ends RESOURCE_EXHAUSTED),
+streams (past the connection's ``max_buffered_bytes`` their windows are held back),
 request messages that stop coming (DEADLINE_EXCEEDED after ``stall_s``), binary metadata
 that is not base64 (INVALID_ARGUMENT, nothing logged); and, through the whole gateway, a
 stop that gives a gRPC call in flight the time an HTTP one gets."""
@@ -72,35 +72,33 @@ def _unfinished(wire: _Wire, stream_id: int, path: str, sent: int, message: byte
 # -- unfinished messages past the connection's limit --------------------------------------
 
 
-async def test_unfinished_messages_past_the_connections_limit_end_resource_exhausted() -> None:
-    """Eight calls each send 1 MiB of a 1.25 MiB message and wait; the connection may hold
-    4.5 MiB: the first four are held, each later one ends RESOURCE_EXHAUSTED as its bytes
-    pass the limit (so what is held stays within it); a held one, completed, is answered,
-    and one the client resets is no longer held."""
-    limit = (4 << 20) + (1 << 19)
+async def test_past_the_connections_limit_calls_are_held_back_by_their_windows() -> None:
+    """Four calls each send 1 MiB of a 1.25 MiB message (what their first window allows);
+    the connection may hold 2.5 MiB: the calls past it get no window back (flow control
+    holds their clients), none is refused; the oldest call's message completes and is
+    answered, and once the connection is under its limit again every call gets its window
+    back and is answered in turn."""
+    limit = (2 << 20) + (1 << 19)
     body = pb.ModelInferRequest(id="big", model_name="m" * (5 << 18))  # its answer is small
     message = b"\0" + body.ByteSize().to_bytes(4, "big") + body.SerializeToString()
-    refused = set(range(9, 17, 2))
     server = _server(Echo(), max_buffered_bytes=limit)
     async with server as served, _wire(_address(served)) as wire:
-        for sid in range(1, 17, 2):
+        for sid in (1, 3, 5, 7):
             _unfinished(wire, sid, INFER, 1 << 20, message)
-        await wire.until(lambda: refused <= wire.ended, "the calls past the limit end")
         (conn,) = served.connections
-        held = conn.unread
-        _send(wire, 1, message[1 << 20 :], ended=True)  # the first call's message, whole
-        await wire.until(lambda: 1 in wire.ended, "the first call's answer")
-        after_answer = conn.unread
-        wire.writer.write(http2.frame(http2.RST_STREAM, 0, 3, http2.CANCEL.to_bytes(4, "big")))
-        await wait_for(lambda: conn.unread == 2 << 20, 10, "the reset call's bytes let go")
-    for sid in sorted(refused):
-        assert wire.headers[sid]["grpc-status"] == _code(grpc.StatusCode.RESOURCE_EXHAUSTED)
-        assert "unread request messages are over" in wire.headers[sid]["grpc-message"]
-        assert wire.resets[sid] == http2.NO_ERROR
-    assert held == 4 << 20  # the four held calls' bytes, and nothing of the refused ones
-    assert wire.headers[1]["grpc-status"] == "0"
-    assert after_answer == 3 << 20
-    assert not {3, 5, 7} & wire.ended  # held, not refused
+        await wait_for(lambda: conn.unread == 4 << 20, 10, "the four calls' bytes held")
+        await wire.until(lambda: 3 in wire.windows, "the window of a call under the limit")
+        assert 7 not in wire.windows  # it came past the limit: its window is withheld
+        for sid in (1, 3):  # the oldest first: each completes as the favoured one
+            _send(wire, sid, message[1 << 20 :], ended=True)
+            await wire.until(lambda sid=sid: sid in wire.ended, f"call {sid}'s answer")
+        await wire.until(lambda: 7 in wire.windows, "the withheld window, under the limit")
+        for sid in (5, 7):
+            _send(wire, sid, message[1 << 20 :], ended=True)
+        await wire.until(lambda: {5, 7} <= wire.ended, "the held calls' answers")
+    for sid in (1, 3, 5, 7):
+        assert wire.headers[sid]["grpc-status"] == "0", wire.headers[sid]
+    assert not wire.resets
 
 
 # -- request messages that stop coming ----------------------------------------------------
