@@ -56,6 +56,7 @@ so the code here is the same for both.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -63,13 +64,15 @@ from collections.abc import AsyncGenerator, Sequence
 from typing import NamedTuple
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from plaza.codec import decode_result, encode_result
 from plaza.contract import InferResult
 from plaza.errors import Cancelled, CodecError
 from plaza.naming import Names
+from plaza.retry import refused_for_good, until_done
 from plaza.workers.runner import WorkItem
-from plaza.workers.writer import StoredAnswer
+from plaza.workers.writer import ResultWriter, StoredAnswer
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +212,32 @@ class AnsweredCheck:
             log.warning("%d skipped requests not counted (cancelled or not?): %s", len(keys), exc)
             return []
         return [it for it, s in zip(answered, stored, strict=True) if is_callers_cancel(s)]
+
+    async def resend(
+        self,
+        writer: ResultWriter,
+        items: list[WorkItem],
+        ttl_s: int,
+        decoupled: bool,
+        who: str,
+    ) -> None:
+        """Send the stored answers of ``items`` (found answered) to their reply streams
+        again, where a producer's retry under the same id waits (``stored_answers``: none
+        for a replay or a caller's cancel), through ``writer``; retried while Redis is away,
+        logged and given up on an error Redis will always give (``who`` names the sender)."""
+
+        async def send() -> None:
+            parts = self.stored_answers(items, ttl_s, decoupled)
+            try:
+                async with contextlib.aclosing(parts):
+                    async for part in parts:
+                        await writer.resend(part)
+            except ResponseError as exc:
+                if not refused_for_good(exc):
+                    raise
+                log.warning("%s: stored answers not sent again: %s", who, exc)
+
+        await until_done(send, f"sending the stored answers of {len(items)} requests again")
 
     async def stored_answers(
         self, items: Sequence[WorkItem], ttl_s: int, decoupled: bool = False

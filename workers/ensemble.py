@@ -39,6 +39,12 @@ step it publishes again is skipped by the step's worker if answered meanwhile
 (``workers/answered.py``); the runner then finds that answer on the result key, which it
 polls while it waits. A request whose own answer is stored already (a replay, or cancelled
 by its caller) is skipped. So a crash costs time, never an answer, and never a second one.
+A skipped request may be a producer's retry under the same id, whose caller waits on the
+reply stream it names: as a worker does, the runner sends the stored answer there again (a
+decoupled ensemble's stored responses, then its final one) before the record is finished,
+unless it is a caller's cancel or the record was sent before the answer was stored (a
+replay, whose answer went to its stream then): ``AnsweredCheck.stored_answers``, then
+``ResultWriter.resend`` (``workers/answered.py``).
 
 Bounds: at most ``worker.max_pending`` ensemble requests (and ``worker.max_pending_bytes``
 of their records) are in flight, and the consumer reads ahead a quarter of that byte budget
@@ -97,6 +103,7 @@ from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
 from plaza.workers import classification
 from plaza.workers.admission import DeadLetter, Rejected, admit
+from plaza.workers.answered import AnsweredCheck
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
 from plaza.workers.ensemble_responses import (
@@ -222,6 +229,7 @@ class EnsembleRunner:
         self.log_settings = LogFollower(LogSettings.from_level(settings.log_level))
         self.writer = ResultWriter(self.redis, settings.redis, self.names)
         self.lookup = ResultLookup(self.redis, self.names)
+        self.answered = AnsweredCheck(self.redis, self.names)
         self.reply_stream = self.names.reply_stream(f"ensemble-{self.id}")
         """Where the steps' answers come back (the runner's own, as a gateway's)."""
         self.producer = Producer(
@@ -470,7 +478,9 @@ class EnsembleRunner:
         """The ensemble request's answer; None when it is answered already (not run)."""
         req = item.request
         if await self.lookup.get(req.id) is not None:
-            return None  # a replay of an answered request, or cancelled by its caller
+            # a replay of an answered request, a retry, or cancelled by its caller
+            await self._resend(item)
+            return None
         version = str(item.version)
         if req.deadline_ms is not None and req.deadline_ms <= time.time() * 1000:
             late = DeadlineExceeded("the request's deadline passed before its first step ran")
@@ -484,6 +494,13 @@ class EnsembleRunner:
             return self._failed(req, version, exc)
         result = InferResult(req.id, self.model, version, outputs, worker=self.id)
         return self._executed(item, _timed(result, item, started)), req.reply.stream
+
+    async def _resend(self, item: WorkItem) -> None:
+        """Send the stored answer of a request found answered to its reply stream again,
+        where a producer's retry under the same id waits (none for a replay or a caller's
+        cancel: ``AnsweredCheck.resend``), before its record is finished."""
+        ttl_s, decoupled = self.settings.redis.result_ttl_s, self.spec.decoupled
+        await self.answered.resend(self.writer, [item], ttl_s, decoupled, self.id)
 
     async def _answer_responses(self, item: WorkItem, priority: int) -> Answer | None:
         """A decoupled ensemble's request: each response but the final one handed to the

@@ -1092,21 +1092,9 @@ class Worker:
     async def _resend(self, skipped: list[WorkItem]) -> None:
         """Send the stored answers of requests found answered to their reply streams again,
         where a producer's retry under the same id waits (``workers/answered.py``), before
-        their records are finished; retried while Redis is away."""
+        their records are finished."""
         ttl_s, decoupled = self.settings.redis.result_ttl_s, self.spec.decoupled
-
-        async def send() -> None:
-            parts = self.answered.stored_answers(skipped, ttl_s, decoupled)
-            try:
-                async with contextlib.aclosing(parts):
-                    async for part in parts:
-                        await self.writer.resend(part)
-            except ResponseError as exc:
-                if not refused_for_good(exc):
-                    raise
-                log.warning("%s: stored answers not sent again: %s", self.id, exc)
-
-        await until_done(send, f"sending the stored answers of {len(skipped)} requests again")
+        await self.answered.resend(self.writer, skipped, ttl_s, decoupled, self.id)
 
     async def _first_answers(self, answers: list[Answer], written: int) -> list[Answer]:
         """Those of ``answers`` that were their requests' first (the others lost to an
