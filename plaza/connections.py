@@ -27,6 +27,7 @@ from aiokafka.errors import (
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -35,19 +36,48 @@ from plaza.settings import KafkaSettings, RedisSettings
 
 
 def kafka_security(k: KafkaSettings) -> dict[str, Any]:
+    """The aiokafka options for ``k``'s SASL/TLS settings, checked now: ConfigError naming
+    the setting for an incomplete or unusable one (aiokafka would fail later, with a
+    traceback that names none, or ignore it)."""
     opts: dict[str, Any] = {"security_protocol": k.security_protocol}
     if k.security_protocol in ("SSL", "SASL_SSL"):
-        ctx = ssl.create_default_context(cafile=str(k.ssl_cafile) if k.ssl_cafile else None)
-        if k.ssl_certfile:
-            ctx.load_cert_chain(str(k.ssl_certfile), str(k.ssl_keyfile) if k.ssl_keyfile else None)
-        opts["ssl_context"] = ctx
+        opts["ssl_context"] = _kafka_ssl_context(k)
     if k.security_protocol.startswith("SASL"):
+        if not k.sasl_username or k.sasl_password is None:
+            raise ConfigError(
+                f"kafka.security_protocol {k.security_protocol} needs kafka.sasl_username "
+                "and kafka.sasl_password"
+            )
         opts["sasl_mechanism"] = k.sasl_mechanism or "PLAIN"
         opts["sasl_plain_username"] = k.sasl_username
-        opts["sasl_plain_password"] = (
-            k.sasl_password.get_secret_value() if k.sasl_password else None
-        )
+        opts["sasl_plain_password"] = k.sasl_password.get_secret_value()
     return opts
+
+
+def _kafka_ssl_context(k: KafkaSettings) -> ssl.SSLContext:
+    if k.ssl_keyfile and not k.ssl_certfile:
+        raise ConfigError("kafka.ssl_keyfile is set without kafka.ssl_certfile (its certificate)")
+    for name, path in (
+        ("ssl_cafile", k.ssl_cafile),
+        ("ssl_certfile", k.ssl_certfile),
+        ("ssl_keyfile", k.ssl_keyfile),
+    ):
+        if path is not None and not path.is_file():
+            raise ConfigError(f"kafka.{name} {str(path)!r} is not a readable file")
+    try:
+        ctx = ssl.create_default_context(cafile=str(k.ssl_cafile) if k.ssl_cafile else None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"kafka.ssl_cafile {str(k.ssl_cafile)!r} is not usable: {exc}") from exc
+    if k.ssl_certfile:
+        key = str(k.ssl_keyfile) if k.ssl_keyfile else None
+        try:
+            ctx.load_cert_chain(str(k.ssl_certfile), key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(
+                f"kafka.ssl_certfile {str(k.ssl_certfile)!r} (with kafka.ssl_keyfile "
+                f"{key!r}) is not usable: {exc}"
+            ) from exc
+    return ctx
 
 
 def key_partition(key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
@@ -189,6 +219,28 @@ def redis_client(r: RedisSettings) -> aioredis.Redis:
     return aioredis.Redis.from_url(r.url, **opts)
 
 
+async def redis_answers(redis: aioredis.Redis, r: RedisSettings) -> None:
+    """PING ``redis`` (built from ``r``) once, for a process that must not start without it:
+    ConfigError when Redis refuses the credentials (``redis.password``, or those in
+    ``redis.url``), Unavailable when it does not answer. One line for the operator, never a
+    process that starts and then fails every write."""
+    where = r.url.rsplit("@", 1)[-1]  # never echo a password given in the URL
+    try:
+        await redis.ping()
+    except AuthenticationError as exc:
+        raise ConfigError(
+            f"Redis at {where} refused the credentials (redis.password or redis.url): {exc}"
+        ) from exc
+    except ResponseError as exc:
+        if "NOAUTH" not in str(exc) and "WRONGPASS" not in str(exc):
+            raise Unavailable(f"Redis at {where} failed: {exc}") from exc
+        raise ConfigError(
+            f"Redis at {where} wants credentials (redis.password or redis.url): {exc}"
+        ) from exc
+    except (RedisError, OSError) as exc:
+        raise Unavailable(f"Redis did not answer at {where}: {exc}") from exc
+
+
 class _ClusterPipeline(ClusterPipeline):
     """redis-py refuses PING in a cluster pipeline (it has no key to route by); a readiness
     check pipelines one with its single-key commands, so send it to whichever node."""
@@ -208,6 +260,34 @@ def is_cluster(redis: object) -> bool:
     """Whether ``redis`` (from :func:`redis_client`) talks to a Redis Cluster, where every
     multi-key command and script must touch keys of one hash slot only."""
     return isinstance(redis, RedisCluster)
+
+
+async def keyed_command(redis: aioredis.Redis, key: str, *args: str | bytes | int) -> Any:
+    """Send the command ``args``, whose only key is ``key``; on a Redis Cluster straight to
+    the node that serves ``key``'s hash slot (MOVED and ASK are still followed).
+
+    For XREAD and XREADGROUP (their keys follow a STREAMS keyword) redis-py's cluster client
+    asks its default node for ``COMMAND GETKEYS`` before every call: a default node that
+    stops answering would stop every stream read, even of streams on the nodes still up."""
+    if not is_cluster(redis):
+        return await redis.execute_command(*args)  # type: ignore[no-untyped-call]
+    cluster = cast(RedisCluster, redis)
+    tries_left = _KEYED_ATTEMPTS
+    while True:
+        # A node picked by the caller is not retried by redis-py: run the topology refresh
+        # an error asked for (a no-op otherwise), then pick the key's node again.
+        await cluster.initialize()
+        try:
+            node = cluster.get_node_from_key(key)
+            return await cluster.execute_command(*args, target_nodes=node)
+        except (RedisConnectionError, RedisTimeoutError):
+            tries_left -= 1
+            if not tries_left:
+                raise
+
+
+_KEYED_ATTEMPTS = 3
+"""Tries of a command :func:`keyed_command` sends to a cluster node (a failed-over node)."""
 
 
 def _redis_ca_file(url: str, ca_certs: Path) -> Path:

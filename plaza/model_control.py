@@ -44,7 +44,7 @@ import json
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
 from plaza.modelconfig import ModelSpec, parse_model_config_json
@@ -272,7 +272,12 @@ async def _named_generations(
     if not members:
         return []
     ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
-    infos = await redis.mget([names.worker_info_key(i) for i in ids])
+    # One GET per key in a non-transactional pipeline, never an MGET: on a Redis Cluster the
+    # entries lie in different hash slots (redis-py splits the pipeline by node).
+    pipe = redis.pipeline(transaction=False)
+    for each in ids:
+        pipe.get(names.worker_info_key(each))
+    infos: list[Any] = await pipe.execute()
     return [_generation_of(raw) for raw in infos if raw is not None]
 
 

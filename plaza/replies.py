@@ -34,6 +34,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from plaza.codec import decode_results, entry_count
+from plaza.connections import keyed_command
 from plaza.contract import InferResult
 from plaza.errors import CodecError, PlazaError, QueueFull, Unavailable
 from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS
@@ -274,9 +275,11 @@ class ReplyMux:
         """The next entries of the stream (waiting up to ``block_ms``): their ids, their
         results field and their count field (None in an entry without one)."""
         if self._channel is None:
-            reply: Any = await self._redis.xread(
-                {self.stream: self._last_id}, count=256, block=self._block_ms
-            )
+            reply: Any = await keyed_command(
+                self._redis, self.stream,
+                "XREAD", "COUNT", 256, "BLOCK", self._block_ms, "STREAMS", self.stream,
+                self._last_id,
+            )  # fmt: skip
             return [
                 (entry_id, fields.get(STREAM_FIELD_RESULTS), fields.get(STREAM_FIELD_COUNT))
                 for _, entries in reply or []

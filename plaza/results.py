@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from plaza.codec import decode_result, decode_results, encode_result, entry_count
+from plaza.connections import keyed_command
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import Cancelled, CodecError, error_from_wire
 from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS, Names
@@ -266,9 +267,11 @@ async def consume_stream(
         if keep_alive_s is not None and now - renewed > keep_alive_s / 3:
             await redis.expire(stream, keep_alive_s)
             renewed = now
-        reply: Any = await redis.xreadgroup(
-            group, consumer, {stream: start}, count=count, block=block_ms
-        )
+        reply: Any = await keyed_command(
+            redis, stream,
+            "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
+            "STREAMS", stream, start,
+        )  # fmt: skip
         entries = reply[0][1] if reply else []
         if not entries:
             if start != ">":

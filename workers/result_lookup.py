@@ -1,4 +1,5 @@
-"""Looking up many result keys at once: one ``MGET`` per round, whoever asks.
+"""Looking up many result keys at once: one ``MGET`` per round, whoever asks (on a Redis
+Cluster, where the keys lie in different hash slots, one pipeline of GETs instead).
 
 The ensemble runner asks for stored answers all the time (is this request answered
 already? is this step's answer stored? has the step I wait for been answered on its key
@@ -19,6 +20,7 @@ import logging
 import redis.asyncio as aioredis
 
 from plaza.codec import decode_result
+from plaza.connections import is_cluster
 from plaza.contract import InferResult
 from plaza.errors import CodecError
 from plaza.naming import Names
@@ -78,11 +80,20 @@ class ResultLookup:
     async def _read(self, ids: list[str]) -> list[InferResult | None]:
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
-                raws = await self._redis.mget([self._names.result_key(rid) for rid in ids])
+                raws = await self._get_all(ids)
         except Exception as exc:  # Redis away: nothing is known to be stored
-            log.debug("result lookup of %d keys failed: %s", len(ids), exc)
+            log.warning("result lookup of %d keys failed: %s", len(ids), exc)
             return [None] * len(ids)
         return [_decode(raw) for raw in raws]
+
+    async def _get_all(self, ids: list[str]) -> list[bytes | str | None]:
+        keys = [self._names.result_key(rid) for rid in ids]
+        if not is_cluster(self._redis):
+            return list(await self._redis.mget(keys))
+        pipe = self._redis.pipeline(transaction=False)  # split by node; MGET would be CROSSSLOT
+        for key in keys:
+            pipe.get(key)
+        return list(await pipe.execute())
 
 
 def _decode(raw: bytes | str | None) -> InferResult | None:

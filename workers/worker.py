@@ -40,10 +40,9 @@ from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord, TopicPartition
-from redis.exceptions import ResponseError
 
 from plaza.batching import Batcher, BatchingPolicy, DynamicBatcher, queue_deadline
-from plaza.connections import ensure_topics, kafka_consumer
+from plaza.connections import ensure_topics, kafka_consumer, redis_answers
 from plaza.contract import InferResult
 from plaza.due_timer import DueTimer
 from plaza.errors import (
@@ -59,7 +58,7 @@ from plaza.model_control import model_spec
 from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import BACKEND_PYTHON, ModelSpec
 from plaza.repository import ModelRepository
-from plaza.retry import refused_for_good, until_done
+from plaza.retry import until_done
 from plaza.sequence_batching import SequenceKey
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
@@ -354,6 +353,9 @@ class Worker:
 
     async def _start(self) -> None:
         ws = self.settings.worker
+        # Before it loads a model or takes partitions: a worker whose Redis refuses it (a
+        # wrong password) or does not answer would take requests and never answer one.
+        await redis_answers(self.redis, self.settings.redis)
         await self._load_backends(self._repo)
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]

@@ -50,7 +50,7 @@ def test_kafka_sasl_ssl_settings_reach_the_clients(tmp_path: Path) -> None:
 
 
 def test_kafka_ssl_with_a_missing_ca_file_fails_clearly(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ConfigError, match=r"kafka\.ssl_cafile"):
         kafka_security(KafkaSettings(security_protocol="SSL", ssl_cafile=tmp_path / "nope.pem"))
 
 
