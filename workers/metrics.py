@@ -450,7 +450,11 @@ class _Collector:
         self._hub = hub
 
     def collect(self) -> Iterator[Metric]:
-        members = list(self._hub.members)
+        # A reload's new unit joins before the old one leaves (workers/model_watch.py): the
+        # newest member of a model speaks for it, so no series shows twice in a scrape (its
+        # counters start again from zero, as a restarted worker's do).
+        newest = {m.model: m for m in list(self._hub.members)}
+        members = list(newest.values())
         served = [(m, [(v, s) for v, s in dict(m.stats).items() if v]) for m in members]
         yield from self._counters(served)
         yield self._failures(served)

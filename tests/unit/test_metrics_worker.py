@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -411,3 +412,19 @@ def test_cpu_collector_on_this_machine() -> None:
     families = {f.name: f.samples[0].value for f in collector.collect()}
     assert families["nv_cpu_memory_total_bytes"] > families["nv_cpu_memory_used_bytes"] > 0
     assert 0.0 <= families.get("nv_cpu_utilization", 0.0) <= 1.0
+
+
+def test_a_reloads_two_units_of_a_model_render_each_series_once() -> None:
+    """A reload's new unit joins the host's hub before the old one leaves
+    (workers/model_watch.py): the newest speaks for the model, no series shows twice."""
+    settings = WorkerSettings(metrics_port=-1)
+    hub = MetricsHub(settings)
+    units = [WorkerMetrics("m", Names(), settings, stats_ttl_s=60, hub=hub) for _ in range(2)]
+    for unit in units:
+        unit.start([1], pending=lambda: 0)
+    units[0].count("fetched", 5)  # the old unit's, not shown while the new one serves
+    units[1].count("fetched", 2)
+    text = render(hub.registry).decode()
+    series = Counter(line.rsplit(" ", 1)[0] for line in text.splitlines() if line[:1] != "#")
+    assert series and max(series.values()) == 1
+    assert 'plaza_worker_records{model="m",outcome="fetched"} 2.0' in text
