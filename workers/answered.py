@@ -66,7 +66,7 @@ from typing import NamedTuple
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from plaza.codec import decode_result, encode_result
+from plaza.codec import decode_result
 from plaza.contract import InferResult
 from plaza.errors import Cancelled, CodecError
 from plaza.naming import Names
@@ -283,15 +283,18 @@ class AnsweredCheck:
             if part:
                 yield part
 
-    async def first_writes(self, answers: Sequence[InferResult]) -> list[bool]:
-        """For each of ``answers`` just written, whether its key holds it: it was the
+    async def first_writes(
+        self, answers: Sequence[InferResult], payloads: Sequence[bytes]
+    ) -> list[bool]:
+        """For each of ``answers`` just written as ``payloads`` (the bytes the writer stored
+        for each: ``ResultWriter.stored_payloads``), whether its key holds them: it was the
         first answer (the writer's count does not tell which). One pipelined call, each
-        answer compared in Redis by its digest, so none travels back; all False where
-        Redis does not tell (better a request not counted than one counted twice)."""
+        compared in Redis by its digest, so none travels back; all False where Redis does
+        not tell (better a request not counted than one counted twice)."""
         pipe = self._redis.pipeline(transaction=False)
-        for result in answers:
+        for result, payload in zip(answers, payloads, strict=True):
             key = self._names.answer_key(result.id, result.index, result.final)
-            digest = hashlib.sha1(encode_result(result), usedforsecurity=False).hexdigest()
+            digest = hashlib.sha1(payload, usedforsecurity=False).hexdigest()
             pipe.eval(_HOLDS_SCRIPT, 1, key, digest)
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):

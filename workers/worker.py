@@ -1103,7 +1103,9 @@ class Worker:
         answer stored before them, a replay's: counted by the run that answered first)."""
         if written == len(answers):
             return answers
-        firsts = await self.answered.first_writes([result for result, _ in answers])
+        results = [result for result, _ in answers]
+        payloads = await self.writer.stored_payloads(results)
+        firsts = await self.answered.first_writes(results, payloads)
         return [answer for answer, first in zip(answers, firsts, strict=True) if first]
 
     async def _commit_loop(self) -> None:

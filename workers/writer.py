@@ -262,17 +262,28 @@ class ResultWriter:
 
     def _payload(self, result: InferResult, limit: int) -> bytes:
         """The bytes stored for ``result``: its encoding, or an error's over ``limit``."""
+        payload, err = self._stored(result, limit)
+        if err is not None:
+            log.warning("request %s: %s; answered with that error", result.id, err.message)
+        return payload
+
+    def _stored(self, result: InferResult, limit: int) -> tuple[bytes, PayloadTooLarge | None]:
         payload = encode_result(result)
         if len(payload) <= limit:
-            return payload
+            return payload, None
         what = (
             "redis.max_result_bytes"
             if limit == self._settings.max_result_bytes
             else "Redis' proto-max-bulk-len"
         )
         err = PayloadTooLarge(f"result of {len(payload)} bytes is over {what} ({limit})")
-        log.warning("request %s: %s; answered with that error", result.id, err.message)
-        return encode_result(error_in_place(result, err))
+        return encode_result(error_in_place(result, err)), err
+
+    async def stored_payloads(self, results: Sequence[InferResult]) -> list[bytes]:
+        """The bytes a ``write`` of ``results`` stores for each (an error's in place of one
+        over the limit), as ``AnsweredCheck.first_writes`` compares them with the keys'."""
+        limit = await self._limit()
+        return [self._stored(result, limit)[0] for result in results]
 
     async def _write_chunk(
         self, results: Results, payloads: list[bytes], states: Sequence[StateWrite] = ()

@@ -79,16 +79,23 @@ async def test_first_writes_tells_which_answers_a_write_stored(
     settings: PlazaSettings, redis_client: redis.asyncio.Redis
 ) -> None:
     names = settings.names
-    writer = ResultWriter(redis_client, settings.redis, names)
+    small = settings.redis.model_copy(update={"max_result_bytes": 4096})
+    writer = ResultWriter(redis_client, small, names)
     check = AnsweredCheck(redis_client, names)
     earlier = _answer("a", "earlier")
     await redis_client.set(names.result_key("a"), encode_result(earlier))
-    mine = [_answer("a", "me"), _answer("b", "me"), _answer("c", "me")]
+    # "d" is over the limit: the writer stores a payload_too_large error in its place
+    big = InferResult("d", "identity", "1", worker="me", parameters={"pad": "x" * 8192})
+    mine = [_answer("a", "me"), _answer("b", "me"), _answer("c", "me"), big]
+
+    async def firsts(results: list[InferResult]) -> list[bool]:
+        return await check.first_writes(results, await writer.stored_payloads(results))
+
     try:
-        assert await writer.write_until_done([(r, None) for r in mine]) == 2
-        assert await check.first_writes(mine) == [False, True, True]
+        assert await writer.write_until_done([(r, None) for r in mine]) == 3
+        assert await firsts(mine) == [False, True, True, True]
         # the same write again (its reply lost): its answers are still the stored ones
         assert await writer.write_until_done([(r, None) for r in mine[1:]]) == 0
-        assert await check.first_writes(mine[1:]) == [True, True]
+        assert await firsts(mine[1:]) == [True, True, True]
     finally:
         await writer.close()
