@@ -98,21 +98,33 @@ def test_gateway_without_kafka_is_one_line(
     assert f"Kafka did not answer at {closed_port}" in line
 
 
-def test_worker_without_kafka_is_one_line(
-    closed_port: str, repository: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = [
+def _worker_argv(repository: Path, kafka: str, redis_url: str) -> list[str]:
+    return [
         "worker",
         "--model=simulated",
         f"--repository={repository}",
-        f"--kafka.bootstrap_servers={closed_port}",
-        f"--redis.url=redis://{closed_port}/0",
+        f"--kafka.bootstrap_servers={kafka}",
+        f"--redis.url={redis_url}",
         "--worker.metrics_port=-1",
         "--worker.device=cpu",
     ]
-    assert main(argv) == 1
+
+
+def test_worker_without_kafka_is_one_line(
+    closed_port: str, redis_url: str, repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_worker_argv(repository, closed_port, redis_url)) == 1
     line = _one_error_line(capsys.readouterr().err, "worker")
     assert f"Kafka did not answer at {closed_port}" in line
+
+
+def test_worker_without_redis_is_one_line_before_it_takes_partitions(
+    closed_port: str, kafka_bootstrap: str, repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Redis is checked first: a worker that cannot store answers takes no requests."""
+    assert main(_worker_argv(repository, kafka_bootstrap, f"redis://{closed_port}/0")) == 1
+    line = _one_error_line(capsys.readouterr().err, "worker")
+    assert f"Redis did not answer at redis://{closed_port}/0" in line
 
 
 @pytest.mark.parametrize(
