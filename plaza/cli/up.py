@@ -421,13 +421,21 @@ def _layout(plan: list[tuple[str, int]], args: argparse.Namespace) -> str:
     return f"one host process for {models}"
 
 
-def _print_banner(base: str, grpc: str, kafka: str, redis: str, models: list[str]) -> None:
-    example = (
+def _example(base: str, models: list[str]) -> str:
+    """A command to try that works: an infer of the sample ``add_sub`` where it is served,
+    else the repository index (which models there are, and which are loaded)."""
+    if "add_sub" not in models:
+        return f"curl -s -X POST {base}/v2/repository/index"
+    return (
         f"curl -s {base}/v2/models/add_sub/infer -H 'content-type: application/json' "
         '-d \'{"inputs":[{"name":"INPUT0","shape":[1,16],"datatype":"INT32",'
         '"data":[' + ",".join(["1"] * 16) + ']},{"name":"INPUT1","shape":[1,16],'
         '"datatype":"INT32","data":[' + ",".join(["2"] * 16) + "]}]}'"
     )
+
+
+def _print_banner(base: str, grpc: str, kafka: str, redis: str, models: list[str]) -> None:
+    example = _example(base, models)
     print(
         f"""
 Plaza is up.

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from plaza.cli.up import _choose_ports, _parse, _part_settings, _start_models, _worker_plan, run_up
+from plaza.cli.up import (
+    _choose_ports,
+    _example,
+    _parse,
+    _part_settings,
+    _start_models,
+    _worker_plan,
+    run_up,
+)
 from plaza.errors import ConfigError
 from plaza.repository import ModelRepository
 from plaza.stack import Deployment
@@ -95,3 +103,10 @@ def test_gateway_port_zero_is_a_free_port_chosen_up_front() -> None:
     fixed = _parse(["--http-port", "18000", "--grpc-port", "18001"])
     _choose_ports(fixed)
     assert (fixed.http_port, fixed.grpc_port) == (18000, 18001)
+
+
+def test_the_banners_example_names_only_a_model_served() -> None:
+    base = "http://127.0.0.1:8000"
+    assert "/v2/models/add_sub/infer" in _example(base, ["add_sub", "mlp"])
+    assert _example(base, ["mlp"]) == f"curl -s -X POST {base}/v2/repository/index"
+    assert _example(base, []) == f"curl -s -X POST {base}/v2/repository/index"
