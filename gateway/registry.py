@@ -13,7 +13,11 @@ with (if any) and is reported failed. A generation that the model hosts refused
 as Triton keeps the old model after a failed reload: the gateway then serves the config of
 the generation a live worker still names (metadata, config and validation; the index says
 READY, with the refusal as its reason), if it read that one (it keeps the last
-``KEPT_GENERATIONS`` of each model). Whoever runs the workers watches the same table
+``KEPT_GENERATIONS`` of each model). Likewise, while no live worker names the table's new
+generation of a model served at another one (a reload: the new unit starts beside the old),
+the gateway serves the config of the generation a live worker names, as Triton serves the
+old model until the new one is loaded (``_pending``); a first load is served at once (its
+requests wait in Kafka). Whoever runs the workers watches the same table
 (model hosts with ``host.follow_model_table``, or ``plaza up``'s supervisor with
 ``--process-per-model``).
 
@@ -137,6 +141,10 @@ class ModelRegistry:
         refused one is dropped): one of them may still run when the newest is refused."""
         self._refusals: dict[str, Refusal] = {}
         """Models whose generation served here the hosts refused, and what serves instead."""
+        self._pending: dict[str, int] = {}
+        """Models reloaded to a generation (the table's, recorded in ``_generations``) that
+        no live worker names yet: the config of an older one that a live worker names is
+        served until one does (``_hold_older``, ``_settle_pending``)."""
         self._redis: aioredis.Redis | None = None
         self._clock = clock
         self._seen: dict[str, str] = {}
@@ -229,6 +237,7 @@ class ModelRegistry:
         served = self._generations.get(name)
         if served == generation:
             await self._settle_refusal(desired)
+            await self._settle_pending(name, generation)
             return
         if not desired.loaded:
             if name in self.models or name in self._retries:
@@ -251,6 +260,8 @@ class ModelRegistry:
         self._followed(name, generation)
         if desired.failed:
             self._refusal_settled(desired, older)
+        else:
+            self._hold_older(name, generation, older)
 
     def _follow_failed(self, desired: DesiredModel, error: str, retry: FollowRetry | None) -> None:
         """Record that ``desired`` could not be read: a model served keeps its config (as a
@@ -272,6 +283,7 @@ class ModelRegistry:
     def _followed(self, name: str, generation: int) -> None:
         """``name`` is served (or dropped) at the table's ``generation``: no retry is due."""
         self._generations[name] = generation
+        self._pending.pop(name, None)
         model = self.models.get(name)
         if model is not None:
             self._keep(name, generation, model)
@@ -302,10 +314,13 @@ class ModelRegistry:
                     self.failed[name] = exc.details["reason"]
                 raise
             for each in marked:
-                self.refused.pop(each.desired.name, None)  # a new generation, not failed yet
-                self._serve(each.desired.name, each.model)
-                self._followed(each.desired.name, each.desired.generation)
-                log.info("model %s loaded (versions %s)", each.desired.name, each.model.versions)
+                step, generation = each.desired.name, each.desired.generation
+                self.refused.pop(step, None)  # a new generation, not failed yet
+                older = await self._older_serving(each.desired)
+                self._serve(step, each.model)
+                self._followed(step, generation)
+                self._hold_older(step, generation, older)
+                log.info("model %s loaded (versions %s)", step, each.model.versions)
         if wait:
             try:
                 await control.wait_served(marked[-1])
@@ -313,6 +328,9 @@ class ModelRegistry:
                 self.refused[name] = str(exc.details.get("reason", exc.message))
                 await self._refused_now(control, name)
                 raise
+            for each in marked:  # a live worker runs the new config: it is served from now
+                async with self._lock(each.desired.name):
+                    await self._settle_pending(each.desired.name, each.desired.generation)
         return model
 
     async def _refused_now(self, control: ModelControl, name: str) -> None:
@@ -347,15 +365,49 @@ class ModelRegistry:
             self._refusal_settled(desired, older)
 
     async def _older_serving(self, desired: DesiredModel) -> tuple[int, LoadedModel] | None:
-        """When the hosts refused ``desired``'s generation: the newest other generation of
-        the model kept here that a live worker names in its registry entry, with its
-        config; None when there is none (or nothing was refused)."""
+        """While no live worker runs ``desired``'s generation (the hosts refused it, or its
+        worker is not up yet): the newest other generation of the model kept here that a
+        live worker names in its registry entry, with its config; None when there is none,
+        or when a live worker names ``desired``'s (or none: ``serves_generation``)."""
         kept = self._kept.get(desired.name, {})
         older = sorted((g for g in kept if g != desired.generation), reverse=True)
-        if not (desired.loaded and desired.failed and older) or self._redis is None:
+        if not (desired.loaded and older) or self._redis is None:
             return None
         live = await live_generations(self._redis, self._names, desired.name)
+        if not desired.failed and ({desired.generation, None} & live):
+            return None
         return next(((g, kept[g]) for g in older if g in live), None)
+
+    def _hold_older(
+        self, name: str, generation: int, older: tuple[int, LoadedModel] | None
+    ) -> None:
+        """``name`` is loaded at ``generation``, which no live worker names yet: serve
+        ``older``'s config (``_older_serving``) until one does (``_settle_pending``)."""
+        if older is None:
+            return  # a first load, or the new generation serves already: served at once
+        self._pending[name] = generation
+        self.models[name] = older[1]
+        log.info(
+            "model %s: generation %d is served once a worker of it serves; until then the "
+            "config of generation %d, which a live worker runs",
+            name, generation, older[0],
+        )  # fmt: skip
+
+    async def _settle_pending(self, name: str, generation: int) -> None:
+        """Serve ``name``'s config at ``generation`` (the table's, held by ``_hold_older``)
+        once a live worker names it (a refusal is ``_settle_refusal``'s)."""
+        if self._pending.get(name) != generation or self._redis is None:
+            return
+        live = await live_generations(self._redis, self._names, name)
+        model = self._kept.get(name, {}).get(generation)
+        if self._pending.get(name) != generation or model is None:
+            return
+        if {generation, None} & live:
+            del self._pending[name]
+            self.models[name] = model
+            log.info(
+                "model %s: a worker of generation %d serves; its config is served", name, generation
+            )
 
     def _refusal_settled(
         self, desired: DesiredModel, older: tuple[int, LoadedModel] | None
@@ -364,6 +416,7 @@ class ModelRegistry:
         name = desired.name
         self._refusals[name] = Refusal(desired.generation, None if older is None else older[0])
         self._kept.get(name, {}).pop(desired.generation, None)  # no worker will run it
+        self._pending.pop(name, None)
         if older is None:
             return
         self.models[name] = older[1]
@@ -500,6 +553,7 @@ class ModelRegistry:
         self.refused.pop(name, None)
         self._kept.pop(name, None)
         self._refusals.pop(name, None)
+        self._pending.pop(name, None)
         self.unloaded.add(name)
 
     def _fingerprint(self, name: str) -> str:

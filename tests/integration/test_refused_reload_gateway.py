@@ -176,8 +176,8 @@ async def test_a_following_gateway_serves_the_config_a_live_worker_still_runs(
         assert served_dims(registry) == [16]
 
     await loading.load(MODEL, reshaped(config, 8, latency_a_us="abc"))
-    await following.follow()  # the new generation, not refused yet
-    assert served_dims(following) == [8]
+    await following.follow()  # the new generation, not refused yet: no worker of it is live
+    assert served_dims(following) == [16]
     refused = await table.get(MODEL)
     assert refused is not None
     assert await table.fail(refused, "latency_a_us must be a number")  # as a host reports
@@ -194,6 +194,9 @@ async def test_a_following_gateway_serves_the_config_a_live_worker_still_runs(
     assert row.state == "READY" and "refused" in row.reason, row
 
     await loading.load(MODEL, reshaped(config, 4))
+    third = await table.get(MODEL)
+    assert third is not None
+    await heartbeat(redis_client, settings, "newest", third.generation)  # its worker is up
     for registry in (loading, following, behind, late):
         await registry.follow()
         assert served_dims(registry) == [4]
