@@ -24,6 +24,7 @@ from plaza.sequence_config import CORRID, READY, START, SequenceBatching
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
 from plaza.workers.sequences import SequenceRuns, decode_state, encode_state, initial_states
+from tests.fakes import ManualClock as Clock
 from tests.support import REPOSITORY
 
 _BASE = """
@@ -140,14 +141,6 @@ class Req:
     start: bool = False
     end: bool = False
     origin: str = "p0"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def batcher(clock: Clock, max_batch: int = 4, **policy: int) -> SequenceBatcher[Req]:

@@ -19,6 +19,7 @@ from plaza.sequence_config import SequenceBatching
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
 from plaza.workers.sequences import SequenceRuns, encode_state
+from tests.fakes import ManualClock as Clock
 
 
 @dataclass(eq=False)
@@ -27,14 +28,6 @@ class Req:
     version: int
     start: bool = False
     end: bool = False
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _batcher(clock: Clock, max_sequences: int = 2) -> SequenceBatcher[Req]:

@@ -18,6 +18,7 @@ import pytest
 from plaza.errors import InvalidInput
 from plaza.sequence_batching import SequenceBatcher, SequenceFlags
 from plaza.sequence_config import SequenceBatching
+from tests.fakes import ManualClock as Clock
 
 
 @dataclass(eq=False)
@@ -25,14 +26,6 @@ class Req:
     key: int
     start: bool = False
     end: bool = False
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def batcher(clock: Clock, max_sequences: int = 8) -> SequenceBatcher[Req]:

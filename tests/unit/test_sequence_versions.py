@@ -21,6 +21,7 @@ from plaza.sequence_config import SequenceBatching
 from plaza.tensors import Tensor
 from plaza.workers.runner import WorkItem
 from plaza.workers.sequences import SequenceRuns, decode_state
+from tests.fakes import ManualClock as Clock
 from tests.support import REPOSITORY
 
 NAMES = Names("t.", "t:")
@@ -137,14 +138,6 @@ class Req:
     key: int
     version: int
     start: bool = False
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_each_version_of_a_sequence_goes_idle_on_its_own() -> None:
