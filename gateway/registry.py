@@ -259,7 +259,7 @@ class ModelRegistry:
         self._serve(name, model)
         self._followed(name, generation)
         if desired.failed:
-            self._refusal_settled(desired, older)
+            self._refusal_settled(desired, older, await self._idle(desired, older))
         else:
             self._hold_older(name, generation, older)
 
@@ -361,8 +361,16 @@ class ModelRegistry:
         if settled is not None and settled.generation == desired.generation:
             return
         older = await self._older_serving(desired)
+        idle = await self._idle(desired, older)
         if self._generations.get(name) == desired.generation and name in self.models:
-            self._refusal_settled(desired, older)
+            self._refusal_settled(desired, older, idle)
+
+    async def _idle(self, desired: DesiredModel, older: tuple[int, LoadedModel] | None) -> bool:
+        """Whether no live worker serves ``desired``'s model at all (none of an older
+        generation either): its refused generation leaves nothing to answer it."""
+        if older is not None or self._redis is None:
+            return False
+        return not await live_generations(self._redis, self._names, desired.name)
 
     async def _older_serving(self, desired: DesiredModel) -> tuple[int, LoadedModel] | None:
         """While no live worker runs ``desired``'s generation (the hosts refused it, or its
@@ -410,14 +418,20 @@ class ModelRegistry:
             )
 
     def _refusal_settled(
-        self, desired: DesiredModel, older: tuple[int, LoadedModel] | None
+        self, desired: DesiredModel, older: tuple[int, LoadedModel] | None, idle: bool = False
     ) -> None:
-        """``desired``'s generation was refused: ``older`` (``_older_serving``) is served."""
+        """``desired``'s generation was refused: ``older`` (``_older_serving``) is served;
+        with no worker of the model live at all (``idle``: a first load refused), nothing
+        is, as Triton serves no model that failed to load: its requests are refused at once
+        (model_not_found, naming the refusal) rather than left to wait in Kafka."""
         name = desired.name
         self._refusals[name] = Refusal(desired.generation, None if older is None else older[0])
         self._kept.get(name, {}).pop(desired.generation, None)  # no worker will run it
         self._pending.pop(name, None)
         if older is None:
+            if idle:
+                self.models.pop(name, None)
+                self.failed[name] = f"a model host could not load it: {desired.failed}"
             return
         self.models[name] = older[1]
         log.warning(

@@ -222,6 +222,15 @@ async def test_a_load_answers_for_its_own_generation_and_a_refused_config_fails_
         answer = await http.post("/v2/repository/models/sim2/load", json=body)
         assert answer.status_code == 400, answer.text
         assert "latency_a_us" in answer.json()["error"]
+        # no worker of it at all: it is not served (Triton serves no model that failed to
+        # load), so a request is refused at once instead of waiting in Kafka for none
+        late = await http.post("/v2/models/sim2/infer", json={"inputs": []})
+        assert late.status_code == 404, late.text
+        assert late.json()["code"] == "model_not_found"
+        assert "could not load it" in late.json()["error"]
+        index = {row["name"]: row for row in (await http.post("/v2/repository/index")).json()}
+        assert index["sim2"]["state"] == "UNAVAILABLE"
+        assert "latency_a_us" in index["sim2"]["reason"]
 
         smaller = json.dumps({**config, "max_batch_size": 8})
         body = {"parameters": {"config": smaller}}
