@@ -187,3 +187,18 @@ async def group_offsets(
         with contextlib.suppress(Exception):
             await admin.close()
     return {tp: (committed[tp].offset if tp in committed else -1, ends[tp]) for tp in tps}
+
+
+def set_bls_environment(settings: PlazaSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PLAZA_* environment a worker's model process reads for its BLS calls (Kafka and
+    Redis, with the test's prefixes), as ``plaza up`` and the stack set it for the workers
+    they start."""
+    env = {
+        "PLAZA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "PLAZA_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
+        "PLAZA_KAFKA__PARTITIONS": str(settings.kafka.partitions),
+        "PLAZA_REDIS__URL": settings.redis.url,
+        "PLAZA_REDIS__KEY_PREFIX": settings.redis.key_prefix,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)

@@ -36,7 +36,7 @@ from plaza.workers.worker import Worker
 from tests.integration.test_gateway_http import http
 from tests.metrics_support import samples, value
 from tests.python_models import write_repository
-from tests.support import make_settings, running_worker, wait_for
+from tests.support import make_settings, running_worker, set_bls_environment, wait_for
 
 
 @pytest.fixture
@@ -52,15 +52,7 @@ def settings(
 def bls_environment(settings: PlazaSettings, monkeypatch: pytest.MonkeyPatch) -> PlazaSettings:
     """The PLAZA_* environment a worker's model process reads for its BLS calls, as
     ``plaza up`` and the stack set it for the workers they start."""
-    env = {
-        "PLAZA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "PLAZA_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "PLAZA_KAFKA__PARTITIONS": str(settings.kafka.partitions),
-        "PLAZA_REDIS__URL": settings.redis.url,
-        "PLAZA_REDIS__KEY_PREFIX": settings.redis.key_prefix,
-    }
-    for key, setting in env.items():
-        monkeypatch.setenv(key, setting)
+    set_bls_environment(settings, monkeypatch)
     return settings
 
 

@@ -18,7 +18,7 @@ from plaza.client import PlazaClient
 from plaza.settings import PlazaSettings
 from plaza.workers.backends import pb_utils
 from tests.python_models import write_model, write_repository
-from tests.support import make_settings, running_worker, wait_for
+from tests.support import make_settings, running_worker, set_bls_environment, wait_for
 
 SEQUENCE_CONFIG = """
 name: "api_sequence"
@@ -174,15 +174,7 @@ def settings(
     ):
         write_model(root, name, config, source)
     settings = make_settings(kafka_bootstrap, redis_url, unique_id, repository=root)
-    env = {
-        "PLAZA_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "PLAZA_KAFKA__TOPIC_PREFIX": settings.kafka.topic_prefix,
-        "PLAZA_KAFKA__PARTITIONS": str(settings.kafka.partitions),
-        "PLAZA_REDIS__URL": settings.redis.url,
-        "PLAZA_REDIS__KEY_PREFIX": settings.redis.key_prefix,
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    set_bls_environment(settings, monkeypatch)
     return settings
 
 
