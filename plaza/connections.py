@@ -39,6 +39,7 @@ def kafka_security(k: KafkaSettings) -> dict[str, Any]:
     """The aiokafka options for ``k``'s SASL/TLS settings, checked now: ConfigError naming
     the setting for an incomplete or unusable one (aiokafka would fail later, with a
     traceback that names none, or ignore it)."""
+    k.check_security()
     opts: dict[str, Any] = {"security_protocol": k.security_protocol}
     if k.security_protocol in ("SSL", "SASL_SSL"):
         opts["ssl_context"] = _kafka_ssl_context(k)

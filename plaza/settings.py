@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from plaza.errors import ConfigError
 from plaza.naming import CONFIG_NAME_PATTERN, Names
 
 
@@ -49,7 +50,9 @@ class KafkaSettings(_Section):
         250, ge=0, description="how long a measured backlog (for max_queue_size) is reused"
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="Kafka security protocol"
+        "PLAINTEXT",
+        description="Kafka security protocol: the sasl_ settings need SASL_PLAINTEXT or "
+        "SASL_SSL, the ssl_ ones SSL or SASL_SSL (one given that it would ignore is an error)",
     )
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
         None, description="SASL mechanism (PLAIN when unset)"
@@ -59,6 +62,43 @@ class KafkaSettings(_Section):
     ssl_cafile: Path | None = Field(None, description="CA bundle for Kafka TLS")
     ssl_certfile: Path | None = Field(None, description="client certificate for Kafka TLS")
     ssl_keyfile: Path | None = Field(None, description="client key for Kafka TLS")
+
+    def check_security(self) -> None:
+        """ConfigError naming the SASL or TLS settings that ``security_protocol`` would
+        ignore (a SASL password with PLAINTEXT would connect in plain text, unseen), and the
+        protocols that use every security setting given."""
+        sasl = [name for name in _SASL_SETTINGS if _is_set(getattr(self, name))]
+        tls = [name for name in _TLS_SETTINGS if _is_set(getattr(self, name))]
+        protocol = self.security_protocol
+        uses_sasl, uses_tls = protocol.startswith("SASL"), protocol.endswith("SSL")
+        ignored = (sasl if not uses_sasl else []) + (tls if not uses_tls else [])
+        if not ignored:
+            return
+        # The protocols that use every setting given and keep what the chosen one does.
+        fitting = [
+            p
+            for p in ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+            if (p.startswith("SASL") or not (sasl or uses_sasl))
+            and (p.endswith("SSL") or not (tls or uses_tls))
+        ]
+        named = ", ".join(f"kafka.{name}" for name in ignored)
+        verb, them = ("is", "it") if len(ignored) == 1 else ("are", "them")
+        raise ConfigError(
+            f"{named} {verb} set but kafka.security_protocol is {protocol}, which ignores "
+            f"{them}: set kafka.security_protocol to {' or '.join(fitting)} (or unset {them})"
+        )
+
+
+_SASL_SETTINGS = ("sasl_mechanism", "sasl_username", "sasl_password")
+_TLS_SETTINGS = ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+
+
+def _is_set(value: object) -> bool:
+    """A security setting given a value (an empty string, from an empty environment
+    variable, is none)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value() != ""
+    return value is not None and value != ""
 
 
 class RedisSettings(_Section):
@@ -415,6 +455,13 @@ class PlazaSettings(BaseSettings):
     host: HostSettings = HostSettings()
     gateway: GatewaySettings = GatewaySettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+
+    @model_validator(mode="after")
+    def _kafka_security_is_used(self) -> PlazaSettings:
+        # A ConfigError, not a ValueError: it is not one field's value that is wrong, and it
+        # reads as the same bad_config line that kafka_security gives a bare KafkaSettings.
+        self.kafka.check_security()
+        return self
 
     @property
     def names(self) -> Names:
