@@ -588,13 +588,27 @@ def _instance_groups(config: mc.ModelConfig, source: str) -> tuple[InstanceGroup
             resources.append(RateLimitResource(r.name, int(r.count), bool(getattr(r, "global"))))
         groups.append(
             InstanceGroup(
-                count=max(1, int(g.count)),
+                count=_instance_count(config, i, source),
                 kind=mc.ModelInstanceGroup.Kind.Name(g.kind),
                 resources=tuple(resources),
                 priority=max(1, int(g.rate_limiter.priority)),
             )
         )
     return tuple(groups) or (InstanceGroup(),)
+
+
+def _instance_count(config: mc.ModelConfig, i: int, source: str) -> int:
+    """``instance_group[i].count``: 0 is a count left out (proto3 cannot tell the two apart),
+    which Triton fills with its default, as Plaza does with 1; a negative count is refused
+    (Triton would quietly fill the default in its place too)."""
+    count = int(config.instance_group[i].count)
+    if count < 0:
+        raise _fail(
+            source,
+            f"instance_group[{i}].count",
+            f"{count} instances of model {config.name!r}: must be >= 1 (or left out: 1)",
+        )
+    return max(1, count)
 
 
 def _max_concurrency(config: mc.ModelConfig, source: str) -> int:
