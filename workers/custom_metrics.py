@@ -2,12 +2,14 @@
 worker's /metrics.
 
 Each model process sends its families with its answers (``workers/backends/pb_metrics.py``);
-its ``PythonBackend`` keeps the latest. At a scrape, this collector merges the families of
-every model process the worker process runs, by name: the instances of one model (each a
-process of its own) add up, counters and histograms summed per label set, and a gauge shows
-the value one of them set (as the instances of a Triton server share one gauge). A family
-that two models define with different kinds, or a histogram whose buckets differ, keeps the
-first one seen and logs the clash. Names and labels are the model's own; Triton adds none.
+its ``PythonBackend`` keeps the latest (a process that sends only what changed has it folded
+into what is kept: ``fold``). At a scrape, this collector merges the families of every model
+process the worker process runs, by name: the instances of one model (each a process of its
+own) add up, counters and histograms summed per label set, and a gauge shows the value set
+most recently by any of them (its ``stamp``, the host's monotonic clock), as the instances of
+a Triton server share one gauge. A family that two models define with different kinds, or a
+histogram whose buckets differ, keeps the first one seen and logs the clash. Names and labels
+are the model's own; Triton adds none.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class _Family:
     description: str
     kind: str
     values: dict[Labels, float] = field(default_factory=dict)
+    stamps: dict[Labels, int] = field(default_factory=dict)
+    """A gauge's label sets: when the value served was set (``pb_metrics`` ``stamp``)."""
     histograms: dict[Labels, tuple[list[float], list[int], float]] = field(default_factory=dict)
 
 
@@ -74,9 +78,11 @@ class CustomMetrics:
             self._clash(name, f"defined as a {known.kind} and as a {kind}")
             return
         for metric in family["metrics"]:
-            labels: Labels = tuple(sorted(dict(metric["labels"]).items()))
+            labels = _key(metric)
             if kind == "gauge":
-                known.values[labels] = float(metric["value"])
+                stamp = int(metric.get("stamp", 0))
+                if labels not in known.values or stamp > known.stamps[labels]:
+                    known.values[labels], known.stamps[labels] = float(metric["value"]), stamp
             elif kind == "counter":
                 known.values[labels] = known.values.get(labels, 0.0) + float(metric["value"])
             else:
@@ -100,6 +106,30 @@ class CustomMetrics:
         if name not in self._clashes:
             self._clashes.add(name)
             log.warning("custom metric %r: %s; the first one seen is served", name, why)
+
+
+def fold(kept: Snapshot, changes: Snapshot) -> Snapshot:
+    """What a model process holds after ``changes`` (``pb_metrics`` ``changes``) on top of
+    ``kept``: each changed metric replaces the one of its family and labels. A new list
+    (a scrape may be reading ``kept``); the families that did not change are shared."""
+    by_name = {str(family["name"]): family for family in kept}
+    for family in changes:
+        name = str(family["name"])
+        known = by_name.get(name)
+        if known is None or (known["kind"], known["description"]) != (
+            family["kind"],
+            family["description"],
+        ):
+            by_name[name] = family
+            continue
+        metrics = {_key(m): m for m in known["metrics"]}
+        metrics.update((_key(m), m) for m in family["metrics"])
+        by_name[name] = {**known, "metrics": list(metrics.values())}
+    return list(by_name.values())
+
+
+def _key(metric: Mapping[str, Any]) -> Labels:
+    return tuple(sorted(dict(metric["labels"]).items()))
 
 
 def _exposed(name: str, family: _Family) -> Metric:

@@ -52,6 +52,7 @@ from plaza.workers.backends.base import Answer, Arrays, Response, Send
 from plaza.workers.backends.pb_metrics import Snapshot
 from plaza.workers.backends.python_channel import Channel, ChannelClosed, ChannelTimeout
 from plaza.workers.backends.python_errors import answer_error
+from plaza.workers.custom_metrics import fold
 from plaza.workers.device import Device
 
 log = logging.getLogger(__name__)
@@ -287,6 +288,7 @@ class PythonBackend:
         argv = [sys.executable, "-m", STUB_MODULE, str(to_child_r), str(from_child_w)]
         # The model process logs at the worker's level (its root logger's, now).
         log_level = str(logging.getLogger().getEffectiveLevel())
+        self.custom_metrics = []  # a new process's metrics start from nothing
         try:
             # No preexec_fn (unsafe in a threaded parent): the child watches for the
             # worker's exit itself. Its own session keeps a terminal's ^C for the worker,
@@ -343,8 +345,8 @@ class PythonBackend:
 
     def _took_metrics(self, reply: dict[str, Any]) -> None:
         metrics = reply.get("metrics")
-        if isinstance(metrics, list):
-            self.custom_metrics = metrics
+        if isinstance(metrics, list):  # only what changed: folded into what is kept
+            self.custom_metrics = fold(self.custom_metrics, metrics)
 
     def _stop(self, kill: bool = False) -> int | None:
         """Close the pipes and end the process and its group (at once with ``kill``; else

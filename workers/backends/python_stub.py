@@ -94,14 +94,14 @@ class ModelHost:
         """Where a decoupled model's responses go as they are sent."""
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The answer to one frame, with the model's custom metrics when they changed. A
+        """The answer to one frame, with the model's custom metrics that changed, if any. A
         batch's frame says how the worker logs now (``log_state``): this process logs so
         from then on (``pb_utils.Logger`` included)."""
         _follow_log(message.get("log"))
         answer = self._handle(message)
-        snapshot = pb_metrics.registry.snapshot()
-        if snapshot is not None:
-            answer["metrics"] = snapshot
+        changes = pb_metrics.registry.changes()
+        if changes is not None:
+            answer["metrics"] = changes
         return answer
 
     def _handle(self, message: dict[str, Any]) -> dict[str, Any]:
