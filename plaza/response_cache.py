@@ -48,6 +48,7 @@ from plaza.naming import Names
 from plaza.repository import ModelRepository
 from plaza.settings import ResponseCacheSettings
 from plaza.statistics import (
+    LAST_INFERENCE,
     MAX_UNCONFIRMED_FLUSHES,
     SEQUENCED_FLUSH_SCRIPT,
     FlushLog,
@@ -175,23 +176,32 @@ class DefaultVersions:
 
 class CacheStatistics:
     """Hits and misses counted since the last flush, as increments of Triton's statistics
-    hash fields (``plaza.statistics``): a hit is a ``cache_hit`` and a ``success``."""
+    hash fields (``plaza.statistics``): a hit is a ``cache_hit`` and a ``success``, and
+    answers a request of its version, so it also moves ``last_inference`` (epoch ms, by
+    ``clock``: a maximum, never a sum)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.pending: dict[tuple[str, str], dict[str, int]] = {}
+        self._clock = clock
 
-    def _add(self, model: str, version: str, phases: tuple[str, ...], seconds: float) -> None:
+    def _add(
+        self, model: str, version: str, phases: tuple[str, ...], seconds: float
+    ) -> dict[str, int] | None:
         counts = self.pending.get((model, version))
         if counts is None:
             if len(self.pending) >= STATS_PENDING_MAX:
-                return
+                return None
             counts = self.pending[(model, version)] = {}
         for phase in phases:
             counts[f"{phase}.count"] = counts.get(f"{phase}.count", 0) + 1
             counts[f"{phase}.ns"] = counts.get(f"{phase}.ns", 0) + int(seconds * 1e9)
+        return counts
 
     def hit(self, model: str, version: str, seconds: float) -> None:
-        self._add(model, version, ("cache_hit", "success"), seconds)
+        counts = self._add(model, version, ("cache_hit", "success"), seconds)
+        if counts is not None:
+            now_ms = int(self._clock() * 1000)
+            counts[LAST_INFERENCE] = max(counts.get(LAST_INFERENCE, 0), now_ms)
 
     def miss(self, model: str, version: str, seconds: float) -> None:
         self._add(model, version, ("cache_miss",), seconds)
@@ -242,7 +252,10 @@ class CacheFlushes:
                 fields = self.totals.setdefault(model, {})[key] = {}
                 self._kept += 1
             for name, amount in counts.items():
-                fields[name] = fields.get(name, 0) + amount
+                if name == LAST_INFERENCE:  # a time: the newest wins
+                    fields[name] = max(fields.get(name, 0), amount)
+                else:
+                    fields[name] = fields.get(name, 0) + amount
             self._moved.add(model)
 
     def queue(self, pipe: Any) -> Sent:

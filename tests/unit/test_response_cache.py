@@ -18,6 +18,7 @@ from plaza.naming import Names
 from plaza.response_cache import (
     DIGEST_BYTES,
     STATS_PENDING_MAX,
+    CacheFlushes,
     CacheProbe,
     CacheStatistics,
     DefaultVersions,
@@ -171,7 +172,7 @@ def test_config_enables_the_cache_and_refuses_bad_values() -> None:
 
 
 def test_statistics_count_hits_as_successes_and_are_handed_over_once() -> None:
-    stats = CacheStatistics()
+    stats = CacheStatistics(clock=lambda: 1718000000.5)
     stats.hit("ident", "1", 0.000002)
     stats.miss("ident", "1", 0.000005)
     stats.miss("ident", "1", 0.000001)
@@ -183,12 +184,41 @@ def test_statistics_count_hits_as_successes_and_are_handed_over_once() -> None:
             "success.ns": 2000,
             "cache_miss.count": 2,
             "cache_miss.ns": 6000,
+            "last_inference": 1718000000500,  # the hit answered then
         }
     }
     assert stats.take() == {}
     for i in range(STATS_PENDING_MAX + 5):
         stats.miss("ident", str(i), 0.0)
     assert len(stats.take()) == STATS_PENDING_MAX  # bounded between two flushes
+
+
+def test_a_hits_time_is_folded_as_the_newest_last_inference() -> None:
+    """Two flushes' hits: ``last_inference`` is the newer hit's time, not a sum, and the
+    flush carries it to the statistics hash (the script keeps the maximum there)."""
+    now = [100.0]
+    stats = CacheStatistics(clock=lambda: now[0])
+    flushes = CacheFlushes(Names(key_prefix="t:"), ttl_s=60)
+    stats.hit("ident", "1", 0.0)
+    now[0] = 250.0
+    stats.hit("ident", "1", 0.0)
+    flushes.fold(stats.take())
+    now[0] = 200.0  # a clock stepped back: the hash keeps the newest
+    stats.hit("ident", "1", 0.0)
+    flushes.fold(stats.take())
+    key = Names(key_prefix="t:").model_stats_key("ident", "1")
+    fields = flushes.totals["ident"][key]
+    assert fields["last_inference"] == 250_000 and fields["success.count"] == 3
+
+    class Pipe:
+        args: tuple[object, ...] = ()
+
+        def eval(self, *args: object) -> None:
+            self.args = args
+
+    pipe = Pipe()
+    flushes.queue(pipe)
+    assert 250_000 in pipe.args  # the part's last inference, sent with the increments
 
 
 class FrozenRedis:
