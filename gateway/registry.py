@@ -151,6 +151,10 @@ class ModelRegistry:
         """Poll mode: a fingerprint of each model's folder as last read."""
         self._control: ModelControl | None = None
         """Loads and unloads for the deployment (``plaza.model_control``); None in mode none."""
+        self.on_refused: Callable[[str], None] | None = None
+        """Told the name of a model that stops being served because the hosts refused its
+        load with no worker of it live at all (``_refusal_settled``): none will answer the
+        requests of it that wait (the gateway's service answers them)."""
 
     # -- start -----------------------------------------------------------------------------
     def read_start_models(self) -> None:
@@ -308,7 +312,8 @@ class ModelRegistry:
             seen = await control.table.get(name)
             try:
                 model = await asyncio.to_thread(read_load, self.repo, name, config)
-                marked = await control.mark_loaded(name, config, model, seen)
+                served = None if seen is None else self._kept.get(name, {}).get(seen.generation)
+                marked = await control.mark_loaded(name, config, model, seen, served)
             except ConfigError as exc:
                 if name not in self.models and "reason" in exc.details:
                     self.failed[name] = exc.details["reason"]
@@ -377,6 +382,7 @@ class ModelRegistry:
         worker is not up yet): the newest other generation of the model kept here that a
         live worker names in its registry entry, with its config; None when there is none,
         or when a live worker names ``desired``'s (or none: ``serves_generation``)."""
+        await self._recall_previous(desired)
         kept = self._kept.get(desired.name, {})
         older = sorted((g for g in kept if g != desired.generation), reverse=True)
         if not (desired.loaded and older) or self._redis is None:
@@ -385,6 +391,25 @@ class ModelRegistry:
         if not desired.failed and ({desired.generation, None} & live):
             return None
         return next(((g, kept[g]) for g in older if g in live), None)
+
+    async def _recall_previous(self, desired: DesiredModel) -> None:
+        """Keep the config of ``desired``'s previous generation as the table holds it
+        (``DesiredModel.previous``) when this gateway did not read that one itself (it
+        started later): its workers may run on while ``desired``'s is refused or not up."""
+        previous, kept = desired.previous, self._kept.get(desired.name, {})
+        if not desired.loaded or previous is None or previous.generation in kept:
+            return
+        try:
+            model = await asyncio.to_thread(self._parse, desired.name, previous.config)
+        except PlazaError as exc:
+            log.warning(
+                "model %s: the config of its generation %d, kept in the model table, does "
+                "not read: %s", desired.name, previous.generation, exc.message,
+            )  # fmt: skip
+            return
+        if previous.versions:  # as it was served, not as the folder reads now
+            model = LoadedModel(model.spec, previous.versions)
+        self._keep(desired.name, previous.generation, model)
 
     def _hold_older(
         self, name: str, generation: int, older: tuple[int, LoadedModel] | None
@@ -432,6 +457,8 @@ class ModelRegistry:
             if idle:
                 self.models.pop(name, None)
                 self.failed[name] = f"a model host could not load it: {desired.failed}"
+                if self.on_refused is not None:
+                    self.on_refused(name)
             return
         self.models[name] = older[1]
         log.warning(

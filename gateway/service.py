@@ -125,7 +125,10 @@ class GatewayService:
         self.names = settings.names
         self.gateway_id = settings.gateway.gateway_id or uuid.uuid4().hex
         self.registry = ModelRegistry(settings)
+        self.registry.on_refused = self._refused
         self._tasks: list[asyncio.Task[None]] = []
+        self._answering: set[asyncio.Task[None]] = set()
+        """Tasks answering the waiting requests of a model no worker will serve."""
         self._redis: aioredis.Redis | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: Producer | None = None
@@ -195,6 +198,7 @@ class GatewayService:
         """Release everything start() took; safe to call after a failed start."""
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+        await cancel_and_wait(list(self._answering))
         await self._kafka_checks.close()
         if self._producer is not None:
             await self._producer.stop()
@@ -228,6 +232,37 @@ class GatewayService:
             topics = self._request_topics()
             await ensure_topics(self.settings.kafka, topics)
             self._require(self._producer).topics_made(topics)
+
+    def _refused(self, name: str) -> None:
+        """``name`` is no longer served: the hosts refused its load and no worker of it
+        lives (``ModelRegistry.on_refused``). The requests of it that wait here get at
+        once the error a new request gets, instead of waiting out their time."""
+        if self._producer is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._answer_refused(name))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer_refused(self, name: str) -> None:
+        """Answer the requests of ``name`` that wait here (``Producer.answer_held``) while
+        it is not served; again for those that came past the model's lookup meanwhile."""
+        answered: frozenset[str] = frozenset()
+        while True:
+            try:
+                self.model(name)
+            except ModelNotFound as exc:
+                error = exc
+            else:
+                return  # served again (a new load): its requests wait for its workers
+            try:
+                more = await self._require(self._producer).answer_held(name, error, answered)
+            except (RedisError, RedisClusterException, OSError) as exc:
+                log.warning("model %s: its waiting requests wait out their time: %s", name, exc)
+                return
+            if not more:
+                return
+            log.info("model %s: %d waiting requests answered: %s", name, len(more), error)
+            answered |= set(more)
 
     def _request_topics(self) -> list[str]:
         topics = {

@@ -33,6 +33,10 @@ along with it, which the table remembers as not ``explicit``). The later
 request wins: a load writes its entry only if the model's generation in the table is still
 the one it saw before reading the model (``ModelTable.load_if_unchanged``, one atomic Redis
 script), so an unload sent through any gateway while the load was reading is never undone.
+
+A load's entry also keeps the config its previous generation was served with
+(``DesiredModel.previous``, one per model: the table stays bounded), so that a gateway
+started after the hosts refused the new one serves the config their workers still run.
 """
 
 from __future__ import annotations
@@ -85,6 +89,33 @@ yet). Generations are compared as text: they are nanoseconds, past a Lua number'
 
 
 @dataclass(frozen=True, slots=True)
+class ServedConfig:
+    """The config a model's earlier generation was loaded with, as a gateway served it."""
+
+    generation: int
+    config: str
+    """Its config in Triton's JSON form, complete (a load's override reads it back)."""
+    versions: tuple[int, ...] = ()
+    """The versions it served; () where unknown (read from the repository then)."""
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "previous_generation": self.generation,
+            "previous_config": self.config,
+            "previous_versions": list(self.versions),
+        }
+
+    @classmethod
+    def decode(cls, doc: Mapping[str, Any]) -> ServedConfig | None:
+        """The entry's previous config (``encode``'s keys); None where it has none."""
+        generation = doc.get("previous_generation")
+        if not isinstance(generation, int) or not doc.get("previous_config"):
+            return None
+        versions = tuple(int(v) for v in doc.get("previous_versions", ()))
+        return cls(generation, str(doc["previous_config"]), versions)
+
+
+@dataclass(frozen=True, slots=True)
 class DesiredModel:
     """What should happen to one model."""
 
@@ -104,9 +135,13 @@ class DesiredModel:
     failed: str = ""
     """Why a host could not load this generation (a bad config its worker refused); "" none.
     Written by hosts (``ModelTable.fail``), read by a load waiting for a worker."""
+    previous: ServedConfig | None = None
+    """The config of the last generation before this one that no host refused (a load
+    records it, ``previous_served``): its workers may still run while this one is refused
+    or not up yet, and a gateway that never read it serves it from here. None: unknown."""
 
     def encode(self) -> str:
-        doc = {
+        doc: dict[str, Any] = {
             "loaded": self.loaded,
             "generation": self.generation,
             "config": self.config,
@@ -114,6 +149,8 @@ class DesiredModel:
             "folder": self.folder,
             "failed": self.failed,
         }
+        if self.previous is not None:  # after the generation: the table's script reads the first
+            doc.update(self.previous.encode())
         return json.dumps(doc)
 
     @classmethod
@@ -127,6 +164,7 @@ class DesiredModel:
             bool(doc.get("explicit", True)),  # an entry written before the field: explicit
             str(doc.get("folder", "")),
             str(doc.get("failed", "")),
+            ServedConfig.decode(doc),
         )
 
     def same_load(self, config: str, folder: str) -> bool:
@@ -134,6 +172,21 @@ class DesiredModel:
         this entry already loads (and no host failed it): it keeps its generation."""
         unchanged = (self.config, self.folder) == (config, folder)
         return self.loaded and not self.failed and bool(folder) and unchanged
+
+
+def previous_served(seen: DesiredModel | None, served: LoadedModel | None) -> ServedConfig | None:
+    """What a new generation's entry keeps as its previous config (``DesiredModel.previous``),
+    ``seen`` being the entry it replaces: ``served``, the config its loader served at
+    ``seen``'s generation (else ``seen``'s own override, if any); a refused ``seen`` never
+    ran, so the one before it is kept instead. None for a model not loaded before."""
+    if seen is None or not seen.loaded:
+        return None
+    if seen.failed:
+        return seen.previous
+    if served is not None:
+        config = json.dumps(served.spec.config_json())
+        return ServedConfig(seen.generation, config, served.versions)
+    return ServedConfig(seen.generation, seen.config) if seen.config else None
 
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
@@ -434,16 +487,21 @@ class ModelTable:
         *,
         explicit: bool = True,
         folder: str = "",
+        served: LoadedModel | None = None,
     ) -> DesiredModel | None:
         """``load``, in one atomic step with the check that the table still holds ``seen``
         for ``name`` (its generation; None: nothing yet). None, and nothing written, when a
         load or unload of ``name`` came in between. A load of what ``seen`` loads already
         (``DesiredModel.same_load``) keeps its generation, so hosts keep its workers (only
-        ``explicit`` is raised on it)."""
+        ``explicit`` is raised on it). A new generation keeps ``seen``'s config as its
+        previous one (``previous_served``; ``served``: the config served at ``seen``'s)."""
         if seen is not None and seen.same_load(config, folder):
             desired = dataclasses.replace(seen, explicit=seen.explicit or explicit)
         else:
-            desired = DesiredModel(name, True, time.time_ns(), config, explicit, folder)
+            previous = previous_served(seen, served)
+            desired = DesiredModel(
+                name, True, time.time_ns(), config, explicit, folder, previous=previous
+            )
         return desired if await self._write_if(seen, desired) else None
 
     async def fail(self, desired: DesiredModel, reason: str) -> bool:
@@ -526,7 +584,12 @@ class ModelControl:
         return model
 
     async def mark_loaded(
-        self, name: str, config: str, model: LoadedModel, seen: DesiredModel | None
+        self,
+        name: str,
+        config: str,
+        model: LoadedModel,
+        seen: DesiredModel | None,
+        served: LoadedModel | None = None,
     ) -> list[Marked]:
         """Mark ``name`` loaded in the table (a new generation: hosts start it, or restart
         it; a load of the config and model folder it is loaded with already keeps its
@@ -543,8 +606,11 @@ class ModelControl:
         while the load read it (an unload, or a load with another config, through any
         gateway or model), nothing is written for ``name`` and the load fails with
         Unavailable; the steps it marked stay loaded, as Triton's unload leaves them.
+        ``served``: the config the caller serves ``name`` with at ``seen``'s generation,
+        kept in the entry as its previous one (``previous_served``).
         Returns the models marked, ``name`` last."""
-        return await self._mark(name, config, model, seen, frozenset({name}), explicit=True)
+        chain = frozenset({name})
+        return await self._mark(name, config, model, seen, chain, explicit=True, served=served)
 
     async def _mark(
         self,
@@ -555,6 +621,7 @@ class ModelControl:
         chain: frozenset[str],
         *,
         explicit: bool,
+        served: LoadedModel | None = None,
     ) -> list[Marked]:
         # Kafka's client is imported here, not above: a Python model's process imports this
         # module for its checks at start, and needs Kafka only if the model loads something.
@@ -563,7 +630,7 @@ class ModelControl:
         marked = await self._mark_steps(name, model.spec, chain)
         folder = await asyncio.to_thread(folder_fingerprint, self.repo, name)
         desired = await self.table.load_if_unchanged(
-            name, seen, config, explicit=explicit, folder=folder
+            name, seen, config, explicit=explicit, folder=folder, served=served
         )
         if desired is None:
             desired = await self._superseded(name, config)

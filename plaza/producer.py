@@ -34,7 +34,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from msgspec.structs import replace
 
-from plaza.contract import InferRequest, InferResult, ReplyTo
+from plaza.codec import encode_result, join_results
+from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.errors import (
     CodecError,
     DeadlineExceeded,
@@ -45,6 +46,7 @@ from plaza.errors import (
     Unsupported,
 )
 from plaza.modelconfig import ModelSpec
+from plaza.naming import STREAM_FIELD_COUNT, STREAM_FIELD_RESULTS
 from plaza.priority import settle_level
 from plaza.publisher import RequestPublisher, was_acknowledged
 from plaza.queueing import BacklogProbe, QueueGuard
@@ -179,6 +181,9 @@ class Producer:
         self._mux: ReplyMux | None = None
         self._mux_lock = asyncio.Lock()
         self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
+        self._held: dict[str, dict[str, InferRequest]] = {}
+        """The requests published that wait here for their answer (sync and streamed),
+        by model, then id: ``answer_held`` answers them when their model is not served."""
         self._cancelling: set[asyncio.Task[None]] = set()
         self.cache = ResponseCache(
             redis,
@@ -296,6 +301,7 @@ class Producer:
         await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
+            self._hold(ready.req)
             try:
                 # Kafka's own limit bounds the ack, not the caller's: a record it may still
                 # take must end as a timeout with its job id, never as a retriable 503.
@@ -307,6 +313,7 @@ class Producer:
                 raise
             finally:
                 mux.forget(ready.req.id)
+                self._release(ready.req)
 
     async def infer_stream(
         self,
@@ -341,6 +348,7 @@ class Producer:
         await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             responses = mux.expect_responses(ready.req.id, limit)  # before publishing
+            self._hold(ready.req)
             final = False
             try:
                 await self._publisher.publish(ready.req, ready.topic)  # as in infer
@@ -357,6 +365,7 @@ class Producer:
                 raise
             finally:
                 mux.forget(ready.req.id)
+                self._release(ready.req)
 
     async def submit(
         self, req: InferRequest, spec: ModelSpec | None, view: JobView | None = None
@@ -559,6 +568,54 @@ class Producer:
             f"no {what} within {timeout_s:g} s; poll job {ready.req.id} for it",
             job_id=ready.req.id,
         )
+
+    def _hold(self, req: InferRequest) -> None:
+        self._held.setdefault(req.model, {})[req.id] = req
+
+    def _release(self, req: InferRequest) -> None:
+        held = self._held.get(req.model)
+        if held is not None:
+            held.pop(req.id, None)
+            if not held:
+                del self._held[req.model]
+
+    async def answer_held(
+        self, model: str, error: PlazaError, skip: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """Answer with ``error`` the requests of ``model`` that wait here for their answer
+        (but those in ``skip``), as a worker answers: the answer stored under each result
+        key (first write wins: one a worker stored stands, and a worker that fetches one
+        of them later skips it, ``workers/answered.py``), then sent on the reply stream,
+        where their callers get it. For a model no worker will ever answer (the gateway's
+        registry says when). Returns the ids of the requests answered."""
+        chosen = [r for i, r in self._held.get(model, {}).items() if i not in skip]
+        if not chosen:
+            return []
+        info = ErrorInfo(error.code, error.message)
+        payloads = [
+            encode_result(InferResult(r.id, r.model, r.version, error=info)) for r in chosen
+        ]
+        pipe = self._redis.pipeline(transaction=False)
+        for req, payload in zip(chosen, payloads, strict=True):
+            key = self.names.result_key(req.id)
+            pipe.set(key, payload, nx=True, ex=self.settings.redis.result_ttl_s)
+        stored = [p for p, won in zip(payloads, await pipe.execute(), strict=True) if won]
+        if stored:
+            await self._send_answers(stored)
+        return [r.id for r in chosen]
+
+    async def _send_answers(self, payloads: list[bytes]) -> None:
+        """Add the encoded results ``payloads`` to this producer's reply stream, in one
+        entry, as a worker adds a batch's (``workers/writer.py``)."""
+        r = self.settings.redis
+        entry = {
+            STREAM_FIELD_COUNT: str(len(payloads)).encode(),
+            STREAM_FIELD_RESULTS: join_results(payloads),
+        }
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xadd(self._reply_stream, entry, maxlen=r.stream_maxlen, approximate=True)  # type: ignore[arg-type]
+        pipe.expire(self._reply_stream, r.reply_stream_ttl_s)
+        await pipe.execute()
 
     def _cancel_later(self, req: InferRequest) -> None:
         """Store the cancelled answer on a task of its own: the cancelled caller's task
