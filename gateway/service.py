@@ -30,7 +30,7 @@ from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions
 from plaza.gateway.statistics import read_statistics
-from plaza.gateway.tracing import Tracer
+from plaza.gateway.tracing import Tracer, failure_code
 from plaza.log_settings import LogFollower, LogSettings
 from plaza.model_control import LoadedModel, live_workers, serving_models
 from plaza.modelconfig import ModelSpec
@@ -370,17 +370,25 @@ class GatewayService:
         started_ns = time.time_ns() if traced else 0
         if traced:
             req = msgspec.structs.replace(req, trace=True)
-        result = await self._require(self._producer).infer(req, spec, wait_s)
-        if traced:
-            self.tracer.record(
-                req.model,
-                result.version,
-                req.id,
-                started_ns,
-                time.time_ns(),
-                result.trace_ns,
-                trace_file=traced,  # the file set when it came (it may change meanwhile)
-            )
+        result: InferResult | None = None
+        failure = ""
+        try:
+            result = await self._require(self._producer).infer(req, spec, wait_s)
+        except BaseException as exc:
+            failure = failure_code(exc)
+            raise
+        finally:
+            if traced:  # failed or not: a counted request always yields its trace
+                self.tracer.record(
+                    req.model,
+                    result.version if result is not None else req.version,
+                    req.id,
+                    started_ns,
+                    time.time_ns(),
+                    result.trace_ns if result is not None else {},
+                    trace_file=traced,  # the file set when it came (it may change meanwhile)
+                    error=failure or (result.error.code if result and result.error else ""),
+                )
         return raise_for_error(result)
 
     @metered_stream
@@ -394,7 +402,8 @@ class GatewayService:
         bounds the wait for each response; past it DeadlineExceeded with
         ``details["job_id"]``. A sampled request is traced as ``infer``'s are, with
         INFER_RESPONSE_COMPLETE at its first response (as Triton's stream does) and
-        REQUEST_END at its final one; a stream left before its final response is not."""
+        REQUEST_END at its final one; a stream that fails or is left before its final
+        response is traced when it ends, with its failure (``Tracer.record``'s ``error``)."""
         spec = self.model(req.model, req.version).spec
         wait_s = self.settings.gateway.sync_timeout_s if timeout_s is None else timeout_s
         traced = self.tracer.sample(req.model)
@@ -402,23 +411,32 @@ class GatewayService:
             req = msgspec.structs.replace(req, trace=True)
         trace = _StreamTrace(time.time_ns()) if traced else None
         responses = self._require(self._producer).infer_stream(req, spec, wait_s)
-        async with contextlib.aclosing(responses):
-            async for result in responses:
-                if trace is not None:
-                    trace.saw(result)
-                    if result.final:
-                        end_ns = time.time_ns()
-                        stages = trace.stages()
-                        self.tracer.record(
-                            req.model,
-                            trace.version,
-                            req.id,
-                            trace.start_ns,
-                            end_ns,
-                            stages,
-                            trace_file=traced,
-                        )
-                yield result
+        failure = "incomplete"  # what a stream that ends before its final response is
+        try:
+            async with contextlib.aclosing(responses):
+                async for result in responses:
+                    if trace is not None:
+                        trace.saw(result)
+                        if result.final:
+                            error = result.error.code if result.error else ""
+                            self._trace_stream(req, trace, traced, error)
+                            trace = None
+                    yield result
+        except BaseException as exc:
+            failure = failure_code(exc)
+            raise
+        finally:
+            if trace is not None:  # failed or left: a counted request always yields its trace
+                self._trace_stream(req, trace, traced, failure)
+
+    def _trace_stream(self, req: InferRequest, trace: _StreamTrace, file: str, error: str) -> None:
+        """Record a traced stream's trace, ending now, in ``file`` (``Tracer.sample``'s)."""
+        stages = trace.stages()
+        version = trace.version or req.version
+        end_ns = time.time_ns()
+        self.tracer.record(
+            req.model, version, req.id, trace.start_ns, end_ns, stages, file, error=error
+        )
 
     def decoupled(self, result: InferResult, marked: bool | None = None) -> bool:
         """Whether ``result`` is a decoupled model's answer: as its job's marker says
@@ -455,7 +473,8 @@ class GatewayService:
             await self.log_settings.follow_stored(redis, self.names.log_settings_key())
 
     async def get_log_settings(self) -> LogSettings:
-        """The deployment's log settings (as stored; this process's own before any change)."""
+        """This process's log settings: its own start settings and the stored changes made
+        since it started (``plaza.log_settings``)."""
         await self._follow_log()
         return self.log_settings.current
 

@@ -12,14 +12,17 @@ default).
 
 A traced request carries ``trace`` in its envelope; its worker stamps its stages
 (``InferResult.trace_ns``: QUEUE_START, COMPUTE_START, COMPUTE_INPUT_END,
-COMPUTE_OUTPUT_START, COMPUTE_END) and the gateway adds REQUEST_START and REQUEST_END. Each
-trace is one JSON line, appended to ``gateway.trace_dir`` / ``trace_file``: the file is
-named by its bare name (a client picks no path on the gateway's host), and it is the one set
-when the request was sampled (``sample`` answers it, ``record`` takes it), whatever was set
-by the time it ended. Timestamps are Unix
-epoch nanoseconds of each process's clock, so across hosts they are as close as the hosts'
-clocks. Settings and files belong to one gateway process; with ``gateway.workers`` above 1
-changing them is refused, as for shared memory.
+COMPUTE_OUTPUT_START, COMPUTE_END) and the gateway adds REQUEST_START and REQUEST_END. A
+sampled request that fails (a timeout, Kafka not taking it, an error answer, a stream left
+before its final response) is traced all the same, with the stamps it got and its failure's
+code under ``error`` (``failure_code``): a request counted against ``trace_count`` always
+yields its line. Each trace is one JSON line, appended to ``gateway.trace_dir`` /
+``trace_file``: the file is named by its bare name (a client picks no path on the gateway's
+host), and it is the one set when the request was sampled (``sample`` answers it, ``record``
+takes it), whatever was set by the time it ended. Timestamps are Unix epoch nanoseconds of
+each process's clock, so across hosts they are as close as the hosts' clocks. Settings and
+files belong to one gateway process; with ``gateway.workers`` above 1 changing them is
+refused, as for shared memory.
 
 The file is written off the event loop: a flush hands the buffered lines to one writer
 thread (so appends keep their order), and ``close`` waits for what it was handed. At most
@@ -30,6 +33,7 @@ for it).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import re
@@ -42,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from plaza.errors import InvalidInput
+from plaza.errors import Cancelled, InvalidInput, PlazaError
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +143,16 @@ def _number(name: str, value: Any) -> int:
     return number
 
 
+def failure_code(exc: BaseException) -> str:
+    """The code a traced request's failure is recorded under: a Plaza error's own code,
+    ``cancelled`` for a request its caller left, else the exception's class name."""
+    if isinstance(exc, PlazaError):
+        return exc.code
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return Cancelled.code
+    return type(exc).__name__
+
+
 class Tracer:
     """One gateway process's trace settings, sampling and trace file."""
 
@@ -218,28 +232,30 @@ class Tracer:
         end_ns: int,
         worker_ns: Mapping[str, int],
         trace_file: str | None = None,
+        error: str = "",
     ) -> None:
         """Keep one trace (its stages in time order) for ``trace_file``, the file ``sample``
-        chose (None: the model's trace file now). A trace with no file to go to (tracing
-        turned off by clearing the file since) is not kept."""
+        chose (None: the model's trace file now); ``error``: the code of the request's
+        failure ("" for none). A trace with no file to go to (tracing turned off by clearing
+        the file since) is not kept."""
         settings = self.settings(model)
         trace_file = settings.trace_file if trace_file is None else trace_file
         if not trace_file:
             return
         self._traces += 1
         stamps = {"REQUEST_START": start_ns, **worker_ns, "REQUEST_END": end_ns}
-        line = orjson.dumps(
-            {
-                "id": self._traces,
-                "model_name": model,
-                "model_version": version,
-                "request_id": request_id,
-                "timestamps": [
-                    {"name": n, "ns": ns} for n, ns in sorted(stamps.items(), key=lambda kv: kv[1])
-                ],
-            }
-        )
-        self._buffer.append((trace_file, line))
+        trace: dict[str, Any] = {
+            "id": self._traces,
+            "model_name": model,
+            "model_version": version,
+            "request_id": request_id,
+            "timestamps": [
+                {"name": n, "ns": ns} for n, ns in sorted(stamps.items(), key=lambda kv: kv[1])
+            ],
+        }
+        if error:
+            trace["error"] = error
+        self._buffer.append((trace_file, orjson.dumps(trace)))
         every = settings.log_frequency
         limit = min(every, MAX_BUFFERED) if every else MAX_BUFFERED
         # As Triton: once trace_count is used up, what was collected is written whatever

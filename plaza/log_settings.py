@@ -1,18 +1,27 @@
 """Triton's logging extension: the deployment's log settings, changed at run time.
 
-``GET /v2/logging`` (gRPC ``LogSettings`` with no settings) answers them, ``POST
-/v2/logging`` changes the ones it names (a null value, as in Triton, leaves its setting as it
-is). A change is the deployment's, as in Triton it is the server's: the gateway that takes it
-stores the settings in Redis (one key, ``Names.log_settings_key``) and applies them to
-itself; every other Plaza process (workers, hosts, ensemble runners, the other gateway
-processes) reads the key on its heartbeat and applies what changed. The change is stored
-with a compare-and-set (``change_stored``), so changes made at once by several gateways
-all land; a worker's Python model process logs as its worker (``log_state``, ``copy_log``:
-each batch sent to it says how). Applying sets the level of the process's root logger and
-its handlers' time format:
+``GET /v2/logging`` (gRPC ``LogSettings`` with no settings) answers the settings of the
+process that answers, ``POST /v2/logging`` changes the ones it names (a null value, as in
+Triton, leaves its setting as it is). A change is the deployment's, as in Triton it is the
+server's: the gateway that takes it stores each setting it names in Redis (one hash,
+``Names.log_settings_key``: a field per setting, its value and the Redis ``TIME`` of the
+change) and every Plaza process (workers, hosts, ensemble runners, the other gateway
+processes) reads the hash on its heartbeat. A process logs as its own start settings (its
+``log_level``) with, on top, each stored change made since it started (``effective``): a
+change names only its own settings, so a worker started with ``--log-level DEBUG`` keeps
+DEBUG when another setting changes, and a process started (or restarted) after a change
+starts from its flags, as Triton starts from its command line, while the processes that
+were running keep the change. Changes of different settings made at once by several
+gateways all land (one ``HSET`` a setting); of one setting the last one stored wins. The
+hash holds one field a setting, so it stays bounded with no TTL. A worker's Python model
+process logs at its worker's level (``log_state``, ``copy_log``: each batch sent to it says
+how). Applying sets the level of the process's root logger, a filter on the handlers
+``configure_logging`` installed, and their time format:
 
 - ``log_verbose_level`` >= 1: DEBUG; else ``log_info``: INFO; else ``log_warnings``:
   WARNING; else ``log_errors``: ERROR; else nothing is logged;
+- ``log_warnings`` false drops WARNING records and ``log_errors`` false ERROR records, each
+  on its own as in Triton (``SeverityFilter``; CRITICAL records are always kept);
 - ``log_format`` ``default`` (local time, as Plaza always logged) or ``ISO8601`` (UTC,
   ``2026-12-06T17:00:00Z``).
 
@@ -31,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
 
-from plaza.errors import InvalidInput, Unavailable
+from plaza.errors import InvalidInput
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -43,16 +52,19 @@ _OFF = logging.CRITICAL + 10
 MAX_VERBOSE_LEVEL = 2**32 - 1
 """The largest ``log_verbose_level``: gRPC's ``LogSettings`` carries it as a uint32."""
 LogFormat = Literal["default", "ISO8601"]
-STORE_TRIES = 16
-"""Compare-and-set rounds a change may take while other changes keep landing first."""
-_SET_IF_UNCHANGED = """
-if (redis.call('GET', KEYS[1]) or '') ~= ARGV[1] then
-  return 0
+_STORE_CHANGES = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
+  redis.call('DEL', KEYS[1])
 end
-redis.call('SET', KEYS[1], ARGV[2])
-return 1
+local now = redis.call('TIME')
+local at = now[1] .. string.format('%06d', tonumber(now[2]))
+for i = 1, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], '{"at":' .. at .. ',"value":' .. ARGV[i + 1] .. '}')
+end
+return at
 """
-"""Store ARGV[2] only while the key still holds ARGV[1] ("": nothing stored yet)."""
+"""Store each named setting (ARGV: name, JSON value, ...) with the Redis time of the change
+in microseconds; a key of another type (the whole settings, as stored before) is replaced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +164,44 @@ def configure_logging(level: str) -> None:
 
 def apply(settings: LogSettings, root: logging.Logger | None = None) -> None:
     """Make this process log as ``settings`` say: its root logger's level, and the time
-    format of the handlers ``configure_logging`` installed."""
+    format and ``SeverityFilter`` of the handlers ``configure_logging`` installed."""
+    root = root or logging.getLogger()
     copy_log((settings.level, settings.log_format), root)
+    for handler in root.handlers:
+        if _format_of(handler.formatter) is not None:
+            _severity_filter(handler).keep(settings)
+
+
+class SeverityFilter(logging.Filter):
+    """Drops WARNING records while ``log_warnings`` is off and ERROR records while
+    ``log_errors`` is, each on its own (as Triton's flags; the root logger's level, one
+    threshold, cannot say "INFO but no WARNING"). CRITICAL records always pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.warnings = True
+        self.errors = True
+
+    def keep(self, settings: LogSettings) -> None:
+        """Keep or drop as ``settings`` say from now on."""
+        self.warnings, self.errors = settings.log_warnings, settings.log_errors
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.CRITICAL:
+            return True
+        if record.levelno >= logging.ERROR:
+            return self.errors
+        return self.warnings if record.levelno >= logging.WARNING else True
+
+
+def _severity_filter(handler: logging.Handler) -> SeverityFilter:
+    """``handler``'s severity filter, added on first use."""
+    for each in handler.filters:
+        if isinstance(each, SeverityFilter):
+            return each
+    added = SeverityFilter()
+    handler.addFilter(added)
+    return added
 
 
 LogState = tuple[int, LogFormat]
@@ -187,69 +235,108 @@ def _format_of(formatter: logging.Formatter | None) -> LogFormat | None:
     return "ISO8601" if formatter.datefmt == ISO8601 else "default"
 
 
+def effective(start: LogSettings, stored: Mapping[str, str], since_us: int) -> LogSettings:
+    """The settings of a process that started with ``start`` at ``since_us`` (Redis time,
+    microseconds): ``start`` with each stored change (``stored``: the hash, setting name to
+    ``{"at": <microseconds>, "value": <value>}``) made since then on top. A change that does
+    not read back is logged and skipped, the others still apply."""
+    settings = start
+    for name, entry in sorted(stored.items()):
+        try:
+            at, value = _stored_change(name, entry)
+            if at >= since_us:
+                settings = settings.changed({name: value})
+        except InvalidInput as exc:
+            logging.getLogger(__name__).warning("log setting not applied: %s", exc.message)
+    return settings
+
+
+def _stored_change(name: str, entry: str) -> tuple[int, Any]:
+    """A stored change's time and value; InvalidInput when it does not read back."""
+    try:
+        doc = orjson.loads(entry)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"stored log setting {name!r} is not JSON: {exc}") from exc
+    at = doc.get("at") if isinstance(doc, dict) else None
+    if not isinstance(at, int) or "value" not in doc:
+        raise InvalidInput(f"stored log setting {name!r} is not a change: {entry[:80]!r}")
+    return at, doc["value"]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class Store(Protocol):
     """The part of a Redis client the follower reads with."""
 
-    def get(self, name: str) -> Awaitable[Any]: ...
+    def time(self) -> Awaitable[Any]: ...
+
+    def hgetall(self, name: str) -> Awaitable[Any]: ...
 
 
 class LogFollower:
-    """Applies the deployment's stored log settings to this process when they change."""
+    """This process's log settings: its start settings with the deployment's stored changes
+    made since it started (``effective``), applied when they change."""
 
     def __init__(self, initial: LogSettings, logger: logging.Logger | None = None) -> None:
-        """``logger``: the logger to set (None: the root logger, the process's)."""
+        """``initial``: the settings the process starts with (its ``log_level``);
+        ``logger``: the logger to set (None: the root logger, the process's)."""
+        self.start = initial
         self.current = initial
         self.logger = logger
-        self._applied: bytes | None = None
+        self.started_us: int | None = None
+        """When this process started, on Redis's clock (``TIME``, microseconds): set at its
+        first read, less the time it ran before it."""
+        self._born = time.monotonic()
+        self._seen: dict[str, str] | None = None
 
-    def follow(self, raw: bytes | str | None) -> bool:
-        """Apply ``raw`` (the stored settings; None: none stored) if it is new; True when
-        something was applied. Settings that do not read back are logged and skipped."""
-        if raw is None:
+    def follow(self, stored: Mapping[Any, bytes | str]) -> bool:
+        """Apply the stored changes (the hash) made since this process started, if they
+        are new; True when the settings changed."""
+        seen = {_text(k): _text(v) for k, v in stored.items()}
+        if seen == self._seen:
             return False
-        stored = raw.encode() if isinstance(raw, str) else raw
-        if stored == self._applied:
+        self._seen = seen
+        settings = effective(self.start, seen, self.started_us or 0)
+        if settings == self.current:
             return False
-        self._applied = stored
-        try:
-            settings = LogSettings.from_json(stored)
-        except InvalidInput as exc:
-            logging.getLogger(__name__).warning("log settings not applied: %s", exc.message)
-            return False
-        if settings != self.current:
-            self.current = settings
-            apply(settings, self.logger)
-            return True
-        return False
+        self.current = settings
+        apply(settings, self.logger)
+        return True
+
+    async def _started(self, redis: Store) -> int:
+        """``started_us``, read from Redis the first time."""
+        if self.started_us is None:
+            seconds, micros = await redis.time()
+            ran_us = int((time.monotonic() - self._born) * 1e6)
+            self.started_us = int(seconds) * 1_000_000 + int(micros) - ran_us
+        return self.started_us
 
     async def change_stored(
         self, redis: aioredis.Redis, key: str, changes: Mapping[str, Any]
     ) -> LogSettings:
-        """Apply ``changes`` to the stored settings (``Names.log_settings_key``) and to
-        this process; the settings now. Read, change, then a compare-and-set that writes
-        only if no other change was stored since the read, else read again: two gateways
-        changing different settings at once both land. InvalidInput for a bad change;
-        Unavailable past ``STORE_TRIES`` rounds; Redis's own errors pass through."""
-        store = redis.register_script(_SET_IF_UNCHANGED)
-        for _ in range(STORE_TRIES):
-            raw = await redis.get(key)
-            self.follow(raw)  # change the deployment's settings, not this process's
-            settings = self.current.changed(changes)
-            stored = settings.to_json()
-            if int(await store(keys=[key], args=[raw or b"", stored])) == 1:
-                self.follow(stored)
-                return settings
-        raise Unavailable(
-            f"the log settings were changed {STORE_TRIES} times while this change was being "
-            "stored: try again"
-        )
+        """Store the settings ``changes`` names (``Names.log_settings_key``), each with the
+        Redis time of the change, and apply them here; this process's settings now.
+        InvalidInput for a bad change (nothing is stored); Redis's own errors pass
+        through."""
+        self.current.changed(changes)  # checked before anything is stored
+        named = [(name, orjson.dumps(v)) for name, v in changes.items() if v is not None]
+        await self._started(redis)
+        if named:
+            store = redis.register_script(_STORE_CHANGES)
+            await store(keys=[key], args=[part for pair in named for part in pair])
+        self.follow(await redis.hgetall(key))
+        return self.current
 
     async def follow_stored(self, redis: Store, key: str) -> None:
-        """Read the stored settings (``Names.log_settings_key``) and apply them if new; a
-        Redis that does not answer leaves them as they are (the next beat reads again)."""
+        """Read the stored changes (``Names.log_settings_key``) and apply them if new; a
+        Redis that does not answer leaves the settings as they are (the next beat reads
+        again)."""
         try:
-            raw = await redis.get(key)
+            await self._started(redis)
+            stored = await redis.hgetall(key)
         except Exception as exc:
             logging.getLogger(__name__).debug("log settings not read: %s", exc)
             return
-        self.follow(raw)
+        self.follow(stored)

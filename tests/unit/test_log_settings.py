@@ -90,13 +90,13 @@ def test_apply_sets_the_level_and_only_plazas_handlers() -> None:
 def test_a_follower_applies_each_new_stored_setting_once(caplog: pytest.LogCaptureFixture) -> None:
     logger, _, _ = _logger()
     follower = LogFollower(LogSettings(), logger)
-    assert not follower.follow(None)  # nothing stored: the process's own settings
-    louder = LogSettings().changed({"log_verbose_level": 1}).to_json()
+    assert not follower.follow({})  # nothing stored: the process's own settings
+    louder = {b"log_verbose_level": b'{"at": 1, "value": 1}'}
     assert follower.follow(louder) and logger.level == logging.DEBUG
     assert not follower.follow(louder)
     logger.setLevel(logging.WARNING)  # not re-applied: the stored settings did not change
-    assert not follower.follow(louder.decode())
+    assert not follower.follow({"log_verbose_level": '{"at": 1, "value": 1}'})
     assert logger.level == logging.WARNING
-    assert not follower.follow(b"not json")
-    assert "log settings not applied" in caplog.text
+    assert not follower.follow({**louder, b"log_info": b"not json"})
+    assert "log setting not applied" in caplog.text
     assert follower.current.log_verbose_level == 1
