@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import numbers
 import threading
 import time
 import uuid
@@ -47,6 +48,7 @@ from plaza.errors import (
 )
 from plaza.modelconfig import ModelSpec
 from plaza.naming import check_model_name
+from plaza.priority import check_priority
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ack_entry, consume_stream, raise_for_error
@@ -76,8 +78,11 @@ def make_request(
     """Build a request envelope; ``timeout_s`` becomes an absolute ``deadline_ms``,
     rounded up to the millisecond (None or 0, as Triton's timeout 0: no deadline);
     ``classification``: outputs to answer with their top classes (output name -> count).
-    InvalidInput for inputs that are not numpy arrays by name, or Tensors."""
+    InvalidInput for inputs that are not numpy arrays by name, or Tensors; for a
+    ``priority`` that is not an integer >= 0 (numpy's ints are, bools and floats are not);
+    for a ``timeout_s`` that is not a finite number >= 0 (as the gateway's ``timeout``)."""
     tensors = _tensors(inputs)
+    level = check_priority(priority)
     now_ms = int(time.time() * 1000)
     return InferRequest(
         id=correlation_id or new_correlation_id(),
@@ -86,12 +91,43 @@ def make_request(
         inputs=tensors,
         outputs=tuple(outputs),
         reply=ReplyTo(stream=reply_stream),
-        deadline_ms=now_ms + math.ceil(timeout_s * 1000) if timeout_s else None,
-        priority=priority,
+        deadline_ms=_deadline_ms(timeout_s, now_ms),
+        priority=level,
         parameters=dict(parameters or {}),
         created_ms=now_ms,
         classification=dict(classification or {}),
     )
+
+
+DEADLINE_MAX_MS = 2**63 - 1
+"""The latest ``deadline_ms`` a request may carry (the envelope's int64)."""
+
+
+def _deadline_ms(timeout_s: float | None, now_ms: int) -> int | None:
+    """``now_ms`` plus ``timeout_s`` rounded up to the millisecond; None for None or 0 (no
+    deadline). InvalidInput for a bool, a non-number, a negative, NaN or infinite timeout,
+    or one whose deadline is past the envelope's int64."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise InvalidInput(
+            f"timeout_s must be a number of seconds, not a {type(timeout_s).__name__} "
+            f"({repr(timeout_s)[:80]})"
+        )
+    try:
+        seconds = float(timeout_s)
+    except OverflowError:  # an int past any float: as good as infinite
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(
+            f"timeout_s must be a finite number >= 0 (0: none), got {repr(timeout_s)[:80]}"
+        )
+    if seconds == 0:
+        return None
+    deadline = now_ms + math.ceil(seconds * 1000)
+    if deadline > DEADLINE_MAX_MS:
+        raise InvalidInput(f"timeout_s {timeout_s!r} puts the deadline past {DEADLINE_MAX_MS} ms")
+    return deadline
 
 
 def _tensors(inputs: Inputs) -> tuple[Tensor, ...]:

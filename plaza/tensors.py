@@ -84,6 +84,25 @@ def serialize_bytes(array: np.ndarray[Any, Any]) -> bytes:
 
 BYTES_LENGTH_PREFIX = 4
 """Every BYTES element starts with a uint32 length, so it takes at least 4 bytes."""
+_LENGTH = struct.Struct("<I")
+
+INTP_MAX = int(np.iinfo(np.intp).max)
+"""The largest size numpy can give an array (2**63-1 on 64-bit builds), in elements times
+bytes per element, counting the non-zero dimensions: an empty array is bound by it too."""
+
+
+def numpy_holds(shape: tuple[int, ...], datatype: str) -> bool:
+    """Whether numpy can make an array of ``shape`` and ``datatype``: it refuses any
+    dimension past ``INTP_MAX`` and any shape whose non-zero dimensions times the item size
+    are past it, even when another dimension is zero and the array would hold nothing."""
+    size = to_numpy_dtype(datatype).itemsize
+    for dim in shape:
+        if not 0 <= dim <= INTP_MAX:
+            return False
+        size *= dim or 1
+        if size > INTP_MAX:  # (checked each step: the product stays small)
+            return False
+    return True
 
 
 def check_bytes_count(data: Buffer, count: int) -> None:
@@ -99,6 +118,39 @@ def check_bytes_count(data: Buffer, count: int) -> None:
             f"BYTES tensor declares {count} elements but its {nbytes} bytes of data hold "
             f"at most {nbytes // BYTES_LENGTH_PREFIX}"
         )
+
+
+def check_bytes_layout(data: Buffer, count: int) -> None:
+    """InvalidInput unless ``data`` is exactly ``count`` length-prefixed BYTES elements,
+    as ``deserialize_bytes`` would find it, without making an object of any element (a
+    request's validation must not cost a Python object per element: it runs before the
+    record's size is checked)."""
+    check_bytes_count(data, count)
+    view = memoryview(data).cast("B")
+    if _uniform(view, count):
+        return
+    end, pos, unpack = len(view), 0, _LENGTH.unpack_from
+    for i in range(count):
+        if pos + BYTES_LENGTH_PREFIX > end:
+            raise InvalidInput(f"BYTES tensor truncated at element {i}")
+        pos += BYTES_LENGTH_PREFIX + unpack(view, pos)[0]
+        if pos > end:
+            raise InvalidInput(f"BYTES tensor element {i} runs past the data")
+    if pos != end:
+        raise InvalidInput(f"BYTES tensor has {end - pos} trailing bytes")
+
+
+def _uniform(view: memoryview, count: int) -> bool:
+    """Whether ``view`` is ``count`` elements of one length (fixed-width strings, or all
+    empty), checked by numpy at once; False sends the caller to the element-wise walk."""
+    if count == 0:
+        return len(view) == 0
+    first = _LENGTH.unpack_from(view, 0)[0]
+    if len(view) != count * (BYTES_LENGTH_PREFIX + first):
+        return False
+    step = BYTES_LENGTH_PREFIX + first  # each element's length field, read in place
+    lengths = np.ndarray((count,), dtype="<u4", buffer=view, strides=(step,))
+    return bool((lengths == first).all())
 
 
 def deserialize_bytes(data: Buffer, count: int) -> np.ndarray[Any, Any]:

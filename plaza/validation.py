@@ -12,7 +12,7 @@ from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.reshape import reshape
 from plaza.sequence_batching import sequence_flags
 from plaza.sequence_config import CORRID
-from plaza.tensors import Tensor, deserialize_bytes
+from plaza.tensors import INTP_MAX, Tensor, check_bytes_layout, numpy_holds
 
 
 def _check_shape(tensor: Tensor, spec: TensorSpec, max_batch_size: int) -> int:
@@ -46,6 +46,24 @@ def _check_shape(tensor: Tensor, spec: TensorSpec, max_batch_size: int) -> int:
     return rows
 
 
+def _check_size(tensor: Tensor, max_batch_size: int) -> None:
+    """A shape that fits the dims (a -1 takes any size) but that no array can have: numpy
+    refuses it, even with a zero dimension (nothing to hold), when the worker makes the
+    request's array or stacks a batch of up to ``max_batch_size`` of them. Refused here,
+    as any bad input is, not as the model's failure."""
+    shape = tensor.shape
+    stacked = (max_batch_size, *shape[1:]) if max_batch_size > 0 else shape
+    if numpy_holds(shape, tensor.datatype) and numpy_holds(stacked, tensor.datatype):
+        return
+    where = f" (in a batch of up to {max_batch_size} rows)" if max_batch_size > 0 else ""
+    raise InvalidInput(
+        f"input {tensor.name!r}: shape {list(shape)} is too large for a tensor of "
+        f"{tensor.datatype}{where}: each dimension must be at most {INTP_MAX}, and the "
+        f"product of the non-zero ones times the element size too",
+        tensor=tensor.name,
+    )
+
+
 def _check_reshape(tensor: Tensor, target: tuple[int, ...], batched: bool) -> None:
     """A shape that fits dims but not the model's (a -1 in dims settled to a size that the
     config's reshape cannot take)."""
@@ -61,7 +79,7 @@ def _check_data(tensor: Tensor) -> None:
     expected = tensor.expected_nbytes()
     if expected is None:
         try:  # sizes are checked before anything is allocated from the shape
-            deserialize_bytes(tensor.data, tensor.element_count)
+            check_bytes_layout(tensor.data, tensor.element_count)
         except InvalidInput as exc:
             raise InvalidInput(f"input {tensor.name!r}: {exc.message}", tensor=tensor.name) from exc
     elif len(tensor.data) != expected:
@@ -97,6 +115,7 @@ def validate_request(req: InferRequest, spec: ModelSpec) -> int:
         if ispec.reshape is not None:
             _check_reshape(tensor, ispec.reshape, spec.max_batch_size > 0)
         _check_data(tensor)
+        _check_size(tensor, spec.max_batch_size)  # (after the data: its count is clearer)
     if len(rows) > 1:
         raise InvalidInput(f"inputs disagree on the batch size: {sorted(rows)}")
     if req.outputs:

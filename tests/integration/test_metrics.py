@@ -18,10 +18,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 import redis.asyncio
 
-from plaza.client import PlazaClient
+from plaza.client import PlazaClient, make_request
 from plaza.gateway.statistics import read_statistics
 from plaza.metrics import render
 from plaza.naming import Names
@@ -74,7 +75,9 @@ async def test_stats_and_metrics_after_requests_through_a_real_worker(
                 f"/v2/models/{MODEL}/infer", json=identity_json(rows[0], "NOPE")
             )
             assert bad.status_code == 400  # refused by the gateway: counted there, not here
-            late = await sdk.submit(MODEL, {"INPUT0": rows[0]}, timeout_s=-60)
+            fresh = make_request(MODEL, {"INPUT0": rows[0]}, timeout_s=600)
+            past = msgspec.structs.replace(fresh, deadline_ms=fresh.created_ms - 60_000)
+            [late] = await sdk.publish_many([past])
             expired = await sdk.result(late, raise_on_error=False)
             assert expired.error is not None and expired.error.code == "timeout"
 

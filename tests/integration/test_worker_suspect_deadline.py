@@ -10,6 +10,7 @@ runs, as the batcher does.
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 import redis.asyncio
@@ -32,7 +33,8 @@ async def test_an_expired_suspect_is_answered_with_timeout_and_not_run(
     topic = names.request_topic(MODEL)
     await ensure_topics(settings.kafka, [topic, names.dead_letter_topic(MODEL)])
     x = {"INPUT0": np.ones((1, 2), np.float32)}
-    late = make_request(MODEL, x, correlation_id="late", timeout_s=-60)  # deadline passed
+    late = make_request(MODEL, x, correlation_id="late", timeout_s=600)
+    late = msgspec.structs.replace(late, deadline_ms=late.created_ms - 60_000)  # passed
     timely = make_request(MODEL, x, correlation_id="timely", timeout_s=600)
     # Both were delivered once already to a worker that died before answering: the
     # counters such a worker leaves in Redis (its fetch counted them), for offsets 0 and 1.
