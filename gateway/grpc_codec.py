@@ -83,12 +83,14 @@ def decode_infer_request(
             "in input order"
         )
     tensors: list[Tensor] = []
-    taken = 0
+    taken = shm_bytes = 0
     for item, ref in zip(msg.inputs, refs, strict=True):
         if ref is not None:
             if item.HasField("contents"):
                 raise InvalidInput(f"input {item.name!r} is in shared memory and has contents too")
-            tensors.append(shm_tensor(item.name, item.datatype, tuple(item.shape), ref, regions))
+            shape = tuple(item.shape)
+            tensors.append(shm_tensor(item.name, item.datatype, shape, ref, regions, shm_bytes))
+            shm_bytes += ref.byte_size
             continue
         tensors.append(_input_tensor(item, raw[taken] if raw else None))
         taken += 1

@@ -38,7 +38,7 @@ import orjson
 
 from plaza.contract import InferRequest, InferResult, Scalar
 from plaza.datatypes import DATATYPES, itemsize, to_numpy_dtype
-from plaza.errors import InvalidInput
+from plaza.errors import InvalidInput, PayloadTooLarge
 from plaza.gateway.requests import FrontRequest, output_classes, refuse_unsupported
 from plaza.gateway.shared_memory import (
     SHM_PARAMS,
@@ -296,7 +296,7 @@ def _decode_inputs(
     if not isinstance(value, list) or not value:
         raise InvalidInput("request 'inputs' must be a non-empty list")
     tensors: list[Tensor] = []
-    offset = 0
+    offset = shm_bytes = 0
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise InvalidInput(f"inputs[{i}] must be a JSON object")
@@ -307,7 +307,8 @@ def _decode_inputs(
         if shm is not None:
             if "data" in item or size is not None:
                 raise InvalidInput(f"input {name!r} is in shared memory and has data too")
-            tensors.append(shm_tensor(name, datatype, shape, shm, regions))
+            tensors.append(shm_tensor(name, datatype, shape, shm, regions, shm_bytes))
+            shm_bytes += shm.byte_size
             continue
         if size is None:
             tensors.append(json_tensor(name, datatype, shape, item))
@@ -372,9 +373,12 @@ def shm_tensor(
     shape: tuple[int, ...],
     ref: ShmRef,
     regions: SharedMemoryRegions | None,
+    taken: int = 0,
 ) -> Tensor:
     """An input read from a shared memory region (both fronts); its byte size must be the
-    one its shape and datatype need."""
+    one its shape and datatype need. ``taken``: the bytes the request's inputs before it
+    read from shared memory; with this one's past ``regions.max_input_bytes`` (what a body
+    may carry), PayloadTooLarge before anything is copied."""
     what = f"input {name!r}"
     if regions is None:
         raise InvalidInput(f"{what}: shared memory is not served here")
@@ -385,6 +389,14 @@ def shm_tensor(
             f"{what}: shared_memory_byte_size {ref.byte_size} but shape {list(shape)} of "
             f"{datatype} needs {expected} bytes",
             tensor=name,
+        )
+    if taken + ref.byte_size > regions.max_input_bytes:
+        raise PayloadTooLarge(
+            f"{what}: the request's inputs in shared memory add up to "
+            f"{taken + ref.byte_size} bytes; a request may carry {regions.max_input_bytes} "
+            "(gateway.max_body_bytes, kafka.max_request_bytes)",
+            tensor=name,
+            size=taken + ref.byte_size,
         )
     return Tensor(name, datatype, shape, regions.read(ref, what))
 

@@ -28,7 +28,7 @@ from plaza.contract import InferRequest, InferResult
 from plaza.errors import InvalidInput, JobNotFound, ModelNotFound, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, ModelRegistry
-from plaza.gateway.shared_memory import SharedMemoryRegions
+from plaza.gateway.shared_memory import SharedMemoryRegions, input_limit
 from plaza.gateway.statistics import read_statistics
 from plaza.gateway.tracing import Tracer, failure_code
 from plaza.log_settings import LogFollower, LogSettings
@@ -153,6 +153,7 @@ class GatewayService:
         self.shm = SharedMemoryRegions(
             allowed=gw.allow_client_shm,
             max_regions=gw.max_shm_regions,
+            max_input_bytes=input_limit(settings),
             refusal=several and f"client shared memory needs one gateway process ({several})",
         )
 

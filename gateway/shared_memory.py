@@ -14,20 +14,34 @@ Regions belong to one gateway process: with ``gateway.workers`` above 1 a client
 may reach any of the processes, so registering is refused there. As Triton does since
 ``--allow-client-shm``, registering is refused unless ``gateway.allow_client_shm`` is set:
 a registered region lets a caller make the gateway read and write that memory object.
-The object is mapped whole; every access first checks its size again (``fstat``), so a
-client that shrinks or truncates it gets an error, not a SIGBUS that would stop the gateway.
+The object is not mapped: its bytes are copied with ``pread`` and ``pwrite`` on the
+descriptor the region keeps open, after its size is checked again (``fstat``), so a client
+that shrinks or truncates it, even during the copy, gets an error (a short read), never a
+SIGBUS that would stop the gateway.
+
+An output's region is bound to the request when it is checked (``check``, as the request
+is decoded): unregistering takes the name away at once, but the request still writes its
+answer into the region it named, and the region's descriptor is closed only when no
+decoded request holds it any more (Triton, too, waits for the requests using a region).
+
+An input's bytes are copied when its request is decoded, so they are bounded as a body
+is (``input_limit``): a request whose inputs in shared memory add up to more is refused
+(PayloadTooLarge) before anything is copied.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
-from dataclasses import dataclass
+import stat
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from plaza.contract import Scalar
 from plaza.errors import InvalidInput, SharedMemoryError
+from plaza.settings import GatewaySettings, KafkaSettings, PlazaSettings
 from plaza.tensors import Buffer
 
 SHM_ROOT = Path("/dev/shm")
@@ -50,22 +64,41 @@ class RegionStatus:
     byte_size: int
 
 
-@dataclass(frozen=True, slots=True)
+def input_limit(settings: PlazaSettings) -> int:
+    """The most input bytes one request may take from shared memory: what a body could
+    carry (``gateway.max_body_bytes``) and a request record could hold
+    (``kafka.max_request_bytes``), whichever is less."""
+    return min(settings.gateway.max_body_bytes, settings.kafka.max_request_bytes)
+
+
+DEFAULT_INPUT_LIMIT = min(
+    int(GatewaySettings.model_fields["max_body_bytes"].default),
+    int(KafkaSettings.model_fields["max_request_bytes"].default),
+)
+"""``input_limit`` of the default settings."""
+
+
+@dataclass(slots=True)
 class ShmRef:
     """Where a tensor lies in a region: an input's or a requested output's parameters."""
 
     region: str
     byte_size: int
     offset: int = 0
+    bound: _Region | None = field(default=None, compare=False, repr=False)
+    """The region ``region`` named when the request was checked (``SharedMemoryRegions.
+    check``): an output is written there even if the name was unregistered since."""
 
 
 class _Region:
-    """An open, mapped memory object and the part of it registered."""
+    """An open memory object and the part of it registered. Its descriptor is closed once
+    nothing holds the region: not the registry (unregistered) and no decoded request
+    (``ShmRef.bound``), so a request in flight never writes through a reused descriptor."""
 
-    def __init__(self, status: RegionStatus, fd: int, mapped: mmap.mmap) -> None:
+    def __init__(self, status: RegionStatus, fd: int) -> None:
         self.status = status
         self.fd = fd
-        self.mapped = mapped
+        weakref.finalize(self, os.close, fd)
 
     def span(self, ref: ShmRef, what: str) -> tuple[int, int]:
         """The absolute [start, end) of ``ref`` in the object, checked against the region
@@ -78,16 +111,47 @@ class _Region:
             )
         start = st.offset + ref.offset
         end = start + ref.byte_size
-        if os.fstat(self.fd).st_size < end or len(self.mapped) < end:
-            raise SharedMemoryError(
-                f"{what}: shared memory region {st.name!r} shrank: its object {st.key!r} is "
-                "smaller than the region registered"
-            )
+        if os.fstat(self.fd).st_size < end:
+            raise self.shrank(what)
         return start, end
 
-    def close(self) -> None:
-        self.mapped.close()
-        os.close(self.fd)
+    def shrank(self, what: str) -> SharedMemoryError:
+        st = self.status
+        return SharedMemoryError(
+            f"{what}: shared memory region {st.name!r} shrank: its object {st.key!r} is "
+            "smaller than the region registered"
+        )
+
+    def read(self, ref: ShmRef, what: str) -> bytearray:
+        """The bytes ``ref`` names, copied with ``pread`` (a short read: the object shrank)."""
+        start, end = self.span(ref, what)
+        data = bytearray(end - start)
+        view, done = memoryview(data), 0
+        while done < len(data):
+            got = self._io(what, os.preadv, [view[done:]], start + done)
+            if got == 0:
+                raise self.shrank(what)
+            done += got
+        return data
+
+    def write(self, ref: ShmRef, data: Buffer, what: str) -> None:
+        """``data`` put at ``ref``'s place with ``pwrite`` (a client that truncates the
+        object meanwhile sees it grow again, never a gateway stopped)."""
+        start, _ = self.span(ref, what)
+        view, done = memoryview(data).cast("B"), 0
+        while done < len(view):
+            put = self._io(what, os.pwritev, [view[done:]], start + done)
+            if put == 0:
+                raise self.shrank(what)
+            done += put
+
+    def _io(self, what: str, call: _IoCall, views: list[memoryview], at: int) -> int:
+        try:
+            return call(self.fd, views, at)
+        except OSError as exc:
+            raise SharedMemoryError(
+                f"{what}: shared memory region {self.status.name!r}: {exc.strerror}"
+            ) from exc
 
 
 class SharedMemoryRegions:
@@ -100,11 +164,14 @@ class SharedMemoryRegions:
         max_regions: int = 64,
         refusal: str = "",
         root: Path = SHM_ROOT,
+        max_input_bytes: int = DEFAULT_INPUT_LIMIT,
     ) -> None:
         """``refusal``: why registering is refused even where ``allowed`` (a deployment
-        with several gateway processes); empty: not refused."""
+        with several gateway processes); empty: not refused. ``max_input_bytes``: the most
+        input bytes one request may read from regions (``input_limit``)."""
         self.allowed = allowed
         self.max_regions = max_regions
+        self.max_input_bytes = max_input_bytes
         self.refusal = refusal
         self.root = root
         self._regions: dict[str, _Region] = {}
@@ -121,7 +188,7 @@ class SharedMemoryRegions:
         if not name:
             raise InvalidInput("a shared memory region needs a name")
         if not _KEY.fullmatch(key) or key.lstrip("/") in (".", ".."):
-            raise InvalidInput(f"shared memory key {key[:300]!r} is not a shm_open name")
+            raise SharedMemoryError(f"shared memory key {key[:300]!r} is not a shm_open name")
         if offset < 0 or byte_size <= 0:
             raise InvalidInput(
                 f"shared memory region {name!r}: offset must be >= 0 and byte_size > 0 "
@@ -145,26 +212,21 @@ class SharedMemoryRegions:
                 f"unable to open shared memory key {status.key!r}: {exc.strerror}"
             ) from exc
         try:
-            size = os.fstat(fd).st_size
-            if status.offset + status.byte_size > size:
-                raise SharedMemoryError(
-                    f"shared memory region {status.name!r}: offset {status.offset} + byte_size "
-                    f"{status.byte_size} is past the end of {status.key!r} ({size} bytes)"
-                )
-            mapped = mmap.mmap(fd, size)
+            _check_object(status, os.fstat(fd))
         except BaseException:
             os.close(fd)
             raise
-        return _Region(status, fd, mapped)
+        return _Region(status, fd)
 
     def unregister(self, name: str = "") -> None:
         """Unregister ``name``, or every region when ``name`` is empty. A name that is not
-        registered is no error (the region is gone either way)."""
-        names = list(self._regions) if not name else [name]
-        for each in names:
-            region = self._regions.pop(each, None)
-            if region is not None:
-                region.close()
+        registered is no error (the region is gone either way). The name is free at once;
+        a request decoded before still writes its outputs to the region, whose descriptor
+        is closed after the last such request is done with it."""
+        if not name:
+            self._regions.clear()
+        else:
+            self._regions.pop(name, None)
 
     def status(self, name: str = "") -> list[RegionStatus]:
         """Every region, or ``name`` alone (SharedMemoryError when it is not registered)."""
@@ -179,27 +241,29 @@ class SharedMemoryRegions:
         self.unregister()
 
     # -- tensors ---------------------------------------------------------------------------------
-    def read(self, ref: ShmRef, what: str) -> bytes:
+    def read(self, ref: ShmRef, what: str) -> bytearray:
         """A copy of the bytes ``ref`` names (an input's data)."""
-        region = self._region(ref, what)
-        start, end = region.span(ref, what)
-        return region.mapped[start:end]
+        return self._region(ref, what).read(ref, what)
 
     def check(self, ref: ShmRef, what: str) -> None:
         """That ``ref`` (a requested output's place) lies in a registered region, checked
-        when its request is decoded, before it runs; whether the output fits in its byte
-        size is known only when it is written."""
-        self._region(ref, what).span(ref, what)
+        when its request is decoded, before it runs, and binds ``ref`` to that region
+        (``ShmRef.bound``); whether the output fits in its byte size is known only when it
+        is written."""
+        region = self._region(ref, what)
+        region.span(ref, what)
+        ref.bound = region
 
     def write(self, ref: ShmRef, data: Buffer, what: str) -> None:
-        """Put an output's ``data`` where ``ref`` names; SharedMemoryError if it does not fit."""
-        if len(data) > ref.byte_size:
+        """Put an output's ``data`` where ``ref`` names, in the region ``check`` bound it to
+        (else the one registered under its name now); SharedMemoryError if it does not fit."""
+        size = memoryview(data).nbytes
+        if size > ref.byte_size:
             raise SharedMemoryError(
-                f"{what} is {len(data)} bytes but its shared memory byte size is {ref.byte_size}"
+                f"{what} is {size} bytes but its shared memory byte size is {ref.byte_size}"
             )
-        region = self._region(ref, what)
-        start, _ = region.span(ref, what)
-        region.mapped[start : start + len(data)] = data
+        region = ref.bound or self._region(ref, what)
+        region.write(ref, data, what)
 
     def _region(self, ref: ShmRef, what: str) -> _Region:
         region = self._regions.get(ref.region)
@@ -208,6 +272,21 @@ class SharedMemoryRegions:
                 f"{what}: shared memory region {ref.region!r} is not registered"
             )
         return region
+
+
+_IoCall = Callable[[int, list[memoryview], int], int]
+"""``os.preadv`` or ``os.pwritev``."""
+
+
+def _check_object(status: RegionStatus, st: os.stat_result) -> None:
+    """A region's memory object: a regular file (what ``shm_open`` makes) that holds it."""
+    if not stat.S_ISREG(st.st_mode):
+        raise SharedMemoryError(f"shared memory key {status.key!r} is not a memory object")
+    if status.offset + status.byte_size > st.st_size:
+        raise SharedMemoryError(
+            f"shared memory region {status.name!r}: offset {status.offset} + byte_size "
+            f"{status.byte_size} is past the end of {status.key!r} ({st.st_size} bytes)"
+        )
 
 
 def shm_ref(params: dict[str, Scalar], what: str) -> ShmRef | None:

@@ -79,7 +79,8 @@ class InflightBytes:
     """A budget of request bytes held while their requests are in flight.
 
     A request that does not fit is refused at once (QueueFull, retriable) instead of
-    waiting: a caller that waits for room would hold its bytes all the same.
+    waiting: a caller that waits for room would hold its bytes all the same. One larger
+    than the whole budget could never fit: PayloadTooLarge, not retriable.
     """
 
     def __init__(self, limit: int) -> None:
@@ -92,7 +93,14 @@ class InflightBytes:
 
     @contextlib.contextmanager
     def hold(self, nbytes: int) -> Iterator[None]:
-        """Reserve ``nbytes`` for the block; QueueFull when they do not fit."""
+        """Reserve ``nbytes`` for the block; QueueFull when they do not fit now,
+        PayloadTooLarge when they could never fit (more than the whole limit)."""
+        if nbytes > self.limit:
+            raise PayloadTooLarge(
+                f"this request has {nbytes} bytes of inputs; the in-flight limit is "
+                f"{self.limit} (producer.max_inflight_bytes)",
+                size=nbytes,
+            )
         if not self.fits(nbytes):
             raise QueueFull(
                 f"{self.used} bytes of requests are in flight and this one has {nbytes}; "

@@ -136,7 +136,8 @@ class ProducerSettings(_Section):
         256 * 1024 * 1024,
         ge=1024,
         description="input bytes of requests in flight (published, not yet answered); "
-        "a request past it is refused at once (queue_full, 503)",
+        "a request past it is refused at once (queue_full, 503); one larger than all of it "
+        "could never fit (payload_too_large, 413)",
     )
     max_queued_s: int = Field(
         86400,

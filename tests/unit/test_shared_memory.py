@@ -53,9 +53,9 @@ def test_register_read_write_status_unregister(root: Path) -> None:
 @pytest.mark.parametrize(
     ("key", "offset", "size", "error", "words"),
     [
-        ("../obj", 0, 8, InvalidInput, "not a shm_open name"),
-        ("/a/obj", 0, 8, InvalidInput, "not a shm_open name"),
-        ("..", 0, 8, InvalidInput, "not a shm_open name"),
+        ("../obj", 0, 8, SharedMemoryError, "not a shm_open name"),
+        ("/a/obj", 0, 8, SharedMemoryError, "not a shm_open name"),
+        ("..", 0, 8, SharedMemoryError, "not a shm_open name"),
         ("/missing", 0, 8, SharedMemoryError, "unable to open"),
         ("/obj", 60, 8, SharedMemoryError, "past the end"),
         ("/obj", 0, 0, InvalidInput, "byte_size > 0"),
