@@ -69,16 +69,23 @@ def _settings(argv: list[str], command: str = "worker") -> PlazaSettings:
     return PlazaSettings(_cli_settings_source=source(args=argv))
 
 
+EXIT_RETRIABLE = 75
+"""The exit status of a command that failed for a reason that may pass (``PlazaError.
+retriable``: Kafka or Redis did not answer), sysexits' EX_TEMPFAIL: a supervisor starts
+such a worker again, and gives up on one that exits 1 (it refused its model)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; a user error is one line on stderr and exit status 1 (2 for bad
-    settings flags), never a traceback."""
+    settings flags, ``EXIT_RETRIABLE`` when Kafka or Redis failed it: the same start may
+    work later), never a traceback."""
     args = sys.argv[1:] if argv is None else argv
     command = args[0] if args else ""
     try:
         return _dispatch(args)
     except PlazaError as exc:
         print(f"plaza {command}: error: {exc.message}", file=sys.stderr)
-        return 1
+        return EXIT_RETRIABLE if exc.retriable else 1
     except ValidationError as exc:
         for problem in exc.errors():
             where = ".".join(str(part) for part in problem["loc"])

@@ -21,9 +21,12 @@ import sys
 import threading
 from pathlib import Path
 
+import redis.asyncio
+
 from plaza.cli.argtypes import count, seconds
 from plaza.cli.services import interrupted_status, stop_signals
 from plaza.errors import ConfigError, PlazaError
+from plaza.model_control import ModelTable
 from plaza.modelconfig import PLATFORM_TORCH
 from plaza.repository import ModelRepository
 from plaza.stack import (
@@ -40,7 +43,7 @@ from plaza.stack import (
 from plaza.stack.data_dir import prepare_data_dir
 from plaza.stack.errors import Interrupted, ServiceError
 from plaza.stack.ports import check_ports, free_port, require_free
-from plaza.stack.supervisor import ModelSupervisor
+from plaza.stack.supervisor import ModelSupervisor, forget_refusals
 from plaza.stack.waiting import until_stopped
 from plaza.tasks import cancel_and_wait
 
@@ -269,6 +272,16 @@ async def _ready_or_stopping(
     await until_stopped(wait, stopping, "the gateway to be ready")
 
 
+async def _forget_refusals(dep: Deployment) -> None:
+    """``--process-per-model``: the model table's refusals are tried once more by the new
+    supervisor (``plaza.stack.supervisor.forget_refusals``), so the gateway serves them."""
+    client = redis.asyncio.Redis.from_url(dep.redis_url)
+    try:
+        await forget_refusals(ModelTable(client, dep.names))
+    finally:
+        await client.aclose()
+
+
 async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> None:
     """Match the workers to the model table every WATCH_S (every HANDOVER_S while a new
     generation's worker starts: its old one stops soon after it serves), until stopped."""
@@ -361,9 +374,12 @@ def run_up(argv: list[str]) -> int:
                 model_config_name=args.model_config_name,
                 disable_auto_complete_config=args.disable_auto_complete_config,
             )
+            supervised = args.model_control_mode != "none" and args.process_per_model
+            if supervised:  # before the gateway reads the table
+                asyncio.run(_forget_refusals(dep))
             gateway = _start_parts(dep, plan, group, args)
             supervisor = None
-            if args.model_control_mode != "none" and args.process_per_model:
+            if supervised:
                 env = _forwarded_settings(dep)
                 supervisor = ModelSupervisor(dep, args.repository, group, env=env)
             print(

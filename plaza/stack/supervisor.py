@@ -15,12 +15,21 @@ its registry entry, so a load waits for a worker of its own generation
 (``plaza.model_control.serves_generation``). A reload (a new generation: a new config or
 version folder) is a hand-over, as a model host's: the new generation's worker starts beside
 the one serving (both members of the model's consumer group), and once its registry entry
-names the new generation the old worker stops, answering what it holds. A new worker that
-exits before it serves (a config its backend refuses, ...), or does not serve within
-``start_limit_s``, is reported in the table (``ModelTable.fail``: the waiting load answers
-with the reason, its log's last line) and the old worker serves on; that generation is not
-tried again until the next load. A worker still starting joins the process group only once
-it serves, so its failure is the load's, never the whole ``plaza up``'s.
+names the new generation the old worker stops, answering what it holds.
+
+A worker that exits, before it serves or after, is started again after a back-off
+(:class:`RestartBackoff`: 1 s doubling up to 60 s, afresh once a worker served 60 s), as
+Kubernetes restarts a container, unless ``plaza worker`` exited 1 (or 2) with its one
+error line (:data:`ERROR_PREFIX`), which says it refused the model (a config its backend
+refuses, a model file it cannot load; :func:`start_failure`): that generation is reported
+in the table (``ModelTable.fail``: the waiting load answers with the reason) and not tried
+again until the next load, the old worker serving on. A failed start on Kafka or Redis
+(exit status ``plaza.cli.main.EXIT_RETRIABLE``), a crash, a kill or a start slower than
+``start_limit_s`` is retried (a load waiting for it times out meanwhile). A refusal is
+remembered by this supervisor only: a restarted one (``plaza up`` again, say after the
+model's files were fixed) clears the table's marks as it starts and tries each such
+generation once more. The workers are the supervisor's own, never members of ``plaza
+up``'s process group, so their exits are its to handle, never the end of the whole ``plaza up``.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,24 +58,127 @@ DRAIN_LIMIT_S = 60.0
 DRAIN_POLL_S = 0.25
 STOP_TIMEOUT_S = 40.0
 START_LIMIT_S = 120.0
-"""A new worker that does not serve within this long is stopped and its generation failed."""
+"""A new worker that does not serve within this long is stopped, and tried again later."""
 ERROR_PREFIX = "plaza worker: error: "
 """How ``plaza worker`` begins the one line it prints for a failed start."""
+RESTART_FIRST_S = 1.0
+"""The wait before a model's worker is started again after its first exit; it doubles with
+each exit that follows ..."""
+RESTART_MAX_S = 60.0
+"""... up to this."""
+RESTART_RESET_S = 60.0
+"""A worker that served this long before it exited is started again after RESTART_FIRST_S."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailure:
+    """Why a worker exited before it served."""
+
+    reason: str
+    """Its error line (without :data:`ERROR_PREFIX`), else its exit status."""
+    refused: bool
+    """The worker refused the model itself: retrying will not help until the next load."""
+
+
+def start_failure(exit_code: int | None, output: str) -> StartFailure:
+    """Classify a worker's exit before it served from its exit status and what it printed
+    since it started (``output``). ``plaza worker`` ends a failed start with one error line
+    (:data:`ERROR_PREFIX`) and exit status 1 or 2 when it refused the model (a bad config,
+    a model file its backend cannot load, ...), ``EXIT_RETRIABLE`` when Kafka or Redis
+    failed it. Any other end (retriable, killed, crashed, out of memory) is transient."""
+    lines = output.strip().splitlines()
+    last = lines[-1].strip() if lines else ""
+    if last.startswith(ERROR_PREFIX):
+        message = last.removeprefix(ERROR_PREFIX)
+        return StartFailure(message, refused=exit_code in (1, 2))
+    why = f"its worker exited with code {exit_code} before it served"
+    return StartFailure(f"{why} (its last line: {last})" if last else why, refused=False)
+
+
+@dataclass(slots=True)
+class _Retry:
+    generation: int
+    tries: int
+    due: float
+
+
+class RestartBackoff:
+    """When each model's worker may be started again after one exited: RESTART_FIRST_S
+    after the first exit, doubling with each further exit of the same generation up to
+    RESTART_MAX_S; afresh after a worker that served RESTART_RESET_S or more, and for a new
+    generation. One entry per model at most (bounded by the repository)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        first_s: float = RESTART_FIRST_S,
+        max_s: float = RESTART_MAX_S,
+        reset_s: float = RESTART_RESET_S,
+    ) -> None:
+        self._clock = clock
+        self._first_s = first_s
+        self._max_s = max_s
+        self._reset_s = reset_s
+        self._retries: dict[str, _Retry] = {}
+
+    def exited(self, name: str, generation: int, served_s: float = 0.0) -> float:
+        """Record that ``name``'s worker of ``generation`` exited after serving ``served_s``
+        seconds (0: before it served); the seconds until it may be started again."""
+        retry = self._retries.get(name)
+        again = retry is not None and retry.generation == generation
+        tries = retry.tries + 1 if retry is not None and again and served_s < self._reset_s else 1
+        delay = min(self._max_s, self._first_s * 2.0 ** min(tries - 1, 32))
+        self._retries[name] = _Retry(generation, tries, self._clock() + delay)
+        return delay
+
+    def due(self, name: str, generation: int) -> bool:
+        """Whether a worker of ``name``'s ``generation`` may be started now."""
+        retry = self._retries.get(name)
+        if retry is None or retry.generation != generation:
+            return True
+        return self._clock() >= retry.due
+
+    def forget(self, name: str) -> None:
+        """The model was unloaded: its next load starts afresh."""
+        self._retries.pop(name, None)
+
+
+async def forget_refusals(table: ModelTable) -> None:
+    """Clear the refusals the model table holds, as a supervisor starts: it tries each
+    refused generation once more (the model's files may have been fixed meanwhile). Run
+    before a gateway starts (``plaza up`` does), gateways then serve such a model (its
+    requests wait in Kafka) until its worker serves, or refuses it again (marked anew).
+    Redis away: the marks stay (the generation is tried all the same)."""
+    try:
+        for desired in (await table.read()).values():
+            if desired.loaded and desired.failed:
+                await table.fail(desired, "")  # the same generation-checked write, no reason
+                log.info(
+                    "supervisor: %s's generation %d, refused before, is tried once more",
+                    desired.name, desired.generation,
+                )  # fmt: skip
+    except Exception as exc:
+        log.warning("supervisor: the model table's refusals stay marked: %s", exc)
 
 
 @dataclass(slots=True)
 class _Running:
     generation: int
     workers: list[WorkerProcess] = field(default_factory=list)
+    since: float = 0.0
+    """When it began to serve (the supervisor's clock)."""
 
 
 @dataclass(slots=True)
 class _Starting:
-    """A generation's worker started and not serving yet (not in the process group)."""
+    """A generation's worker started and not serving yet."""
 
     desired: DesiredModel
     worker: WorkerProcess
     since: float
+    log_from: int = 0
+    """The size of its log file when it started: what it printed since is its own."""
 
 
 class ModelSupervisor:
@@ -81,6 +193,7 @@ class ModelSupervisor:
         env: Mapping[str, str] | None = None,
         drain_limit_s: float = DRAIN_LIMIT_S,
         start_limit_s: float = START_LIMIT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._deployment = deployment
         self._repo = ModelRepository(
@@ -92,43 +205,77 @@ class ModelSupervisor:
         self._env = dict(env or {})
         self._drain_limit_s = drain_limit_s
         self._start_limit_s = start_limit_s
+        self._clock = clock
         self._settings = deployment.settings()
         self._redis = redis.asyncio.Redis.from_url(deployment.redis_url)
         self._table = ModelTable(self._redis, deployment.names)
         self._backlog = BacklogProbe(self._settings.kafka, deployment.names)
         self.running: dict[str, _Running] = {}
-        """Per model, the workers serving it (members of the process group)."""
+        """Per model, the workers serving it (this supervisor's, not the process group's:
+        the group only lends its log folder and its way of stopping processes)."""
         self.starting: dict[str, _Starting] = {}
         """Per model, a new generation's worker not serving yet."""
+        self.backoff = RestartBackoff(clock)
+        """When a model whose worker exited may be started again."""
         self._given_up: dict[str, int] = {}
-        """Per model, the generation whose worker failed: not started again."""
+        """Per model, the generation whose worker refused it: not started again (by this
+        supervisor: a restarted one tries it once more)."""
 
     async def start(self) -> None:
+        """Connect, once the table's refusals are forgotten (:func:`forget_refusals`)."""
+        await forget_refusals(self._table)
         await self._backlog.start()
 
     async def close(self) -> None:
-        """Stop the workers still starting (the group stops the others) and disconnect."""
-        starting = [s.worker for s in self.starting.values()]
+        """Stop every worker (each answers what it holds and commits) and disconnect."""
+        workers = [s.worker for s in self.starting.values()]
+        workers += [w for r in self.running.values() for w in r.workers]
         self.starting.clear()
-        await asyncio.to_thread(self._group.stop, starting, STOP_TIMEOUT_S)
+        self.running.clear()
+        await asyncio.to_thread(self._group.stop, workers, STOP_TIMEOUT_S)
         await self._backlog.stop()
         await self._redis.aclose()
 
     async def reconcile(self) -> None:
         """One round: make the running workers match the table."""
         for name, desired in sorted((await self._table.read()).items()):
+            await self._reap(name)
             if name in self.starting:
                 await self._settle(name, desired)
             running = self.running.get(name)
             if desired.loaded and (running is None or running.generation != desired.generation):
-                if name not in self.starting and not self._failed(name, desired):
+                if name not in self.starting and self._may_start(name, desired):
                     await self._launch(name, desired)
-            elif not desired.loaded and running is not None:
-                await self._retire(name, running, drain=True)
+            elif not desired.loaded:
+                self.backoff.forget(name)
+                if running is not None:
+                    await self._retire(name, running, drain=True)
 
-    def _failed(self, name: str, desired: DesiredModel) -> bool:
-        """Whether a worker of this generation failed already (here or before a restart)."""
-        return bool(desired.failed) or self._given_up.get(name) == desired.generation
+    def _may_start(self, name: str, desired: DesiredModel) -> bool:
+        """Not refused by a worker of this supervisor, and not backing off. The table's
+        ``failed`` alone does not stop it: a restarted supervisor tries that generation once
+        more (the model's files may have been fixed meanwhile)."""
+        if self._given_up.get(name) == desired.generation:
+            return False
+        return self.backoff.due(name, desired.generation)
+
+    async def _reap(self, name: str) -> None:
+        """A serving worker that exited unasked (crashed, killed, out of memory): the model
+        has no worker; it is started again after the back-off."""
+        running = self.running.get(name)
+        if running is None or not any(w.crashed for w in running.workers):
+            return
+        del self.running[name]
+        alive = [w for w in running.workers if w.alive]  # one worker per model: none
+        await asyncio.to_thread(self._group.stop, alive, STOP_TIMEOUT_S)
+        served_s = self._clock() - running.since
+        delay = self.backoff.exited(name, running.generation, served_s)
+        codes = [w.exit_code for w in running.workers if w.crashed]
+        log.error(
+            "supervisor: the worker of %s (generation %d) exited with code %s after serving "
+            "%.0f s; started again in %.0f s",
+            name, running.generation, codes[0], served_s, delay,
+        )  # fmt: skip
 
     async def _launch(self, name: str, desired: DesiredModel) -> None:
         """Start a worker of ``desired``'s generation beside the one serving, if any."""
@@ -146,7 +293,8 @@ class ModelSupervisor:
         worker = WorkerProcess(
             self._deployment, name, self._group.log_dir, name=worker_name, env=env
         )
-        self.starting[name] = _Starting(desired, worker.start(), time.monotonic())
+        log_from = _log_size(worker.log_file)
+        self.starting[name] = _Starting(desired, worker.start(), self._clock(), log_from)
         log.info("supervisor: starting a worker of %s (generation %d)", name, desired.generation)
 
     async def _settle(self, name: str, desired: DesiredModel) -> None:
@@ -162,14 +310,28 @@ class ModelSupervisor:
             await self._serving(name, item)  # and the next round starts the newer one
         elif not item.worker.alive:  # exited (even after its first heartbeat): it failed
             del self.starting[name]
-            await self._fail(name, item.desired, _exit_reason(item.worker))
+            output = _log_since(item.worker.log_file, item.log_from)
+            failure = start_failure(item.worker.exit_code, output)
+            if failure.refused:
+                await self._fail(name, item.desired, failure.reason)
+            else:
+                self._retry(name, generation, failure.reason)
         elif await self._serves(name, item):
             await self._serving(name, item)
-        elif time.monotonic() - item.since > self._start_limit_s:
+        elif self._clock() - item.since > self._start_limit_s:
             del self.starting[name]
             await asyncio.to_thread(self._group.stop, [item.worker], STOP_TIMEOUT_S)
             why = f"its worker did not serve within {self._start_limit_s:g} s"
-            await self._fail(name, item.desired, why)
+            self._retry(name, generation, why)
+
+    def _retry(self, name: str, generation: int, why: str) -> None:
+        """A start that failed for a reason other than the model (Kafka or Redis away, a
+        crash, too slow): tried again after the back-off."""
+        delay = self.backoff.exited(name, generation)
+        log.error(
+            "supervisor: a worker of %s (generation %d) did not start: %s; tried again in %.0f s",
+            name, generation, why, delay,
+        )  # fmt: skip
 
     async def _serves(self, name: str, item: _Starting) -> bool:
         """Whether ``item``'s worker is alive and its generation has a live registry entry."""
@@ -178,11 +340,10 @@ class ModelSupervisor:
         return item.worker.alive and generation in live
 
     async def _serving(self, name: str, item: _Starting) -> None:
-        """The new generation serves: it joins the group, and the old workers stop."""
+        """The new generation serves: the old workers stop."""
         del self.starting[name]
-        self._group.started.append(item.worker)
         old = self.running.get(name)
-        self.running[name] = _Running(item.desired.generation, [item.worker])
+        self.running[name] = _Running(item.desired.generation, [item.worker], self._clock())
         log.info("supervisor: %s serves generation %d", name, item.desired.generation)
         if old is not None:
             await asyncio.to_thread(self._group.stop, old.workers, STOP_TIMEOUT_S)
@@ -229,11 +390,18 @@ class ModelSupervisor:
         )
 
 
-def _exit_reason(worker: WorkerProcess) -> str:
-    """Why a worker exited before it served: its log's last line (``plaza worker`` prints
-    a failed start's error there), else its exit status."""
-    lines = worker.log_text().strip().splitlines()
-    last = lines[-1].strip() if lines else ""
-    if last:
-        return last.removeprefix(ERROR_PREFIX)
-    return f"its worker exited with code {worker.exit_code} before it served"
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_since(path: Path, offset: int) -> str:
+    """What a log file holds past ``offset`` (a restarted worker appends to its log)."""
+    try:
+        with path.open("rb") as log_file:
+            log_file.seek(offset)
+            return log_file.read().decode(errors="replace")
+    except OSError:
+        return ""

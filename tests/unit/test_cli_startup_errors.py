@@ -19,7 +19,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza import connections
-from plaza.cli.main import main
+from plaza.cli.main import EXIT_RETRIABLE, main
 from plaza.cli.up import _parse
 from plaza.errors import Unavailable
 from plaza.settings import KafkaSettings
@@ -93,7 +93,7 @@ def test_gateway_without_kafka_is_one_line(
         f"--redis.url=redis://{closed_port}/0",
         "--gateway.metrics_port=-1",
     ]
-    assert main(argv) == 1
+    assert main(argv) == EXIT_RETRIABLE  # Kafka away: may work later
     line = _one_error_line(capsys.readouterr().err, "gateway")
     assert f"Kafka did not answer at {closed_port}" in line
 
@@ -113,7 +113,7 @@ def _worker_argv(repository: Path, kafka: str, redis_url: str) -> list[str]:
 def test_worker_without_kafka_is_one_line(
     closed_port: str, redis_url: str, repository: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(_worker_argv(repository, closed_port, redis_url)) == 1
+    assert main(_worker_argv(repository, closed_port, redis_url)) == EXIT_RETRIABLE
     line = _one_error_line(capsys.readouterr().err, "worker")
     assert f"Kafka did not answer at {closed_port}" in line
 
@@ -122,7 +122,10 @@ def test_worker_without_redis_is_one_line_before_it_takes_partitions(
     closed_port: str, kafka_bootstrap: str, repository: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Redis is checked first: a worker that cannot store answers takes no requests."""
-    assert main(_worker_argv(repository, kafka_bootstrap, f"redis://{closed_port}/0")) == 1
+    assert (
+        main(_worker_argv(repository, kafka_bootstrap, f"redis://{closed_port}/0"))
+        == EXIT_RETRIABLE
+    )
     line = _one_error_line(capsys.readouterr().err, "worker")
     assert f"Redis did not answer at redis://{closed_port}/0" in line
 
