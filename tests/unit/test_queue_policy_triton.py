@@ -163,9 +163,7 @@ def test_each_level_serves_its_fresh_requests_then_its_delayed_ones() -> None:
     assert b.level_depths() == {1: 0, 2: 0, 3: 0}
 
 
-@pytest.mark.parametrize(
-    ("timeout_s", "ms"), [(0.0001, 1), (0.001, 1), (0.0011, 2), (60, 60_000)]
-)
+@pytest.mark.parametrize(("timeout_s", "ms"), [(0.0001, 1), (0.001, 1), (0.0011, 2), (60, 60_000)])
 def test_the_sdk_rounds_a_request_timeout_up_to_a_whole_millisecond(
     timeout_s: float, ms: int
 ) -> None:
