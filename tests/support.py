@@ -25,6 +25,7 @@ from plaza.settings import (
     RedisSettings,
     WorkerSettings,
 )
+from plaza.stack import Deployment
 from plaza.stack import wait_for as wait_for  # the one bounded wait, for the tests
 from plaza.workers.worker import Worker
 
@@ -128,6 +129,15 @@ async def phase(name: str, limit_s: float) -> AsyncIterator[None]:
         pytest.fail(f"{name} did not finish in {limit_s:g} s (task stacks in the captured output)")
     finally:
         dump.cancel()
+
+
+def sim_deployment(
+    kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path
+) -> Deployment:
+    """A deployment (two partitions a topic) of ``sim`` (simulated, 16 values a row) in a
+    repository of its own (``explicit_sim_settings``'s), for supervisor tests."""
+    made = explicit_sim_settings(kafka_bootstrap, redis_url, unique_id, tmp_path)
+    return Deployment(kafka_bootstrap, redis_url, made.repository, prefix=unique_id, partitions=2)
 
 
 def explicit_sim_settings(

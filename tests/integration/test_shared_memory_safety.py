@@ -21,7 +21,6 @@ import gc
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -37,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 from plaza.loadgen.stack import copy_model
 from plaza.settings import GatewaySettings, KafkaSettings, PlazaSettings
 from plaza.stack import Deployment, GatewayProcess, ProcessGroup, free_port, new_prefix
+from tests.integration.test_shared_memory import region
 from tests.support import REPOSITORY, gateway_fronts, running_worker, wait_for
 
 MiB = 1024 * 1024
@@ -54,18 +54,6 @@ while True:
     os.truncate(path, size)
 """
 """A client that shrinks its object to nothing and grows it back, as fast as it can."""
-
-
-@contextmanager
-def region(byte_size: int) -> Iterator[tuple[str, Any]]:
-    """A fresh POSIX shared memory object (its key and tritonclient's handle), destroyed
-    on exit."""
-    key = f"/plaza_safety_{uuid.uuid4().hex[:12]}"
-    handle = shm.create_shared_memory_region(key.strip("/"), key, byte_size)
-    try:
-        yield key, handle
-    finally:
-        shm.destroy_shared_memory_region(handle)
 
 
 def allowing_shm(settings: PlazaSettings, **gateway: Any) -> PlazaSettings:

@@ -24,7 +24,7 @@ from plaza.model_control import ModelTable, live_generations
 from plaza.stack import Deployment
 from tests.integration.test_model_control import plaza_with_control
 from tests.integration.test_refused_reload_gateway import http_body
-from tests.support import explicit_sim_settings, wait_for
+from tests.support import sim_deployment, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,9 +33,7 @@ MODEL = "sim"
 
 @pytest.fixture
 def deployment(kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path) -> Deployment:
-    """``sim`` (simulated, 16 values a row) in a repository of its own."""
-    made = explicit_sim_settings(kafka_bootstrap, redis_url, unique_id, tmp_path)
-    return Deployment(kafka_bootstrap, redis_url, made.repository, prefix=unique_id, partitions=2)
+    return sim_deployment(kafka_bootstrap, redis_url, unique_id, tmp_path)
 
 
 def set_latency(deployment: Deployment, latency_a_us: str) -> None:
