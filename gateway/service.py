@@ -25,7 +25,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from plaza.connections import ensure_topics, kafka_admin, redis_client
 from plaza.contract import InferRequest, InferResult
-from plaza.errors import InvalidInput, JobNotFound, ModelNotFound, Unavailable
+from plaza.errors import InvalidInput, JobNotFound, ModelNotFound, PlazaError, Unavailable
 from plaza.gateway.metrics import GatewayMetrics, metered, metered_stream
 from plaza.gateway.registry import FOLLOW_INTERVAL_S, IndexEntry, ModelRegistry
 from plaza.gateway.shared_memory import SharedMemoryRegions, input_limit
@@ -189,6 +189,7 @@ class GatewayService:
             cache_observer=self.metrics,
             default_version=self._default_version,
         )
+        self._producer.refusal = self._refusal
         await self._producer.start()
         self._producer.topics_made(topics)
         await self._producer.replies()  # the reply stream exists before the first call
@@ -243,6 +244,14 @@ class GatewayService:
         task = asyncio.get_running_loop().create_task(self._answer_refused(name))
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
+
+    def _refusal(self, name: str) -> PlazaError | None:
+        """The error a new request of ``name`` gets now; None while it is served."""
+        try:
+            self.model(name)
+        except ModelNotFound as exc:
+            return exc
+        return None
 
     async def _answer_refused(self, name: str) -> None:
         """Answer the requests of ``name`` that wait here (``Producer.answer_held``) while

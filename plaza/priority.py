@@ -18,6 +18,8 @@ def check_priority(priority: object) -> int:
     """``priority`` as a plain int: any integral value but a bool (numpy's ints too, through
     ``operator.index``), at least 0; InvalidInput otherwise. A float, even 2.0, is refused:
     a level's topic is named from it, and a ``.p2.0`` topic is one that no worker reads."""
+    if type(priority) is int and priority >= 0:  # the usual case, at no cost
+        return priority
     value = _integral(priority)
     if value is None:
         raise InvalidInput(

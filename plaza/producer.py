@@ -190,6 +190,11 @@ class Producer:
         self._mux_lock = asyncio.Lock()
         self.inflight = InflightBytes(settings.producer.max_inflight_bytes)
         self._held: dict[str, dict[str, InferRequest]] = {}
+        self._refused: dict[str, None] = {}
+        """The models ``answer_held`` answered for: ``_hold`` asks ``refusal`` about them."""
+        self.refusal: Callable[[str], PlazaError | None] | None = None
+        """The error a new request of a model gets now (None: it is served), set by the
+        gateway; asked only for the models of ``_refused``."""
         """The requests published that wait here for their answer (sync and streamed),
         by model, then id: ``answer_held`` answers them when their model is not served."""
         self._cancelling: set[asyncio.Task[None]] = set()
@@ -309,8 +314,8 @@ class Producer:
         await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             fut = mux.expect(ready.req.id)  # before publishing: the reply may beat the ack
-            self._hold(ready.req)
             try:
+                self._hold(ready.req)
                 # Kafka's own limit bounds the ack, not the caller's: a record it may still
                 # take must end as a timeout with its job id, never as a retriable 503.
                 await self._publisher.publish(ready.req, ready.topic)
@@ -356,9 +361,9 @@ class Producer:
         await self._check_queue(spec, ready.level, timeout_s)
         with self.inflight.hold(request_bytes(ready.req)):
             responses = mux.expect_responses(ready.req.id, limit)  # before publishing
-            self._hold(ready.req)
             final = False
             try:
+                self._hold(ready.req)
                 await self._publisher.publish(ready.req, ready.topic)  # as in infer
                 left = timeout_s - (time.monotonic() - started)
                 while not final:
@@ -578,6 +583,15 @@ class Producer:
         )
 
     def _hold(self, req: InferRequest) -> None:
+        """Hold ``req`` while it waits for its answer (``answer_held``); the error of its
+        model's refusal instead, when ``answer_held`` answered its model's requests while
+        this one was on its way here (a cache lookup, a backlog probe) and the model is
+        still not served (``refusal``)."""
+        if req.model in self._refused:
+            error = self.refusal(req.model) if self.refusal is not None else None
+            if error is not None:
+                raise error
+            del self._refused[req.model]  # served again
         self._held.setdefault(req.model, {})[req.id] = req
 
     def _release(self, req: InferRequest) -> None:
@@ -596,6 +610,7 @@ class Producer:
         of them later skips it, ``workers/answered.py``), then sent on the reply stream,
         where their callers get it. For a model no worker will ever answer (the gateway's
         registry says when). Returns the ids of the requests answered."""
+        self._refused[model] = None  # the requests still on their way are refused too
         chosen = [r for i, r in self._held.get(model, {}).items() if i not in skip]
         if not chosen:
             return []

@@ -129,3 +129,36 @@ async def test_requests_of_a_model_a_live_worker_serves_are_left_to_it(
         assert not waiting.done()
         assert mux.waiting == 1
         waiting.cancel()
+
+
+async def test_a_request_on_its_way_past_the_lookup_gets_the_refusal_too(
+    settings: PlazaSettings, redis_client: Any
+) -> None:
+    """A request that passed the model's lookup but was still in its backlog check (a
+    Kafka lag probe, for a model with max_queue_size) when the refusal's answering pass ran
+    is refused where it would start waiting, not left to wait out its time."""
+    async with gateway_fronts(settings) as gw:
+        service = gw.service
+        await service.registry.load(MODEL)
+        producer = service.producer
+        entered, release = asyncio.Event(), asyncio.Event()
+        check_queue = producer._check_queue
+
+        async def held_check(*args: Any, **kwargs: Any) -> None:
+            entered.set()
+            await release.wait()
+            await check_queue(*args, **kwargs)
+
+        producer._check_queue = held_check  # type: ignore[method-assign]
+        task = asyncio.create_task(service.infer(request(2.0)))
+        await entered.wait()
+        table = ModelTable(redis_client, settings.names)
+        loaded = await table.get(MODEL)
+        assert loaded is not None and await table.fail(loaded, "bad config")
+        await wait_for(
+            lambda: MODEL not in service.models and not service._answering,
+            what="the refusal settled and its answering pass done",
+        )
+        release.set()
+        with pytest.raises(ModelNotFound, match="bad config"):
+            await asyncio.wait_for(task, WAIT_S / 2)
