@@ -19,6 +19,7 @@ import importlib.util
 import os
 import sys
 import threading
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import redis.asyncio
@@ -26,9 +27,10 @@ import redis.asyncio
 from plaza.cli.argtypes import count, seconds
 from plaza.cli.services import interrupted_status, stop_signals
 from plaza.errors import ConfigError, PlazaError
-from plaza.model_control import ModelTable
-from plaza.modelconfig import PLATFORM_TORCH
+from plaza.model_control import ModelTable, dependents, serving_models
+from plaza.modelconfig import PLATFORM_TORCH, ModelSpec
 from plaza.repository import ModelRepository
+from plaza.settings import PlazaSettings
 from plaza.stack import (
     HOST,
     Deployment,
@@ -41,6 +43,7 @@ from plaza.stack import (
     wait_for,
 )
 from plaza.stack.data_dir import prepare_data_dir
+from plaza.stack.deployment import ENV_PREFIX
 from plaza.stack.errors import Interrupted, ServiceError
 from plaza.stack.ports import check_ports, free_port, require_free
 from plaza.stack.supervisor import ModelSupervisor, forget_refusals
@@ -53,6 +56,14 @@ HANDOVER_S = 0.1
 """How often the supervisor looks while a worker starts (``plaza.stack.supervisor``)."""
 STOP_TIMEOUT_S = 40.0
 """Grace period of the workers and the gateway: a worker drains and commits first."""
+PER_PROCESS = (
+    "PLAZA_WORKER__WORKER_ID",
+    "PLAZA_HOST__MODELS",
+    "PLAZA_WORKER__MODEL",
+    "PLAZA_WORKER__MODEL_CONFIG_JSON",
+    "PLAZA_WORKER__GENERATION",
+)
+"""Settings plaza up gives each worker process its own value of (its id, its models)."""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -128,37 +139,115 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _worker_plan(
     repo: ModelRepository, only: set[str] | None, flag: str = "--models"
 ) -> list[tuple[str, int]]:
-    """(model, instance count) for every model to serve from the start: ``only`` (None:
-    every model; empty: none). ConfigError, naming ``flag``, for a name that is not in the
-    repository."""
-    plan = []
-    torch_ok = importlib.util.find_spec("torch") is not None
+    """(model, instance count) for every model to serve from the start: ``only`` and the
+    step models of the ensembles among them (None: every model; empty: none), in the
+    repository's order. ConfigError, naming ``flag``, for a name that is not in the
+    repository. A model that needs torch where it is missing is skipped, and so is an
+    ensemble that runs one (it could answer nothing)."""
     present = repo.model_names()
     unknown = sorted((only or set()) - set(present))
     if unknown:
         raise ConfigError(
             f"{flag} names {unknown}, not in the repository {repo.root} (it has {present})"
         )
+    if only is None:
+        specs = {name: repo.spec(name) for name in present}
+    else:
+        specs = _with_steps(repo, only, flag)
+    skipped = _skipped(specs)
+    plan = []
     for name in present:
-        if only is not None and name not in only:
-            continue
-        spec = repo.spec(name)
-        if spec.platform == PLATFORM_TORCH and not torch_ok:
-            print(f"  skipping {name}: needs the torch extra (pip install '.[torch]')")
+        spec = specs.get(name)
+        if spec is None or name in skipped:
             continue
         repo.served_versions(name, spec)  # a missing model file fails here, clearly
         plan.append((name, spec.instance_count))
     return plan
 
 
-def _forwarded_settings(dep: Deployment) -> dict[str, str]:
+def _with_steps(repo: ModelRepository, names: Iterable[str], flag: str) -> dict[str, ModelSpec]:
+    """The specs of ``names`` and of every model that an ensemble among them runs in a step,
+    through nested ensembles (``serving_models``): explicit mode loads them with the
+    ensemble, as Triton does, and mode none must run their workers too, or the ensemble
+    never becomes ready. ConfigError for a step model not in the repository."""
+    present = set(repo.model_names())
+    specs: dict[str, ModelSpec] = {}
+    todo = sorted(names, reverse=True)
+    while todo:
+        name = todo.pop()
+        if name in specs:
+            continue
+        specs[name] = spec = repo.spec(name)
+        for step in serving_models(name, spec)[1:]:
+            if step not in present:
+                raise ConfigError(
+                    f"{flag}: the ensemble {name} runs the model {step}, not in the "
+                    f"repository {repo.root}"
+                )
+            todo.append(step)
+    return specs
+
+
+def _skipped(specs: Mapping[str, ModelSpec]) -> set[str]:
+    """The models of ``specs`` plaza up cannot serve here, each told on a line: TorchScript
+    ones without torch, and the ensembles that run one (``dependents``)."""
+    if importlib.util.find_spec("torch") is not None:
+        return set()
+    needs_torch = sorted(m for m, spec in specs.items() if spec.platform == PLATFORM_TORCH)
+    for name in needs_torch:
+        print(f"  skipping {name}: needs the torch extra (pip install '.[torch]')")
+    ensembles = dependents(needs_torch, specs)
+    for name in ensembles:
+        print(f"  skipping {name}: an ensemble running a model skipped")
+    return {*needs_torch, *ensembles}
+
+
+def _exported() -> dict[str, str]:
+    """The operator's PLAZA_* settings, as exported."""
+    return {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+
+
+def _forwarded_settings(own: Mapping[str, str]) -> dict[str, str]:
     """The caller's own PLAZA_* settings (an API key, batching knobs, ...).
 
     A deployment's environment drops inherited PLAZA_* on purpose; ``plaza up`` is the one
-    caller that hands the operator's settings on, except those the deployment sets itself.
+    caller that hands the operator's settings on, except those it sets itself (``own``,
+    from :func:`_own_settings`: :func:`_override_warnings` names each one exported).
     """
-    own = dep.env()
-    return {k: v for k, v in os.environ.items() if k.startswith("PLAZA_") and k not in own}
+    return {k: v for k, v in _exported().items() if k not in own}
+
+
+def _own_settings(
+    dep: Deployment, plan: list[tuple[str, int]], args: argparse.Namespace
+) -> dict[str, str]:
+    """Every PLAZA_* setting plaza up sets itself, with the value it uses: its deployment's
+    (its own Kafka and Redis, one replica, the repository and config flags; the partitions
+    and prefixes are the operator's), the model control it was asked for, the gateway's
+    ports, and those each worker process gets its own value of."""
+    own = {k: v for k, v in dep.env().items() if k.startswith(ENV_PREFIX)}
+    own.update(_up_settings(plan, args))
+    metrics = str(args.metrics_port) if args.metrics_port else "a free port"
+    following = args.model_control_mode != "none" and not args.process_per_model
+    own.update(
+        {
+            "PLAZA_GATEWAY__HTTP_PORT": str(args.http_port),
+            "PLAZA_GATEWAY__GRPC_PORT": str(args.grpc_port),
+            "PLAZA_GATEWAY__METRICS_PORT": metrics,
+            "PLAZA_HOST__FOLLOW_MODEL_TABLE": str(following).lower(),
+        }
+    )
+    own.update(dict.fromkeys(PER_PROCESS, "one for each worker process"))
+    return own
+
+
+def _override_warnings(exported: Mapping[str, str], own: Mapping[str, str]) -> list[str]:
+    """One line for each exported setting plaza up sets otherwise, naming the value used
+    (never the exported one: it may hold a password)."""
+    return [
+        f"plaza up: warning: {name} exported, not used: plaza up sets {own[name]}"
+        for name, value in sorted(exported.items())
+        if name in own and value.casefold() != own[name].casefold()
+    ]
 
 
 def _start_models(args: argparse.Namespace) -> set[str] | None:
@@ -194,11 +283,21 @@ def _part_settings(
     dep: Deployment, plan: list[tuple[str, int]], args: argparse.Namespace
 ) -> dict[str, str]:
     """The settings of the workers and the gateway: the operator's, and the model control
-    plaza up was asked for. The gateway serves exactly the plan from the start (a subset,
-    without skipped models; in mode explicit without ``--load-model``, none)."""
+    plaza up was asked for."""
+    return {**_forwarded_settings(_own_settings(dep, plan, args)), **_up_settings(plan, args)}
+
+
+def _up_settings(plan: list[tuple[str, int]], args: argparse.Namespace) -> dict[str, str]:
+    """The model control plaza up was asked for. The gateway serves the plan from the start
+    (a subset, with its ensembles' steps, without skipped models); in mode explicit only
+    the models ``--load-model`` names (none without it): the gateway loads their
+    ensembles' steps along with them, as Triton does (unloaded with them)."""
+    served = [m for m, _ in plan]
+    only = _start_models(args)
+    if args.model_control_mode == "explicit" and only is not None:
+        served = [m for m in served if m in only]
     settings = {
-        **_forwarded_settings(dep),
-        "PLAZA_GATEWAY__MODELS": ",".join(m for m, _ in plan),
+        "PLAZA_GATEWAY__MODELS": ",".join(served),
         "PLAZA_GATEWAY__MODEL_CONTROL_MODE": args.model_control_mode,
         "PLAZA_GATEWAY__REPOSITORY_POLL_S": str(args.repository_poll_secs),
     }
@@ -272,12 +371,20 @@ async def _ready_or_stopping(
     await until_stopped(wait, stopping, "the gateway to be ready")
 
 
-async def _forget_refusals(dep: Deployment) -> None:
-    """``--process-per-model``: the model table's refusals are tried once more by the new
-    supervisor (``plaza.stack.supervisor.forget_refusals``), so the gateway serves them."""
+async def _fresh_model_table(dep: Deployment, *, supervised: bool) -> None:
+    """Modes explicit and poll, before the gateway and the supervisor read it: an empty
+    model table. plaza up owns its deployment, and its Redis keeps the table in the data
+    dir: a restart would serve again what an earlier run loaded. As in Triton, the gateway
+    then loads ``--load-model``'s models (explicit) or the repository as it is now (poll).
+    ``supervised`` (``--process-per-model``): the supervisor's refusals are cleared too
+    (``plaza.stack.supervisor.forget_refusals``; none are left in an empty table)."""
     client = redis.asyncio.Redis.from_url(dep.redis_url)
     try:
-        await forget_refusals(ModelTable(client, dep.names))
+        await client.delete(dep.names.model_table_key())
+        if supervised:
+            await forget_refusals(ModelTable(client, dep.names))
+    except redis.RedisError as exc:
+        raise ServiceError(f"could not empty the model table in Redis: {exc}") from exc
     finally:
         await client.aclose()
 
@@ -315,9 +422,10 @@ async def _serve(
     stopping: threading.Event,
     args: argparse.Namespace,
     supervisor: ModelSupervisor | None,
-    models: list[str],
+    banner: tuple[list[str], str],
 ) -> int:
-    """Wait for readiness (the supervisor already at work), print the banner, watch."""
+    """Wait for readiness (the supervisor already at work), print the banner (``banner``:
+    the models served from the start, and a request topic's name), watch."""
     task = None
     if supervisor is not None:
         await supervisor.start()
@@ -325,7 +433,9 @@ async def _serve(
     try:
         await _ready_or_stopping(gateway, group, stopping, args.ready_timeout)
         grpc_address = f"{HOST}:{args.grpc_port}"
-        _print_banner(gateway.url, grpc_address, services.bootstrap, services.redis_url, models)
+        models, topic = banner
+        kafka = f"{services.bootstrap}   (topics {topic})"
+        _print_banner(gateway.url, grpc_address, kafka, services.redis_url, models)
         return await _watch(group, services, stopping)
     finally:
         if task is not None and supervisor is not None:
@@ -340,9 +450,11 @@ def run_up(argv: list[str]) -> int:
     that cannot be made, Java missing, a service that does not come up) is one line on
     stderr and exit status 1, never a traceback; the options are checked before anything
     starts. A Ctrl-C or SIGTERM before the gateway is ready stops what had started and
-    exits 128 + the signal (Ctrl-C: 130).
+    exits 128 + the signal (Ctrl-C: 130). An exported PLAZA_* setting it sets otherwise is
+    named in a warning line; a bad one stops it first (pydantic's ValidationError).
     """
     args = _parse(argv)
+    exported = PlazaSettings()  # the operator's partitions and prefixes, checked up front
     try:
         repository = ModelRepository(
             args.repository,
@@ -357,37 +469,34 @@ def run_up(argv: list[str]) -> int:
         data_dir = Path(args.data_dir).resolve()
         services = Services(data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
         _check_ports(args, services)
+        dep = _deployment(args, services, exported)
         prepare_data_dir(data_dir)
     except PlazaError as exc:
         print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
         return 1
+    for line in _override_warnings(_exported(), _own_settings(dep, plan, args)):
+        print(line, file=sys.stderr, flush=True)
     group = ProcessGroup(data_dir / "logs")
     stopping = threading.Event()
     with stop_signals(stopping) as received:
         try:
             print("starting Kafka and Redis on 127.0.0.1 ...", flush=True)
             services.start(stopping)
-            # Plaza's default prefixes (topics plaza.infer.<model>) and heartbeat.
-            dep = services.deployment(
-                args.repository,
-                heartbeat_interval_s=None,
-                model_config_name=args.model_config_name,
-                disable_auto_complete_config=args.disable_auto_complete_config,
-            )
             supervised = args.model_control_mode != "none" and args.process_per_model
-            if supervised:  # before the gateway reads the table
-                asyncio.run(_forget_refusals(dep))
+            if args.model_control_mode != "none":  # before the gateway reads the table
+                asyncio.run(_fresh_model_table(dep, supervised=supervised))
             gateway = _start_parts(dep, plan, group, args)
             supervisor = None
             if supervised:
-                env = _forwarded_settings(dep)
+                env = _forwarded_settings(_own_settings(dep, plan, args))
                 supervisor = ModelSupervisor(dep, args.repository, group, env=env)
             print(
                 f"starting {_layout(plan, args)} and the gateway (logs in {group.log_dir}) ...",
                 flush=True,
             )
-            models = [m for m, _ in plan]
-            return asyncio.run(_serve(gateway, group, services, stopping, args, supervisor, models))
+            topic = dep.names.request_topic("model").removesuffix("model") + "<model>"
+            banner = ([m for m, _ in plan], topic)
+            return asyncio.run(_serve(gateway, group, services, stopping, args, supervisor, banner))
         except Interrupted:
             print("plaza up: interrupted while starting", flush=True)
             return interrupted_status(received)
@@ -399,6 +508,22 @@ def run_up(argv: list[str]) -> int:
             group.stop_all(STOP_TIMEOUT_S)
             services.stop()
             print("stopped.", flush=True)
+
+
+def _deployment(
+    args: argparse.Namespace, services: Services, exported: PlazaSettings
+) -> Deployment:
+    """plaza up's deployment on its own Kafka and Redis: the operator's partitions and
+    topic and key prefixes (Plaza's defaults unless exported), the workers' own heartbeat."""
+    return services.deployment(
+        args.repository,
+        partitions=exported.kafka.partitions,
+        kafka_topic_prefix=exported.kafka.topic_prefix,
+        redis_key_prefix=exported.redis.key_prefix,
+        heartbeat_interval_s=None,
+        model_config_name=args.model_config_name,
+        disable_auto_complete_config=args.disable_auto_complete_config,
+    )
 
 
 def _port_owners(args: argparse.Namespace, services: Services) -> dict[str, list[int]]:
@@ -458,7 +583,7 @@ Plaza is up.
   HTTP (KServe v2):  {base}/v2          models: {", ".join(models) or "none loaded"}
   gRPC (KServe v2):  {grpc}   (tritonclient.grpc.InferenceServerClient("{grpc}"))
   health:            {base}/v2/health/ready
-  Kafka:             {kafka}   (topics plaza.infer.<model>)
+  Kafka:             {kafka}
   Redis:             {redis}
 Try:
   {example}

@@ -39,7 +39,8 @@ class Deployment:
     repository: Path
     """The model repository its workers and gateway read."""
     prefix: str = "plaza"
-    """Topic prefix ``<prefix>.`` and key prefix ``<prefix>:`` (``plaza``: the defaults)."""
+    """Topic prefix ``<prefix>.`` and key prefix ``<prefix>:`` (``plaza``: the defaults),
+    unless ``kafka_topic_prefix`` or ``redis_key_prefix`` says otherwise."""
     partitions: int = 4
     """Partitions of each request topic it creates."""
     replication_factor: int = 1
@@ -56,6 +57,11 @@ class Deployment:
     """Triton's ``--model-config-name`` for its processes (empty: config.pbtxt)."""
     disable_auto_complete_config: bool = False
     """Triton's ``--disable-auto-complete-config`` for its processes."""
+    kafka_topic_prefix: str | None = None
+    """Its topic prefix as written (``kafka.topic_prefix``, ``plaza up`` passes an exported
+    one on); None: ``<prefix>.``."""
+    redis_key_prefix: str | None = None
+    """Its Redis key prefix as written (``redis.key_prefix``); None: ``<prefix>:``."""
 
     @property
     def names(self) -> Names:
@@ -64,10 +70,16 @@ class Deployment:
 
     @property
     def topic_prefix(self) -> str:
+        """Of every topic and consumer group it names."""
+        if self.kafka_topic_prefix is not None:
+            return self.kafka_topic_prefix
         return f"{self.prefix}."
 
     @property
     def key_prefix(self) -> str:
+        """Of every Redis key and stream it names."""
+        if self.redis_key_prefix is not None:
+            return self.redis_key_prefix
         return f"{self.prefix}:"
 
     def settings(self) -> PlazaSettings:

@@ -1,5 +1,6 @@
-"""``plaza up``'s plan: which models it serves from the start in each model control mode,
-the flags a mode does not read, and its gateway ports."""
+"""``plaza up``'s plan: which models it serves from the start in each model control mode
+(an ensemble's step models with it), the flags a mode does not read, its gateway ports, and
+the operator's exported settings it passes on or overrides."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import pytest
 
 from plaza.cli.up import (
     _choose_ports,
+    _deployment,
     _example,
+    _exported,
+    _override_warnings,
+    _own_settings,
     _parse,
     _part_settings,
     _start_models,
@@ -18,7 +23,8 @@ from plaza.cli.up import (
 )
 from plaza.errors import ConfigError
 from plaza.repository import ModelRepository
-from plaza.stack import Deployment
+from plaza.settings import PlazaSettings
+from plaza.stack import Deployment, Services
 from plaza.stack.ports import port_free
 from tests.support import REPOSITORY
 
@@ -33,6 +39,27 @@ def repo(tmp_path: Path) -> Path:
         own = config.replace('name: "simulated"', f'name: "{name}"')
         (root / name / "config.pbtxt").write_text(own.replace("count: 1", f"count: {count}"))
     return root
+
+
+def _ensemble(root: Path, name: str, step: str) -> None:
+    """An ensemble ``name`` of one step, running the model ``step``."""
+    tensor = '{{ name: "{0}" data_type: TYPE_FP32 dims: [ 16 ] }}'
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 16\n'
+        f"input [ {tensor.format('INPUT0')} ]\noutput [ {tensor.format('OUTPUT0')} ]\n"
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+        'input_map { key: "INPUT0" value: "INPUT0" } '
+        'output_map { key: "OUTPUT0" value: "OUTPUT0" } } ] }\n'
+    )
+
+
+@pytest.fixture
+def nested(repo: Path) -> Path:
+    """``repo`` with the ensemble outer, whose step is the ensemble inner, whose step is a."""
+    _ensemble(repo, "inner", "a")
+    _ensemble(repo, "outer", "inner")
+    return repo
 
 
 def _plan(repo: Path, *flags: str) -> list[tuple[str, int]]:
@@ -53,6 +80,30 @@ def test_mode_explicit_serves_only_what_load_model_names(repo: Path) -> None:
     with pytest.raises(ConfigError, match=r"--load-model names \['nope'\]"):
         args = _parse(["--repository", str(repo), *explicit, "--load-model", "nope"])
         _worker_plan(ModelRepository(repo), _start_models(args), "--load-model")
+
+
+def test_mode_none_serves_an_ensembles_step_models_through_nested_ensembles(
+    nested: Path,
+) -> None:
+    # Without its steps' workers the ensemble never becomes ready (plaza up waits, fails).
+    assert _plan(nested, "--models", "outer") == [("a", 1), ("inner", 1), ("outer", 1)]
+    assert _plan(nested, "--models", "inner,b") == [("a", 1), ("b", 2), ("inner", 1)]
+
+
+def test_mode_explicit_loads_an_ensembles_steps_along_with_it(nested: Path) -> None:
+    flags = ("--model-control-mode", "explicit", "--load-model", "outer")
+    assert _plan(nested, *flags) == [("a", 1), ("inner", 1), ("outer", 1)]
+    # The gateway is told only the model named: it loads the steps along (not explicit).
+    args = _parse(["--repository", str(nested), *flags])
+    plan = _worker_plan(ModelRepository(nested), _start_models(args))
+    dep = Deployment("127.0.0.1:1", "redis://127.0.0.1:1/0", nested)
+    assert _part_settings(dep, plan, args)["PLAZA_GATEWAY__MODELS"] == "outer"
+
+
+def test_an_ensemble_whose_step_model_is_missing_is_refused(repo: Path) -> None:
+    _ensemble(repo, "broken", "nope")
+    with pytest.raises(ConfigError, match="the ensemble broken runs the model nope"):
+        _plan(repo, "--models", "broken")
 
 
 def test_mode_poll_serves_every_model(repo: Path) -> None:
@@ -110,3 +161,33 @@ def test_the_banners_example_names_only_a_model_served() -> None:
     assert "/v2/models/add_sub/infer" in _example(base, ["add_sub", "mlp"])
     assert _example(base, ["mlp"]) == f"curl -s -X POST {base}/v2/repository/index"
     assert _example(base, []) == f"curl -s -X POST {base}/v2/repository/index"
+
+
+def test_exported_partitions_and_prefixes_reach_the_deployment_and_overrides_are_named(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exported = {
+        "PLAZA_KAFKA__PARTITIONS": "3",
+        "PLAZA_KAFKA__TOPIC_PREFIX": "ops.",
+        "PLAZA_REDIS__KEY_PREFIX": "ops:",
+        "PLAZA_KAFKA__REPLICATION_FACTOR": "2",
+        "PLAZA_REDIS__URL": "redis://:secret@10.0.0.5:6379/0",
+        "PLAZA_GATEWAY__API_KEY": "k1",
+    }
+    for name, value in exported.items():
+        monkeypatch.setenv(name, value)
+    args = _parse(["--repository", str(repo), "--redis-port", "16379", "--http-port", "18000"])
+    services = Services(tmp_path / "up", bootstrap="127.0.0.1:1", redis_port=16379)
+    plan = _worker_plan(ModelRepository(repo), _start_models(args))
+    dep = _deployment(args, services, PlazaSettings())
+    assert (dep.partitions, dep.topic_prefix, dep.key_prefix) == (3, "ops.", "ops:")
+    env = dep.env(**_part_settings(dep, plan, args))
+    assert env["PLAZA_KAFKA__PARTITIONS"] == "3" and env["PLAZA_GATEWAY__API_KEY"] == "k1"
+    assert (env["PLAZA_KAFKA__TOPIC_PREFIX"], env["PLAZA_REDIS__KEY_PREFIX"]) == ("ops.", "ops:")
+    assert env["PLAZA_KAFKA__REPLICATION_FACTOR"] == "1"  # one broker
+    warnings = _override_warnings(_exported(), _own_settings(dep, plan, args))
+    assert warnings == [
+        "plaza up: warning: PLAZA_KAFKA__REPLICATION_FACTOR exported, not used: plaza up sets 1",
+        "plaza up: warning: PLAZA_REDIS__URL exported, not used: plaza up sets "
+        "redis://127.0.0.1:16379/0",
+    ]
