@@ -2,9 +2,11 @@
 configuration): a folder with no config.pbtxt at all, or a config.pbtxt that names no inputs
 or no outputs.
 
-The model file of the newest numeric version folder (``model.onnx``, or the config's
-``default_model_filename``) is opened with ONNX Runtime, graph optimisations off: only its
-inputs and outputs are read. Triton's rules for ONNX models:
+The model file of the newest version the config's ``version_policy`` serves (``model.onnx``,
+or the config's ``default_model_filename``; the newest version folder holding it when no
+served version does, whose load then fails on the missing file) is opened with ONNX Runtime,
+graph optimisations off: only its inputs and outputs are read. Triton's rules for ONNX
+models:
 
 - the platform is ``onnxruntime_onnx`` when the config names neither platform nor backend;
 - when the config names no tensors and ``max_batch_size`` is 0 (or there is no config), the
@@ -26,14 +28,16 @@ scalar input of a model that does not batch) is a ``bad_config`` that asks for t
 to be written. A model file is read once per path, size and modification time, so a
 repository poll does not open every model again.
 
-A Python backend model (``backend: "python"``, or a folder whose newest version holds
-``model.py`` and no ``model.onnx``, with no platform or backend named) is completed by its
-own ``auto_complete_config`` instead (``plaza.autocomplete_python``).
+A Python backend model (``backend: "python"``, or a folder whose version folders hold
+``model.py`` and no ``model.onnx``, with no platform or backend named) is completed instead
+by the ``auto_complete_config`` of its newest served version's model.py
+(``plaza.autocomplete_python``).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza import autocomplete_python
 from plaza.errors import ConfigError
-from plaza.modelconfig import BACKEND_PYTHON, DEFAULT_FILENAMES
+from plaza.modelconfig import BACKEND_PYTHON, DEFAULT_FILENAMES, version_policy
 from plaza.naming import folder_version
 
 MODEL_FILENAME = "model.onnx"
@@ -73,19 +77,33 @@ Signature = tuple[list[tuple[str, str, Shape]], list[tuple[str, str, Shape]]]
 """A model's inputs and outputs: (name, ONNX type, shape) each."""
 
 
-def model_file(folder: Path, filename: str = MODEL_FILENAME) -> Path | None:
+def model_file(
+    folder: Path, filename: str = MODEL_FILENAME, served: Collection[int] = ()
+) -> Path | None:
     """``filename`` in the newest version folder (``plaza.naming.folder_version``) that has
-    it, or None."""
+    it, one of ``served`` where one of those has it, or None."""
     found = [(folder_version(p.parent.name), p) for p in folder.glob(f"*/{filename}")]
     versions = [(v, p) for v, p in found if v is not None]
-    return max(versions)[1] if versions else None
+    preferred = [(v, p) for v, p in versions if v in served]
+    return max(preferred or versions)[1] if versions else None
+
+
+def served_versions(config: mc.ModelConfig, folder: Path, source: str) -> list[int]:
+    """The version folders of ``folder`` that ``config``'s version policy serves (checked:
+    ConfigError naming the field of one that cannot serve any)."""
+    policy = version_policy(config, source)
+    if not folder.is_dir():
+        return []
+    found = (folder_version(p.name) for p in folder.iterdir() if p.is_dir())
+    return policy.select([v for v in found if v is not None], quiet=True)
 
 
 def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
     """Fill in, from the model file in ``folder``, what an ONNX model's ``config`` leaves
     out (see the module doc); a Python model's config is its ``auto_complete_config``'s;
     any other config is left as it is."""
-    python = _python_model_file(config, folder)
+    served = served_versions(config, folder, source)
+    python = _python_model_file(config, folder, served)
     if python is not None:
         if not config.platform and not config.backend:
             config.backend = BACKEND_PYTHON
@@ -95,7 +113,7 @@ def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
         return
     if config.platform not in ("", PLATFORM_ONNX) or config.backend not in ("", "onnxruntime"):
         return
-    path = model_file(folder, config.default_model_filename or MODEL_FILENAME)
+    path = model_file(folder, config.default_model_filename or MODEL_FILENAME, served)
     if path is None:
         return  # nothing to read: the config's own checks say what is missing
     inputs, outputs = signature(path)
@@ -114,14 +132,16 @@ def complete(config: mc.ModelConfig, folder: Path, source: str) -> None:
         _add(config.output, outputs, batching, "output", where)
 
 
-def _python_model_file(config: mc.ModelConfig, folder: Path) -> Path | None:
+def _python_model_file(config: mc.ModelConfig, folder: Path, served: list[int]) -> Path | None:
     """The model.py of a Python backend model (see the module doc), else None."""
     filename = config.default_model_filename
     if config.backend == BACKEND_PYTHON:
-        return model_file(folder, filename or PYTHON_FILENAME)
-    if config.platform or config.backend or model_file(folder, filename or MODEL_FILENAME):
+        return model_file(folder, filename or PYTHON_FILENAME, served)
+    if config.platform or config.backend:
         return None
-    return model_file(folder, filename or PYTHON_FILENAME)
+    if model_file(folder, filename or MODEL_FILENAME, served):
+        return None
+    return model_file(folder, filename or PYTHON_FILENAME, served)
 
 
 def signature(path: Path) -> Signature:

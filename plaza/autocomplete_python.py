@@ -1,19 +1,22 @@
 """A Python backend model completes its own config: Triton's ``auto_complete_config``.
 
-When the newest version's ``model.py`` defines ``TritonPythonModel.auto_complete_config``
-(a staticmethod), it is called with the config as written (``pb_utils.ModelConfig``: an
-empty one when the folder has no config.pbtxt) and what it returns is the model's config,
-checked as a written one is. As in Triton it runs whether or not the config names tensors.
+When the newest served version's ``model.py`` defines
+``TritonPythonModel.auto_complete_config`` (a staticmethod), it is called with the config as
+written (``pb_utils.ModelConfig``: an empty one when the folder has no config.pbtxt), in
+Triton's JSON form, every field printed even at its default (so a written ``optional: false``
+or ``decoupled: false`` is seen, and a hook's contrary call raises, as in Triton), and what
+it returns is the model's config, checked as a written one is. As in Triton it runs whether
+or not the config names tensors.
 
 The processes that read the repository (gateway, workers, hosts) never import model.py: the
 hook runs in a short-lived child, ``python -m plaza.workers.backends.python_autocomplete``,
 which gets the model file and the written config as JSON on stdin and answers the completed
-config, or the error, as JSON on stdout; it is killed past ``TIMEOUT_S``. The answer is
-remembered per model file (path, size, modification time) and written config, the hook's
-own failures included, so a repository poll starts no process (a child that did not start,
-died or overran is not remembered: the next read tries again); a model.py that does not
-contain the
-text ``auto_complete_config`` starts none at all. Whatever fails (the hook raises, refuses a
+config, or the error, as JSON on stdout; it is killed past ``TIMEOUT_S``. A completed
+config is remembered per model file (path, size, modification time) and written config, so
+a repository poll starts no process; a failure is not (the hook's own, or a child that did
+not start, died or overran): the next read runs the hook again, as Triton does on each load,
+so fixing a module model.py imports is enough. A model.py that does not contain the text
+``auto_complete_config`` starts none at all. Whatever fails (the hook raises, refuses a
 tensor, returns something else than the ModelConfig, the process dies or overruns) is a
 ``bad_config`` naming the model and the cause.
 """
@@ -36,6 +39,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import plaza
 from plaza.errors import ConfigError
+from plaza.modelconfig import config_to_json
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +58,7 @@ class Outcome:
     config: str = ""
     """The completed config (Triton's JSON form); "": the hook left it as written."""
     error: str = ""
-    """Why the hook failed; "" when it did not."""
-    lasting: bool = True
-    """Whether to remember it: not for a child that did not start, died without an answer
-    or ran past the limit (a loaded machine, say), which the next read tries again."""
+    """Why the hook failed; "" when it did not (only then is the outcome remembered)."""
 
 
 def complete(config: mc.ModelConfig, path: Path, source: str) -> None:
@@ -67,9 +68,8 @@ def complete(config: mc.ModelConfig, path: Path, source: str) -> None:
     written = mc.ModelConfig()
     written.CopyFrom(config)
     written.name = name
-    text = json_format.MessageToJson(
-        written, preserving_proto_field_name=True, sort_keys=True, indent=None
-    )
+    # Triton's JSON form, defaults printed: the hook sees a written `decoupled: false`
+    text = json.dumps(config_to_json(written), sort_keys=True)
     try:
         stat = path.stat()
     except OSError as exc:
@@ -95,7 +95,8 @@ _remembered_lock = threading.Lock()  # reads run on threads (the gateway's, the 
 
 def _outcome(path: str, size: int, mtime_ns: int, written: str) -> Outcome:
     """The hook's answer, once per model file and written config (the key's size and time
-    only tell a changed file apart), unless it did not last (``Outcome.lasting``)."""
+    only tell a changed file apart) when it completed the config; a failure is asked again
+    on the next read (its cause may lie outside model.py: a module it imports)."""
     key = (path, size, mtime_ns, written)
     with _remembered_lock:
         known = _remembered.get(key)
@@ -103,7 +104,7 @@ def _outcome(path: str, size: int, mtime_ns: int, written: str) -> Outcome:
             _remembered.move_to_end(key)
             return known
     outcome = _ask(path, written)
-    if outcome.lasting:
+    if not outcome.error:
         with _remembered_lock:
             _remembered[key] = outcome
             while len(_remembered) > REMEMBERED:
@@ -137,13 +138,13 @@ def run_child(path: str, written: str) -> Outcome:
             start_new_session=True,  # a terminal's ^C is for this process; the kill takes all
         )
     except OSError as exc:
-        return Outcome(error=f"its process did not start: {exc}", lasting=False)
+        return Outcome(error=f"its process did not start: {exc}")
     try:
         out, err = child.communicate(request.encode(), timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)  # with whatever model.py started
         child.communicate()
-        return Outcome(error=f"it ran past {TIMEOUT_S:g} s and was killed", lasting=False)
+        return Outcome(error=f"it ran past {TIMEOUT_S:g} s and was killed")
     return _answer(path, child.returncode, out, err.decode(errors="replace"))
 
 
@@ -158,7 +159,7 @@ def _answer(path: str, status: int, out: bytes, err: str) -> Outcome:
         how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
         tail = err[-STDERR_TAIL:].strip()
         said = f": {tail}" if tail else ""
-        return Outcome(error=f"its process {how} without an answer{said}", lasting=False)
+        return Outcome(error=f"its process {how} without an answer{said}")
     if answer.get("error"):
         if answer.get("traceback"):
             log.warning("%s: %s failed:\n%s", path, HOOK, answer["traceback"].rstrip())

@@ -8,6 +8,7 @@ the version policy and the instance count. Errors name the file and the field.
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from plaza.errors import ConfigError
 from plaza.model_metrics import DEFAULT_BUCKETS, Buckets, histogram_buckets
 from plaza.naming import METRIC_FIRST_RESPONSE_HISTOGRAM, check_model_name
 from plaza.sequence_config import SequenceBatching, parse_sequence_batching
+
+log = logging.getLogger(__name__)
 
 PLATFORM_ONNX = "onnxruntime_onnx"
 PLATFORM_TORCH = "pytorch_libtorch"
@@ -92,14 +95,34 @@ class VersionPolicy:
     kind: str = "latest"
     latest: int = 1
     specific: tuple[int, ...] = ()
+    source: str = field(default="", compare=False)
+    """The config it was read from, named by the warning about a missing version."""
+    _warned: set[int] = field(default_factory=set, compare=False, repr=False)
+    """The specific versions already warned about (once per parsed config, not per call)."""
 
-    def select(self, available: list[int]) -> list[int]:
+    def select(self, available: list[int], *, quiet: bool = False) -> list[int]:
+        """The versions of ``available`` the policy serves, oldest first. A specific version
+        with no folder is logged (a warning, once: Triton logs an error per missing version)
+        unless ``quiet``."""
         ordered = sorted(available)
         if self.kind == "all":
             return ordered
         if self.kind == "specific":
+            if not quiet:
+                self._warn_missing(ordered)
             return [v for v in ordered if v in self.specific]
         return ordered[-self.latest :] if self.latest > 0 else []
+
+    def _warn_missing(self, available: list[int]) -> None:
+        for version in self.specific:
+            if version not in available and version not in self._warned:
+                self._warned.add(version)
+                log.warning(
+                    "%s: version_policy.specific.versions names version %d, which has no "
+                    "version folder: it is not served",
+                    self.source or "a model config",
+                    version,
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,10 +298,13 @@ def parse_model_config_json(
 def _completed_spec(
     config: mc.ModelConfig, source: str, default_name: str, complete: Completion | None
 ) -> ModelSpec:
-    """Check a parsed config's enum numbers, ``complete`` it, and read it."""
+    """Check a parsed config's enum numbers, ``complete`` it, check them again (a Python
+    model's hook may write a number, ``data_type: 99``), and read it."""
     _check_enums(config, source)  # before completion: it may read them
     if complete is not None:
         complete(config)
+        name = config.name or default_name
+        _check_enums(config, f"{source}: the config completed for model {name!r}")
     return _spec_from_config(config, source=source, default_name=default_name)
 
 
@@ -551,21 +577,27 @@ def _batching(config: mc.ModelConfig, source: str) -> DynamicBatching:
     )
 
 
-def _version_policy(config: mc.ModelConfig, source: str) -> VersionPolicy:
+def version_policy(config: mc.ModelConfig, source: str) -> VersionPolicy:
+    """The checked ``version_policy`` of ``config`` (read from ``source``): latest 1 when
+    there is none; ConfigError naming the field for one that can select nothing."""
     if not config.HasField("version_policy"):
-        return VersionPolicy()
+        return VersionPolicy(source=source)
     which = config.version_policy.WhichOneof("policy_choice")
     if which == "all":
-        return VersionPolicy(kind="all")
+        return VersionPolicy(kind="all", source=source)
     if which == "specific":
         versions = tuple(int(v) for v in config.version_policy.specific.versions)
+        where = "version_policy.specific.versions"
         if not versions:
-            raise _fail(source, "version_policy.specific.versions", "names no version")
-        return VersionPolicy(kind="specific", specific=versions)
+            raise _fail(source, where, "names no version")
+        for version in versions:
+            if version < 1:
+                raise _fail(source, where, f"{version} is not a version (they start at 1)")
+        return VersionPolicy(kind="specific", specific=versions, source=source)
     n = int(config.version_policy.latest.num_versions)
     if n < 1:
         raise _fail(source, "version_policy.latest.num_versions", "must be at least 1")
-    return VersionPolicy(kind="latest", latest=n)
+    return VersionPolicy(kind="latest", latest=n, source=source)
 
 
 def _response_cache(config: mc.ModelConfig, source: str) -> bool:
@@ -650,7 +682,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
         inputs=inputs,
         outputs=outputs,
         batching=_batching(config, source),
-        version_policy=_version_policy(config, source),
+        version_policy=version_policy(config, source),
         instance_count=sum(g.count for g in groups),
         default_model_filename=config.default_model_filename or DEFAULT_FILENAMES.get(platform, ""),
         parameters={k: v.string_value for k, v in config.parameters.items()},

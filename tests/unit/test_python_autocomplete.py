@@ -227,14 +227,15 @@ def test_a_hook_that_runs_past_the_limit_is_killed(
         ModelRepository(tmp_path).spec("slow")
 
 
-def test_a_failure_is_remembered_too(tmp_path: Path) -> None:
+def test_a_failure_is_not_remembered(tmp_path: Path) -> None:
+    """As Triton runs the hook at each load: what model.py imports may have been fixed."""
     calls_file = tmp_path / "calls"
     body = f'open({str(calls_file)!r}, "a").write("x")\nraise ValueError("nope")'
     write_python_model(tmp_path, "again", hook(body))
     for _ in range(2):
         with pytest.raises(ConfigError, match="ValueError: nope"):
             ModelRepository(tmp_path).spec("again")
-    assert calls_file.read_text() == "x"
+    assert calls_file.read_text() == "xx"
 
 
 def test_nothing_of_the_hook_runs_in_this_process(tmp_path: Path) -> None:

@@ -6,14 +6,19 @@ config.pbtxt, 64-bit integers as numbers; ``name``, ``max_batch_size``, ``input`
 ``output`` always there, each tensor with its ``data_type`` and ``dims``). The model adds
 what is missing through the methods below and returns the object, which becomes the config.
 A method refuses (``ValueError``, as in Triton) what would change what the config already
-names; giving a tensor again with the same definition is fine. Plaza runs the hook in a
-process of its own (``python_autocomplete``), never in the worker's or the gateway's.
+names, a field at its default included (every field comes printed, as in Triton: a
+config's input has ``optional`` false unless it says true, a written
+``model_transaction_policy`` has ``decoupled``); giving a tensor again with the same
+definition is fine. A tensor's ``dims`` must be a list (or tuple) of ints. Plaza runs the
+hook in a process of its own (``python_autocomplete``), never in the worker's or the
+gateway's.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from numbers import Integral
 from typing import Any
 
 _INPUT_KEYS = ("name", "data_type", "dims", "optional")
@@ -119,8 +124,20 @@ class ModelConfig:
         if missing:
             raise ValueError(f"{self._where()}: {kind} {name!r} is missing {missing}")
         tensor = dict(given)
-        tensor["dims"] = [int(d) for d in given["dims"]]
+        tensor["dims"] = self._dims(kind, name, given["dims"])
         return tensor
+
+    def _dims(self, kind: str, name: Any, dims: Any) -> list[int]:
+        """``dims`` as a list of ints; a list or tuple of ints only (not "16", nor [2.7],
+        which ``int`` would quietly make something else of)."""
+        ints = isinstance(dims, list | tuple) and all(
+            isinstance(d, Integral) and not isinstance(d, bool) for d in dims
+        )
+        if not ints:
+            raise ValueError(
+                f"{self._where()}: {kind} {name!r} has dims {dims!r}; dims are a list of ints"
+            )
+        return [int(d) for d in dims]
 
     def _complete(self, kind: str, current: dict[str, Any], tensor: dict[str, Any]) -> None:
         """Fill in what the config leaves out of its tensor; refuse what it names otherwise."""
