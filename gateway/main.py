@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 
 from plaza import event_loop, gc_tuning
 from plaza.connections import kafka_answers
-from plaza.errors import ConfigError, PlazaError
+from plaza.errors import EXIT_RETRIABLE, ConfigError, PlazaError
 from plaza.gateway.app import api_key, create_app
 from plaza.gateway.grpc_front import start_server
 from plaza.gateway.http_front import HttpFront
@@ -220,13 +220,15 @@ def _gateway_process(settings: PlazaSettings) -> None:
             event_loop.run(_serve_shared_port(settings))
     except PlazaError as exc:  # a user error is one line, as `plaza gateway` prints it
         print(f"plaza gateway: error: {exc.message}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(EXIT_RETRIABLE if exc.retriable else 1)
 
 
 def run_gateway_processes(settings: PlazaSettings) -> int:
     """``gateway.workers`` gateway processes on shared ports, until SIGINT/SIGTERM (then
     each is stopped: SIGTERM, SIGKILL after a grace period) or until one of them exits
-    (then the others are stopped too). Returns the exit status: 0 after a stop signal."""
+    (then the others are stopped too). Returns the exit status: 0 after a stop signal,
+    ``EXIT_RETRIABLE`` when every process that failed did so for a reason that may pass (as
+    one gateway process would), else 1."""
     settings = _pinned_ports(settings)
     ctx = multiprocessing.get_context("spawn")
     stopping = threading.Event()
@@ -253,8 +255,17 @@ def run_gateway_processes(settings: PlazaSettings) -> int:
             signal.signal(sig, handler)
         grace_s = settings.gateway.sync_timeout_s + STOP_GRACE_S + WORKER_STOP_MARGIN_S
         _stop_all(procs, grace_s)
-    failed = [p for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
-    return 0 if stopping.is_set() and not failed else 1
+    return processes_status([p.exitcode for p in procs], stopped=stopping.is_set())
+
+
+def processes_status(exit_codes: list[int | None], *, stopped: bool) -> int:
+    """The gateway's exit status from its processes' (``stopped``: after a stop signal):
+    0 when none failed after a stop; ``EXIT_RETRIABLE`` when each that failed exited so
+    (Kafka or Redis failed it: starting again may work); else 1."""
+    failed = [code for code in exit_codes if code not in (0, -signal.SIGTERM)]
+    if not failed:
+        return 0 if stopped else 1
+    return EXIT_RETRIABLE if all(code == EXIT_RETRIABLE for code in failed) else 1
 
 
 def _stop_all(procs: list[BaseProcess], grace_s: float) -> None:

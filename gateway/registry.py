@@ -393,23 +393,27 @@ class ModelRegistry:
         return next(((g, kept[g]) for g in older if g in live), None)
 
     async def _recall_previous(self, desired: DesiredModel) -> None:
-        """Keep the config of ``desired``'s previous generation as the table holds it
-        (``DesiredModel.previous``) when this gateway did not read that one itself (it
-        started later): its workers may run on while ``desired``'s is refused or not up."""
-        previous, kept = desired.previous, self._kept.get(desired.name, {})
-        if not desired.loaded or previous is None or previous.generation in kept:
+        """Keep the configs of ``desired``'s previous generations as the table holds them
+        (``DesiredModel.previous``) where this gateway did not read them itself (it started
+        later): the workers of one may run on while ``desired``'s is refused or not up, and
+        ``_older_serving`` picks the newest that a live worker names (not always the last
+        one: a reload superseded before any worker ran it runs nowhere)."""
+        if not desired.loaded:
             return
-        try:
-            model = await asyncio.to_thread(self._parse, desired.name, previous.config)
-        except PlazaError as exc:
-            log.warning(
-                "model %s: the config of its generation %d, kept in the model table, does "
-                "not read: %s", desired.name, previous.generation, exc.message,
-            )  # fmt: skip
-            return
-        if previous.versions:  # as it was served, not as the folder reads now
-            model = LoadedModel(model.spec, previous.versions)
-        self._keep(desired.name, previous.generation, model)
+        for previous in desired.previous:
+            if previous.generation in self._kept.get(desired.name, {}):
+                continue
+            try:
+                model = await asyncio.to_thread(self._parse, desired.name, previous.config)
+            except PlazaError as exc:
+                log.warning(
+                    "model %s: the config of its generation %d, kept in the model table, "
+                    "does not read: %s", desired.name, previous.generation, exc.message,
+                )  # fmt: skip
+                continue
+            if previous.versions:  # as it was served, not as the folder reads now
+                model = LoadedModel(model.spec, previous.versions)
+            self._keep(desired.name, previous.generation, model)
 
     def _hold_older(
         self, name: str, generation: int, older: tuple[int, LoadedModel] | None

@@ -19,10 +19,28 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import (
+    AuthenticationFailedError,
+    AuthenticationMethodNotSupported,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    IllegalSaslStateError,
+    InvalidConfigurationError,
+    InvalidPartitionsError,
+    InvalidReplicationAssignmentError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+    KafkaConfigurationError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
+    PolicyViolationError,
+    SaslAuthenticationFailed,
+    SecurityDisabled,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
+    for_code,
 )
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
@@ -31,7 +49,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from plaza.errors import ConfigError, Unavailable
+from plaza.errors import ConfigError, PlazaError, Unavailable
 from plaza.settings import KafkaSettings, RedisSettings
 
 
@@ -148,17 +166,62 @@ def kafka_admin(k: KafkaSettings) -> AIOKafkaAdminClient:
     )
 
 
+# Kafka's answers that the same settings will get again however often they are retried:
+# credentials, permissions, or topic settings the cluster refuses. With each, the settings
+# it most likely concerns (an operator's first place to look).
+_REFUSALS: dict[type[KafkaError], str] = {
+    AuthenticationFailedError: "kafka.sasl_username, kafka.sasl_password",
+    SaslAuthenticationFailed: "kafka.sasl_username, kafka.sasl_password",
+    AuthenticationMethodNotSupported: "kafka.sasl_mechanism",
+    UnsupportedSaslMechanismError: "kafka.sasl_mechanism",
+    IllegalSaslStateError: "kafka.security_protocol, kafka.sasl_mechanism",
+    SecurityDisabled: "kafka.security_protocol",
+    TopicAuthorizationFailedError: "the Kafka ACLs of kafka.sasl_username",
+    GroupAuthorizationFailedError: "the Kafka ACLs of kafka.sasl_username",
+    ClusterAuthorizationFailedError: "the Kafka ACLs of kafka.sasl_username",
+    TransactionalIdAuthorizationFailed: "the Kafka ACLs of kafka.sasl_username",
+    InvalidReplicationFactorError: "kafka.replication_factor",
+    InvalidReplicationAssignmentError: "kafka.replication_factor",
+    InvalidPartitionsError: "kafka.partitions",
+    InvalidConfigurationError: "kafka.min_insync_replicas, kafka.max_request_bytes",
+    PolicyViolationError: "kafka.partitions, kafka.replication_factor, the broker's policy",
+    InvalidTopicError: "kafka.topic_prefix",
+    KafkaConfigurationError: "the kafka settings",
+}
+
+
+def kafka_failure(k: KafkaSettings, exc: KafkaError) -> PlazaError:
+    """The Plaza error for aiokafka's ``exc``: ConfigError (not retriable: a supervisor
+    must not restart into it forever) when Kafka refuses the settings themselves,
+    Unavailable (retriable) when it does not answer or fails in a way that may pass
+    (no controller or leader yet, a timeout)."""
+    for refused, settings in _REFUSALS.items():
+        if isinstance(exc, refused):
+            return ConfigError(
+                f"Kafka at {k.bootstrap_servers} refused Plaza's settings ({settings}): {exc}"
+            )
+    if isinstance(exc, (KafkaConnectionError, KafkaTimeoutError)):
+        return Unavailable(f"Kafka did not answer at {k.bootstrap_servers}: {exc}")
+    return Unavailable(f"Kafka at {k.bootstrap_servers} failed: {exc}")
+
+
+def topic_failure(k: KafkaSettings, topic: str, code: int, message: str | None) -> PlazaError:
+    """:func:`kafka_failure` for a topic that Kafka would not create (error ``code`` of a
+    CreateTopics answer)."""
+    what = f"cannot create topic {topic}" + (f": {message}" if message else "")
+    return kafka_failure(k, for_code(code)(what))
+
+
 @contextlib.contextmanager
 def kafka_answers(k: KafkaSettings) -> Iterator[None]:
-    """Translate aiokafka's errors raised in the block into :class:`Unavailable`, naming
-    ``kafka.bootstrap_servers``: a Kafka that cannot be reached at startup is one line for
-    the operator (``plaza gateway``, ``plaza worker``), never an aiokafka traceback."""
+    """Translate aiokafka's errors raised in the block by :func:`kafka_failure`, naming
+    ``kafka.bootstrap_servers``: a Kafka that cannot be reached at startup, or that refuses
+    the settings, is one line for the operator (``plaza gateway``, ``plaza worker``), never
+    an aiokafka traceback."""
     try:
         yield
-    except (KafkaConnectionError, KafkaTimeoutError) as exc:
-        raise Unavailable(f"Kafka did not answer at {k.bootstrap_servers}: {exc}") from exc
     except KafkaError as exc:
-        raise Unavailable(f"Kafka at {k.bootstrap_servers} failed: {exc}") from exc
+        raise kafka_failure(k, exc) from exc
 
 
 async def ensure_topics(k: KafkaSettings, topics: list[str]) -> None:
@@ -189,10 +252,7 @@ async def _create_missing(admin: AIOKafkaAdminClient, k: KafkaSettings, topics: 
     for topic_error in response.topic_errors:
         topic, code = topic_error[0], topic_error[1]
         if code not in (0, TopicAlreadyExistsError.errno):
-            raise Unavailable(
-                f"cannot create topic {topic}: Kafka error {code} "
-                f"{topic_error[2] if len(topic_error) > 2 else ''}"
-            )
+            raise topic_failure(k, topic, code, topic_error[2] if len(topic_error) > 2 else None)
 
 
 def redis_client(r: RedisSettings) -> aioredis.Redis:

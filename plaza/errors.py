@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+EXIT_RETRIABLE = 75
+"""The exit status of a command that failed for a reason that may pass (``PlazaError.
+retriable``: Kafka or Redis did not answer), sysexits' EX_TEMPFAIL: a supervisor starts
+such a worker again, and gives up on one that exits 1 (it refused its model)."""
+
 
 class PlazaError(Exception):
     """Base of every error Plaza raises on purpose."""

@@ -34,9 +34,11 @@ request wins: a load writes its entry only if the model's generation in the tabl
 the one it saw before reading the model (``ModelTable.load_if_unchanged``, one atomic Redis
 script), so an unload sent through any gateway while the load was reading is never undone.
 
-A load's entry also keeps the config its previous generation was served with
-(``DesiredModel.previous``, one per model: the table stays bounded), so that a gateway
-started after the hosts refused the new one serves the config their workers still run.
+A load's entry also keeps the configs its previous generations were served with
+(``DesiredModel.previous``, the latest ``MAX_PREVIOUS``: the table stays bounded), so that a
+gateway started after the hosts refused the new one serves the config their workers still
+run: that of the newest of them a live worker names (a generation superseded before any
+worker ran it, by a quick second reload, is among them but runs nowhere).
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ return 1
 yet). Generations are compared as text: they are nanoseconds, past a Lua number's precision."""
 
 
+MAX_PREVIOUS = 3
+"""Previous generations' configs a model table entry keeps (``DesiredModel.previous``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServedConfig:
     """The config a model's earlier generation was loaded with, as a gateway served it."""
@@ -99,20 +105,24 @@ class ServedConfig:
     """The versions it served; () where unknown (read from the repository then)."""
 
     def encode(self) -> dict[str, Any]:
-        return {
-            "previous_generation": self.generation,
-            "previous_config": self.config,
-            "previous_versions": list(self.versions),
-        }
+        return {"generation": self.generation, "config": self.config, "versions": self.versions}
 
     @classmethod
-    def decode(cls, doc: Mapping[str, Any]) -> ServedConfig | None:
-        """The entry's previous config (``encode``'s keys); None where it has none."""
-        generation = doc.get("previous_generation")
-        if not isinstance(generation, int) or not doc.get("previous_config"):
+    def decode_all(cls, doc: Mapping[str, Any]) -> tuple[ServedConfig, ...]:
+        """An entry's previous configs (its ``previous`` list of ``encode``'s; one entry
+        written before that list keeps one, as ``previous_*``), newest first."""
+        if "previous" not in doc:
+            prefix = "previous_"
+            legacy = {k[len(prefix) :]: v for k, v in doc.items() if k.startswith(prefix)}
+            return tuple(c for c in [cls._decode(legacy)] if c is not None)
+        return tuple(c for c in map(cls._decode, doc["previous"]) if c is not None)
+
+    @classmethod
+    def _decode(cls, doc: Mapping[str, Any]) -> ServedConfig | None:
+        generation = doc.get("generation")
+        if not isinstance(generation, int) or not doc.get("config"):
             return None
-        versions = tuple(int(v) for v in doc.get("previous_versions", ()))
-        return cls(generation, str(doc["previous_config"]), versions)
+        return cls(generation, str(doc["config"]), tuple(int(v) for v in doc.get("versions", ())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,10 +145,11 @@ class DesiredModel:
     failed: str = ""
     """Why a host could not load this generation (a bad config its worker refused); "" none.
     Written by hosts (``ModelTable.fail``), read by a load waiting for a worker."""
-    previous: ServedConfig | None = None
-    """The config of the last generation before this one that no host refused (a load
-    records it, ``previous_served``): its workers may still run while this one is refused
-    or not up yet, and a gateway that never read it serves it from here. None: unknown."""
+    previous: tuple[ServedConfig, ...] = ()
+    """The configs of the last generations before this one that no host refused, newest
+    first, at most ``MAX_PREVIOUS`` (a load records them, ``previous_served``): their
+    workers may still run while this one is refused or not up yet, and a gateway that never
+    read them serves the newest one a live worker names. (): unknown."""
 
     def encode(self) -> str:
         doc: dict[str, Any] = {
@@ -149,8 +160,8 @@ class DesiredModel:
             "folder": self.folder,
             "failed": self.failed,
         }
-        if self.previous is not None:  # after the generation: the table's script reads the first
-            doc.update(self.previous.encode())
+        if self.previous:  # after the generation: the table's script reads the first
+            doc["previous"] = [served.encode() for served in self.previous]
         return json.dumps(doc)
 
     @classmethod
@@ -164,7 +175,7 @@ class DesiredModel:
             bool(doc.get("explicit", True)),  # an entry written before the field: explicit
             str(doc.get("folder", "")),
             str(doc.get("failed", "")),
-            ServedConfig.decode(doc),
+            ServedConfig.decode_all(doc),
         )
 
     def same_load(self, config: str, folder: str) -> bool:
@@ -174,19 +185,27 @@ class DesiredModel:
         return self.loaded and not self.failed and bool(folder) and unchanged
 
 
-def previous_served(seen: DesiredModel | None, served: LoadedModel | None) -> ServedConfig | None:
-    """What a new generation's entry keeps as its previous config (``DesiredModel.previous``),
+def previous_served(
+    seen: DesiredModel | None, served: LoadedModel | None
+) -> tuple[ServedConfig, ...]:
+    """What a new generation's entry keeps as its previous configs (``DesiredModel.previous``),
     ``seen`` being the entry it replaces: ``served``, the config its loader served at
-    ``seen``'s generation (else ``seen``'s own override, if any); a refused ``seen`` never
-    ran, so the one before it is kept instead. None for a model not loaded before."""
+    ``seen``'s generation (else ``seen``'s own override, if any), then ``seen``'s own previous
+    ones, the latest ``MAX_PREVIOUS``. ``seen``'s may never have run (a reload superseded
+    before a worker of it came up): the older ones are kept for that, and a gateway serves
+    the newest that a live worker names. A refused ``seen`` never ran: only the ones before
+    it are kept. () for a model not loaded before."""
     if seen is None or not seen.loaded:
-        return None
+        return ()
     if seen.failed:
         return seen.previous
+    own: tuple[ServedConfig, ...] = ()
     if served is not None:
         config = json.dumps(served.spec.config_json())
-        return ServedConfig(seen.generation, config, served.versions)
-    return ServedConfig(seen.generation, seen.config) if seen.config else None
+        own = (ServedConfig(seen.generation, config, served.versions),)
+    elif seen.config:
+        own = (ServedConfig(seen.generation, seen.config),)
+    return (own + seen.previous)[:MAX_PREVIOUS]
 
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:

@@ -63,6 +63,13 @@ class KafkaSettings(_Section):
     ssl_certfile: Path | None = Field(None, description="client certificate for Kafka TLS")
     ssl_keyfile: Path | None = Field(None, description="client key for Kafka TLS")
 
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: object) -> object:
+        """An empty value (an empty environment variable) sets no file: pydantic would
+        make it Path("."), which would count as a TLS setting given."""
+        return None if value == "" else value
+
     def check_security(self) -> None:
         """ConfigError naming the SASL or TLS settings that ``security_protocol`` would
         ignore (a SASL password with PLAINTEXT would connect in plain text, unseen), and the

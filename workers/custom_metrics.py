@@ -5,11 +5,13 @@ Each model process sends its families with its answers (``workers/backends/pb_me
 its ``PythonBackend`` keeps the latest (a process that sends only what changed has it folded
 into what is kept: ``fold``). At a scrape, this collector merges the families of every model
 process the worker process runs, by name: the instances of one model (each a process of its
-own) add up, counters and histograms summed per label set, and a gauge shows the value set
-most recently by any of them (its ``stamp``, the host's monotonic clock), as the instances of
-a Triton server share one gauge. A family that two models define with different kinds, or a
-histogram whose buckets differ, keeps the first one seen and logs the clash. Names and labels
-are the model's own; Triton adds none.
+own) add up, counters and histograms summed per label set. A gauge is not shared as a Triton
+server's instances share one: each instance process keeps its own value, and a gauge shows
+the value of the instance that set or incremented it most recently (its ``stamp``, the
+host's monotonic clock); an increment makes that instance's value the one served (A +3,
+then B +1, shows 1; Triton's shared gauge shows 4). A family that two models define with
+different kinds, or a histogram whose buckets differ, keeps the first one seen and logs the
+clash. Names and labels are the model's own; Triton adds none.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ from pydantic import ValidationError
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.ensembles import EnsembleStep, downstream_of, pruning, runnable
-from plaza.errors import ConfigError, DeadlineExceeded, InvalidInput, PlazaError
+from plaza.errors import EXIT_RETRIABLE, ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
 from plaza.model_control import model_spec
 from plaza.model_metrics import warn_unknown_families
@@ -924,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve(settings))
     except PlazaError as exc:
         print(f"plaza ensemble: error: {exc.message}", file=sys.stderr)
-        return 1
+        return EXIT_RETRIABLE if exc.retriable else 1
     except ValidationError as exc:
         for problem in exc.errors():
             where = ".".join(str(part) for part in problem["loc"])

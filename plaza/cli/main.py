@@ -21,6 +21,7 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
+from plaza.errors import EXIT_RETRIABLE as EXIT_RETRIABLE  # re-exported: what supervisors read
 from plaza.errors import PlazaError
 from plaza.settings import PlazaSettings
 
@@ -67,12 +68,6 @@ def _settings(argv: list[str], command: str = "worker") -> PlazaSettings:
     )
     source.root_parser.description = DESCRIPTIONS.get(command)
     return PlazaSettings(_cli_settings_source=source(args=argv))
-
-
-EXIT_RETRIABLE = 75
-"""The exit status of a command that failed for a reason that may pass (``PlazaError.
-retriable``: Kafka or Redis did not answer), sysexits' EX_TEMPFAIL: a supervisor starts
-such a worker again, and gives up on one that exits 1 (it refused its model)."""
 
 
 def main(argv: list[str] | None = None) -> int:

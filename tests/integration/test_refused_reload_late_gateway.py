@@ -90,3 +90,32 @@ async def test_a_gateway_started_after_a_refused_reload_serves_the_config_still_
     assert await table.fail(again, "refused again")
     later = await started(settings, redis_client)
     assert served_dims(later) == [16]
+
+
+async def test_a_late_gateway_after_two_quick_reloads_serves_the_config_still_running(
+    settings: PlazaSettings, redis_client: aioredis.Redis
+) -> None:
+    """A reload superseded before the hosts answered it (8 values a row) never ran: the
+    hosts refuse the next one (4) while the first generation's worker (16) runs on. A
+    gateway started afterwards serves 16, the config that worker runs, not the refused one
+    (the entry once kept only the superseded generation's config, which no worker names)."""
+    table = ModelTable(redis_client, settings.names)
+    loading = await started(settings, redis_client)
+    config = settings_config(loading)
+    await loading.load(MODEL)
+    first = await table.get(MODEL)
+    assert first is not None
+    await heartbeat(redis_client, settings, "old", first.generation)  # its worker is live
+    await loading.load(MODEL, reshaped(config, 8))  # the hosts have not answered it yet
+    await loading.load(MODEL, reshaped(config, 4))  # and this one supersedes it
+    refused = await table.get(MODEL)
+    assert refused is not None
+    assert first.generation in [p.generation for p in refused.previous]
+    assert await table.fail(refused, "the new config's worker could not be made")
+    await loading.follow()
+    assert served_dims(loading) == [16]
+
+    late = await started(settings, redis_client)
+    assert served_dims(late) == [16]
+    [row] = [r for r in late.index({MODEL: 1}) if r.name == MODEL]
+    assert row.state == "READY" and "the previous config serves" in row.reason, row

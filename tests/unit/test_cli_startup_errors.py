@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.util
+import signal
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,9 @@ from plaza import connections
 from plaza.cli.main import EXIT_RETRIABLE, main
 from plaza.cli.up import _parse
 from plaza.errors import Unavailable
+from plaza.gateway.main import processes_status
 from plaza.settings import KafkaSettings
+from plaza.workers.ensemble import main as ensemble_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,6 +98,82 @@ def test_gateway_without_kafka_is_one_line(
     ]
     assert main(argv) == EXIT_RETRIABLE  # Kafka away: may work later
     line = _one_error_line(capsys.readouterr().err, "gateway")
+    assert f"Kafka did not answer at {closed_port}" in line
+
+
+def test_several_gateway_processes_without_kafka_exit_as_one_would(
+    closed_port: str, repository: Path
+) -> None:
+    """Each process exits EXIT_RETRIABLE, so the gateway does too (it used to exit 1: a
+    supervisor gave up on a Kafka that was only late)."""
+    argv = [
+        "gateway",
+        f"--repository={repository}",
+        f"--kafka.bootstrap_servers={closed_port}",
+        f"--redis.url=redis://{closed_port}/0",
+        "--gateway.metrics_port=-1",
+        "--gateway.workers=2",
+    ]
+    assert main(argv) == EXIT_RETRIABLE
+
+
+@pytest.mark.parametrize(
+    ("exit_codes", "stopped", "status"),
+    [
+        ([0, -signal.SIGTERM], True, 0),
+        ([EXIT_RETRIABLE, -signal.SIGTERM], False, EXIT_RETRIABLE),
+        ([EXIT_RETRIABLE, EXIT_RETRIABLE], False, EXIT_RETRIABLE),
+        ([EXIT_RETRIABLE, EXIT_RETRIABLE], True, EXIT_RETRIABLE),
+        ([EXIT_RETRIABLE, 1], False, 1),  # one refused its settings: starting again will not do
+        ([EXIT_RETRIABLE, -signal.SIGKILL], False, 1),  # one killed past its grace
+        ([0, 0], False, 1),  # a process that ended unasked
+    ],
+)
+def test_the_gateways_status_is_retriable_only_when_every_failure_is(
+    exit_codes: list[int | None], stopped: bool, status: int
+) -> None:
+    assert processes_status(exit_codes, stopped=stopped) == status
+
+
+ENSEMBLE = """
+name: "twice"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "simulated"
+      model_version: -1
+      input_map { key: "INPUT0" value: "INPUT0" }
+      output_map { key: "OUTPUT0" value: "middle" }
+    },
+    {
+      model_name: "simulated"
+      model_version: -1
+      input_map { key: "INPUT0" value: "middle" }
+      output_map { key: "OUTPUT0" value: "OUTPUT0" }
+    }
+  ]
+}
+"""
+
+
+def test_ensemble_runner_without_kafka_exits_retriable(
+    closed_port: str, redis_url: str, repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (repository / "twice" / "1").mkdir(parents=True)
+    (repository / "twice" / "config.pbtxt").write_text(ENSEMBLE)
+    argv = [
+        "--worker.model=twice",
+        f"--repository={repository}",
+        f"--kafka.bootstrap_servers={closed_port}",
+        f"--redis.url={redis_url}",
+        "--worker.metrics_port=-1",
+    ]
+    assert ensemble_main(argv) == EXIT_RETRIABLE
+    line = _one_error_line(capsys.readouterr().err, "ensemble")
     assert f"Kafka did not answer at {closed_port}" in line
 
 

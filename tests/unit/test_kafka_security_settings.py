@@ -144,3 +144,14 @@ def test_clients_built_from_a_bare_section_refuse_it_too() -> None:
     clients are built: every producer, consumer and admin client goes through here."""
     with pytest.raises(ConfigError, match=r"^kafka\.sasl_password is set .* PLAINTEXT"):
         kafka_security(KafkaSettings(sasl_password="secret"))
+
+
+@pytest.mark.parametrize("name", ["SSL_CAFILE", "SSL_CERTFILE", "SSL_KEYFILE"])
+def test_an_empty_tls_file_variable_sets_nothing(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """An empty PLAZA_KAFKA__SSL_* (a template's blank) is unset, not Path("."), so PLAINTEXT
+    still starts."""
+    monkeypatch.setenv(f"PLAZA_KAFKA__{name}", "")
+    assert getattr(PlazaSettings().kafka, name.lower()) is None
+    assert getattr(KafkaSettings(**{name.lower(): ""}), name.lower()) is None

@@ -6,8 +6,9 @@ updates them; this module keeps their values in the model's process. After each
 ``snapshot`` (every family with all its metrics, when anything changed) or ``changes``
 (only the metrics that changed since the last call, for a worker that folds them into
 what it holds: ``workers.custom_metrics.fold``). A gauge's value carries ``stamp``, when
-it was last set (the host's monotonic clock, in ns; 0: never), so that the worker serves
-the newest of its instances' values. The worker serves them on its /metrics
+it was last set or incremented (the host's monotonic clock, in ns; 0: never), so that the
+worker serves the newest of its instances' values (each instance's own: a gauge is not
+shared between instances as Triton's is). The worker serves them on its /metrics
 (``workers/custom_metrics.py``). An update made outside those calls (a thread of the model)
 shows after the next one. Names are Prometheus names; ``nv_`` and ``plaza_`` are Triton's
 and Plaza's own, and refused, as are label names that start with ``__`` (Prometheus's) and
