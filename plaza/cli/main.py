@@ -21,8 +21,7 @@ import sys
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
-from plaza.errors import EXIT_RETRIABLE as EXIT_RETRIABLE  # re-exported: what supervisors read
-from plaza.errors import PlazaError
+from plaza.errors import EXIT_RETRIABLE, PlazaError
 from plaza.settings import PlazaSettings
 
 COMMANDS = {

@@ -24,8 +24,12 @@ error line (:data:`ERROR_PREFIX`), which says it refused the model (a config its
 refuses, a model file it cannot load; :func:`start_failure`): that generation is reported
 in the table (``ModelTable.fail``: the waiting load answers with the reason) and not tried
 again until the next load, the old worker serving on. A failed start on Kafka or Redis
-(exit status ``plaza.cli.main.EXIT_RETRIABLE``), a crash, a kill or a start slower than
-``start_limit_s`` is retried (a load waiting for it times out meanwhile). A refusal is
+(exit status ``plaza.errors.EXIT_RETRIABLE``), a crash, a kill or a start slower than
+``start_limit_s`` is retried (a load waiting for it times out meanwhile); after
+:data:`START_TIMEOUTS` too slow starts in a row the generation is given up as if refused.
+While the table's generation is given up, the generation that served before it is the one
+kept running: started again after the back-off if its worker exits, so gateways, serving
+its config after a refusal, are still answered. A refusal is
 remembered by this supervisor only: a restarted one (``plaza up`` again, say after the
 model's files were fixed) clears the table's marks as it starts and tries each such
 generation once more. The workers are the supervisor's own, never members of ``plaza
@@ -36,10 +40,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import redis.asyncio
 
@@ -48,6 +55,7 @@ from plaza.model_control import DesiredModel, ModelTable, live_generations, mode
 from plaza.queueing import BacklogProbe
 from plaza.repository import ModelRepository
 from plaza.stack.deployment import Deployment
+from plaza.stack.errors import ServiceError
 from plaza.stack.members import WorkerProcess
 from plaza.stack.process import ProcessGroup
 
@@ -57,8 +65,16 @@ DRAIN_LIMIT_S = 60.0
 """A retiring model's workers serve its queue this long at most before they are stopped."""
 DRAIN_POLL_S = 0.25
 STOP_TIMEOUT_S = 40.0
-START_LIMIT_S = 120.0
-"""A new worker that does not serve within this long is stopped, and tried again later."""
+START_LIMIT_S = 420.0
+"""A new worker that does not serve within this long is stopped, and tried again later.
+Above the Python backend's ``LOAD_TIMEOUT_S`` (300 s for ``initialize``,
+``workers/backends/python_backend.py``; not imported: ``plaza`` imports no worker code),
+with time left to reach Kafka and Redis and join the consumer group."""
+START_TIMEOUTS = 3
+"""A generation whose worker did not serve within the start limit this many times in a row
+is given up, the reason written to the model table for the load waiting for it."""
+EXITS_KEPT = 32
+"""The unasked worker exits a supervisor remembers for :meth:`ModelSupervisor.check`."""
 ERROR_PREFIX = "plaza worker: error: "
 """How ``plaza worker`` begins the one line it prints for a failed start."""
 RESTART_FIRST_S = 1.0
@@ -97,16 +113,19 @@ def start_failure(exit_code: int | None, output: str) -> StartFailure:
 
 @dataclass(slots=True)
 class _Retry:
-    generation: int
     tries: int
     due: float
+    timeouts: int
+    """How many starts in a row did not serve within the start limit."""
 
 
 class RestartBackoff:
     """When each model's worker may be started again after one exited: RESTART_FIRST_S
     after the first exit, doubling with each further exit of the same generation up to
     RESTART_MAX_S; afresh after a worker that served RESTART_RESET_S or more, and for a new
-    generation. One entry per model at most (bounded by the repository)."""
+    generation. One entry per model and generation: an old generation's exit never cuts a
+    new one's wait short. The supervisor drops the entries of generations it no longer
+    wants (:meth:`keep`), so a model has two at most."""
 
     def __init__(
         self,
@@ -120,28 +139,40 @@ class RestartBackoff:
         self._first_s = first_s
         self._max_s = max_s
         self._reset_s = reset_s
-        self._retries: dict[str, _Retry] = {}
+        self._retries: dict[tuple[str, int], _Retry] = {}
 
-    def exited(self, name: str, generation: int, served_s: float = 0.0) -> float:
+    def exited(
+        self, name: str, generation: int, served_s: float = 0.0, *, timed_out: bool = False
+    ) -> float:
         """Record that ``name``'s worker of ``generation`` exited after serving ``served_s``
-        seconds (0: before it served); the seconds until it may be started again."""
-        retry = self._retries.get(name)
-        again = retry is not None and retry.generation == generation
-        tries = retry.tries + 1 if retry is not None and again and served_s < self._reset_s else 1
+        seconds (0: before it served; ``timed_out``: stopped as it did not serve within the
+        start limit); the seconds until it may be started again."""
+        retry = self._retries.get((name, generation))
+        again = retry is not None and served_s < self._reset_s
+        tries = retry.tries + 1 if retry is not None and again else 1
+        timeouts = (retry.timeouts if retry is not None and again else 0) + 1 if timed_out else 0
         delay = min(self._max_s, self._first_s * 2.0 ** min(tries - 1, 32))
-        self._retries[name] = _Retry(generation, tries, self._clock() + delay)
+        self._retries[(name, generation)] = _Retry(tries, self._clock() + delay, timeouts)
         return delay
+
+    def timeouts(self, name: str, generation: int) -> int:
+        """How many starts of ``name``'s ``generation`` in a row did not serve in time."""
+        retry = self._retries.get((name, generation))
+        return 0 if retry is None else retry.timeouts
 
     def due(self, name: str, generation: int) -> bool:
         """Whether a worker of ``name``'s ``generation`` may be started now."""
-        retry = self._retries.get(name)
-        if retry is None or retry.generation != generation:
-            return True
-        return self._clock() >= retry.due
+        retry = self._retries.get((name, generation))
+        return retry is None or self._clock() >= retry.due
+
+    def keep(self, name: str, generations: Collection[int]) -> None:
+        """Drop ``name``'s entries but those of ``generations`` (the ones still wanted)."""
+        for key in [k for k in self._retries if k[0] == name and k[1] not in generations]:
+            del self._retries[key]
 
     def forget(self, name: str) -> None:
         """The model was unloaded: its next load starts afresh."""
-        self._retries.pop(name, None)
+        self.keep(name, ())
 
 
 async def forget_refusals(table: ModelTable) -> None:
@@ -164,10 +195,26 @@ async def forget_refusals(table: ModelTable) -> None:
 
 @dataclass(slots=True)
 class _Running:
-    generation: int
+    desired: DesiredModel
+    """The table's entry its workers were started from (their generation and config)."""
     workers: list[WorkerProcess] = field(default_factory=list)
     since: float = 0.0
     """When it began to serve (the supervisor's clock)."""
+
+    @property
+    def generation(self) -> int:
+        return self.desired.generation
+
+
+class UnaskedExit(NamedTuple):
+    """A worker that exited without being asked to (:meth:`ModelSupervisor.check`)."""
+
+    worker: str
+    """The worker process's name."""
+    code: int | None
+    """Its exit status (negative: the signal that ended it)."""
+    tail: str
+    """The end of its log."""
 
 
 @dataclass(slots=True)
@@ -220,6 +267,13 @@ class ModelSupervisor:
         self._given_up: dict[str, int] = {}
         """Per model, the generation whose worker refused it: not started again (by this
         supervisor: a restarted one tries it once more)."""
+        self._served: dict[str, DesiredModel] = {}
+        """Per model, the generation that served last (its worker may have exited since).
+        While the table's generation is given up, that one is started again, as gateways
+        serve its config after a refusal (``DesiredModel.previous``)."""
+        self.exits: deque[UnaskedExit] = deque(maxlen=EXITS_KEPT)
+        """The latest workers that exited unasked (crashed, killed, a failed start other
+        than a refusal), the oldest first."""
 
     async def start(self) -> None:
         """Connect, once the table's refusals are forgotten (:func:`forget_refusals`)."""
@@ -230,26 +284,52 @@ class ModelSupervisor:
         """Stop every worker (each answers what it holds and commits) and disconnect."""
         workers = [s.worker for s in self.starting.values()]
         workers += [w for r in self.running.values() for w in r.workers]
+        for worker in workers:  # exited unasked, not reaped yet: stopping it hides that
+            if worker.crashed:
+                self._exited(worker)
         self.starting.clear()
         self.running.clear()
         await asyncio.to_thread(self._group.stop, workers, STOP_TIMEOUT_S)
         await self._backlog.stop()
         await self._redis.aclose()
 
+    def check(self, *, killed_ok: bool = False) -> None:
+        """Raise :class:`ServiceError` naming the workers that exited unasked since this
+        supervisor started (:attr:`exits`), as ``ProcessGroup.check`` does for its members;
+        ``killed_ok``: not those ended by SIGKILL (a test that kills a worker on purpose)."""
+        exits = [e for e in self.exits if not (killed_ok and e.code == -signal.SIGKILL)]
+        if exits:
+            raise ServiceError(
+                "\n".join(f"{e.worker} exited unasked with code {e.code}\n{e.tail}" for e in exits)
+            )
+
     async def reconcile(self) -> None:
         """One round: make the running workers match the table."""
         for name, desired in sorted((await self._table.read()).items()):
             await self._reap(name)
+            wanted = self._wanted(name, desired)
+            self.backoff.keep(name, {d.generation for d in (desired, wanted) if d is not None})
             if name in self.starting:
-                await self._settle(name, desired)
+                await self._settle(name, wanted)
             running = self.running.get(name)
-            if desired.loaded and (running is None or running.generation != desired.generation):
-                if name not in self.starting and self._may_start(name, desired):
-                    await self._launch(name, desired)
+            if wanted is not None and (running is None or running.generation != wanted.generation):
+                if name not in self.starting and self._may_start(name, wanted):
+                    await self._launch(name, wanted)
             elif not desired.loaded:
                 self.backoff.forget(name)
+                self._served.pop(name, None)
                 if running is not None:
                     await self._retire(name, running, drain=True)
+
+    def _wanted(self, name: str, desired: DesiredModel) -> DesiredModel | None:
+        """The generation of ``name`` whose worker should run: the table's, or, while that
+        one is given up, the one that served before it (None: none)."""
+        if not desired.loaded:
+            return None
+        if self._given_up.get(name) != desired.generation:
+            return desired
+        served = self._served.get(name)
+        return served if served is not None and served.generation != desired.generation else None
 
     def _may_start(self, name: str, desired: DesiredModel) -> bool:
         """Not refused by a worker of this supervisor, and not backing off. The table's
@@ -266,11 +346,14 @@ class ModelSupervisor:
         if running is None or not any(w.crashed for w in running.workers):
             return
         del self.running[name]
+        crashed = [w for w in running.workers if w.crashed]
+        for worker in crashed:
+            self._exited(worker)
         alive = [w for w in running.workers if w.alive]  # one worker per model: none
         await asyncio.to_thread(self._group.stop, alive, STOP_TIMEOUT_S)
         served_s = self._clock() - running.since
         delay = self.backoff.exited(name, running.generation, served_s)
-        codes = [w.exit_code for w in running.workers if w.crashed]
+        codes = [w.exit_code for w in crashed]
         log.error(
             "supervisor: the worker of %s (generation %d) exited with code %s after serving "
             "%.0f s; started again in %.0f s",
@@ -297,12 +380,13 @@ class ModelSupervisor:
         self.starting[name] = _Starting(desired, worker.start(), self._clock(), log_from)
         log.info("supervisor: starting a worker of %s (generation %d)", name, desired.generation)
 
-    async def _settle(self, name: str, desired: DesiredModel) -> None:
-        """A starting worker: serving (the old one stops), failed, or no longer wanted."""
+    async def _settle(self, name: str, wanted: DesiredModel | None) -> None:
+        """A starting worker: serving (the old one stops), failed, or no longer ``wanted``
+        (:meth:`_wanted`)."""
         item = self.starting[name]
         generation = item.desired.generation
-        moved_on = not desired.loaded or desired.generation != generation
-        if moved_on and not (desired.loaded and await self._serves(name, item)):
+        moved_on = wanted is None or wanted.generation != generation
+        if moved_on and not (wanted is not None and await self._serves(name, item)):
             # unloaded, or loaded again before this worker served: the table moved on
             del self.starting[name]
             await asyncio.to_thread(self._group.stop, [item.worker], STOP_TIMEOUT_S)
@@ -315,19 +399,34 @@ class ModelSupervisor:
             if failure.refused:
                 await self._fail(name, item.desired, failure.reason)
             else:
+                self._exited(item.worker)
                 self._retry(name, generation, failure.reason)
         elif await self._serves(name, item):
             await self._serving(name, item)
         elif self._clock() - item.since > self._start_limit_s:
-            del self.starting[name]
-            await asyncio.to_thread(self._group.stop, [item.worker], STOP_TIMEOUT_S)
-            why = f"its worker did not serve within {self._start_limit_s:g} s"
-            self._retry(name, generation, why)
+            await self._too_slow(name, item)
+
+    async def _too_slow(self, name: str, item: _Starting) -> None:
+        """A worker that did not serve within the start limit: stopped, and tried again,
+        unless that was the START_TIMEOUTS-th time in a row: then the generation is given
+        up, and the load waiting for it answers why instead of timing out."""
+        del self.starting[name]
+        await asyncio.to_thread(self._group.stop, [item.worker], STOP_TIMEOUT_S)
+        generation = item.desired.generation
+        why = f"its worker did not serve within {self._start_limit_s:g} s"
+        delay = self.backoff.exited(name, generation, timed_out=True)
+        times = self.backoff.timeouts(name, generation)
+        if times >= START_TIMEOUTS:
+            await self._fail(name, item.desired, f"{why}, {times} starts in a row")
+        else:
+            self._log_retry(name, generation, why, delay)
 
     def _retry(self, name: str, generation: int, why: str) -> None:
         """A start that failed for a reason other than the model (Kafka or Redis away, a
-        crash, too slow): tried again after the back-off."""
-        delay = self.backoff.exited(name, generation)
+        crash): tried again after the back-off."""
+        self._log_retry(name, generation, why, self.backoff.exited(name, generation))
+
+    def _log_retry(self, name: str, generation: int, why: str, delay: float) -> None:
         log.error(
             "supervisor: a worker of %s (generation %d) did not start: %s; tried again in %.0f s",
             name, generation, why, delay,
@@ -343,7 +442,8 @@ class ModelSupervisor:
         """The new generation serves: the old workers stop."""
         del self.starting[name]
         old = self.running.get(name)
-        self.running[name] = _Running(item.desired.generation, [item.worker], self._clock())
+        self.running[name] = _Running(item.desired, [item.worker], self._clock())
+        self._served[name] = item.desired
         log.info("supervisor: %s serves generation %d", name, item.desired.generation)
         if old is not None:
             await asyncio.to_thread(self._group.stop, old.workers, STOP_TIMEOUT_S)
@@ -357,8 +457,16 @@ class ModelSupervisor:
             desired.generation,
             why,
         )
-        self._given_up[name] = desired.generation
-        await self._table.fail(desired, why)
+        served = self._served.get(name)
+        if served is not None and served.generation == desired.generation:
+            del self._served[name]  # what served before is refused now: nothing to fall back on
+        if self._given_up.get(name, -1) < desired.generation:  # not an older one's refusal
+            self._given_up[name] = desired.generation
+        await self._table.fail(desired, why)  # nothing once the table moved past it
+
+    def _exited(self, worker: WorkerProcess) -> None:
+        """Remember a worker that exited unasked, for :meth:`check`."""
+        self.exits.append(UnaskedExit(worker.name, worker.exit_code, worker.tail()))
 
     async def _retire(self, name: str, running: _Running, *, drain: bool) -> None:
         if drain:

@@ -20,9 +20,9 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from plaza import connections
-from plaza.cli.main import EXIT_RETRIABLE, main
+from plaza.cli.main import main
 from plaza.cli.up import _parse
-from plaza.errors import Unavailable
+from plaza.errors import EXIT_RETRIABLE, Unavailable
 from plaza.gateway.main import processes_status
 from plaza.settings import KafkaSettings
 from plaza.workers.ensemble import main as ensemble_main

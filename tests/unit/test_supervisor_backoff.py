@@ -8,22 +8,26 @@ model (Kafka or Redis away is not the model's fault).
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import pytest
 
-from plaza.cli.main import EXIT_RETRIABLE
+from plaza.errors import EXIT_RETRIABLE
 from plaza.model_control import DesiredModel
-from plaza.stack import Deployment, ProcessGroup
+from plaza.stack import Deployment, ProcessGroup, ServiceError
 from plaza.stack.supervisor import (
     ERROR_PREFIX,
     RESTART_MAX_S,
+    START_LIMIT_S,
+    START_TIMEOUTS,
     ModelSupervisor,
     RestartBackoff,
     _Running,
     _Starting,
     start_failure,
 )
+from plaza.workers.backends.python_backend import LOAD_TIMEOUT_S
 from tests.fakes import ManualClock
 
 MODEL = "sim"
@@ -31,13 +35,44 @@ GENERATION = 7
 
 
 class FakeWorker:
-    """A worker process that has exited: as ``ChildProcess`` reports it."""
+    """A worker process that has exited (``exit_code``), or runs (None): as
+    ``ChildProcess`` reports it."""
 
-    def __init__(self, log_file: Path, exit_code: int, *, crashed: bool = True) -> None:
+    def __init__(self, log_file: Path, exit_code: int | None, *, crashed: bool = True) -> None:
+        self.name = log_file.stem
         self.log_file = log_file
         self.exit_code = exit_code
-        self.crashed = crashed
-        self.alive = False
+        self.crashed = crashed and exit_code is not None
+        self.alive = exit_code is None
+
+    def crash(self, exit_code: int) -> None:
+        self.exit_code, self.crashed, self.alive = exit_code, True, False
+
+    def terminate(self) -> None:
+        if self.alive:
+            self.exit_code, self.alive = -15, False
+        self.crashed = False
+
+    def wait(self, timeout: float = 0.0) -> bool:
+        return True
+
+    def tail(self, lines: int = 25) -> str:
+        return f"--- {self.log_file}"
+
+
+class FakeTable:
+    """The model table's side the supervisor writes: refusals, and a table to read."""
+
+    def __init__(self, *entries: DesiredModel) -> None:
+        self.entries = {d.name: d for d in entries}
+        self.failed: list[tuple[int, str]] = []
+
+    async def read(self) -> dict[str, DesiredModel]:
+        return dict(self.entries)
+
+    async def fail(self, desired: DesiredModel, reason: str) -> bool:
+        self.failed.append((desired.generation, reason))
+        return True
 
 
 def test_the_backoff_doubles_up_to_its_cap_and_starts_afresh() -> None:
@@ -121,7 +156,7 @@ async def test_a_serving_worker_that_exits_is_started_again_after_the_backoff(
     desired = DesiredModel(MODEL, True, GENERATION)
     for served_s, delay in [(5.0, 1.0), (5.0, 2.0), (5.0, 4.0), (3600.0, 1.0)]:
         worker = FakeWorker(tmp_path / "w.log", -9)
-        supervisor.running[MODEL] = _Running(GENERATION, [worker], since=clock.now)  # type: ignore[list-item]
+        supervisor.running[MODEL] = _Running(desired, [worker], since=clock.now)  # type: ignore[list-item]
         clock.now += served_s
         await supervisor._reap(MODEL)
         assert MODEL not in supervisor.running
@@ -136,7 +171,8 @@ async def test_a_worker_stopped_on_purpose_is_not_restarted(
     supervisor: ModelSupervisor, tmp_path: Path
 ) -> None:
     worker = FakeWorker(tmp_path / "w.log", 0, crashed=False)
-    supervisor.running[MODEL] = _Running(GENERATION, [worker], since=0.0)  # type: ignore[list-item]
+    desired = DesiredModel(MODEL, True, GENERATION)
+    supervisor.running[MODEL] = _Running(desired, [worker], since=0.0)  # type: ignore[list-item]
     await supervisor._reap(MODEL)
     assert MODEL in supervisor.running
 
@@ -166,3 +202,121 @@ async def test_a_start_that_failed_on_kafka_or_was_killed_is_tried_again(
     assert not supervisor._may_start(MODEL, desired)  # backing off, not given up
     clock.now += 1.0
     assert supervisor._may_start(MODEL, desired)
+
+
+def test_each_generation_backs_off_on_its_own_and_unwanted_ones_are_dropped() -> None:
+    backoff = RestartBackoff(ManualClock())
+    assert backoff.exited(MODEL, GENERATION + 1) == 1  # the new generation failed to start
+    assert backoff.exited(MODEL, GENERATION + 1) == 2
+    assert backoff.exited(MODEL, GENERATION, served_s=3600) == 1  # then the old one exited
+    assert not backoff.due(MODEL, GENERATION + 1)  # the new one still waits its 2 s
+    assert backoff.exited(MODEL, GENERATION + 1) == 4  # and keeps doubling
+    backoff.keep(MODEL, {GENERATION})  # the new generation is no longer wanted
+    assert backoff.due(MODEL, GENERATION + 1)
+    assert not backoff.due(MODEL, GENERATION)
+
+
+async def test_an_old_generations_exit_does_not_cut_a_new_ones_backoff_short(
+    supervisor: ModelSupervisor, tmp_path: Path
+) -> None:
+    clock = clock_of(supervisor)
+    new = DesiredModel(MODEL, True, GENERATION + 1)
+    old = FakeWorker(tmp_path / "old.log", None)
+    item = _Starting(DesiredModel(MODEL, True, GENERATION), old, since=clock.now)  # type: ignore[arg-type]
+    supervisor.starting[MODEL] = item
+    await supervisor._serving(MODEL, item)  # the old generation serves
+    log_file = tmp_path / "new.log"
+    log_file.write_text(f"{ERROR_PREFIX}Kafka did not answer at 127.0.0.1:1: timed out\n")
+    failed = FakeWorker(log_file, EXIT_RETRIABLE)
+    supervisor.starting[MODEL] = _Starting(new, failed, since=clock.now)  # type: ignore[arg-type]
+    await supervisor._settle(MODEL, new)  # the new generation failed to start: 1 s
+    clock.now += 0.5
+    old.crash(-9)
+    await supervisor._reap(MODEL)  # then the old generation's worker is reaped
+    assert not supervisor._may_start(MODEL, new)
+    clock.now += 0.5
+    assert supervisor._may_start(MODEL, new)
+
+
+async def test_the_old_generation_is_started_again_after_a_refused_reload_and_a_crash(
+    supervisor: ModelSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = clock_of(supervisor)
+    first = DesiredModel(MODEL, True, GENERATION)
+    reload = DesiredModel(MODEL, True, GENERATION + 1, config='{"bad": 1}')
+    table = FakeTable(reload)
+    launched: list[DesiredModel] = []
+
+    async def launch(name: str, desired: DesiredModel) -> None:
+        launched.append(desired)
+
+    monkeypatch.setattr(supervisor, "_table", table)
+    monkeypatch.setattr(supervisor, "_launch", launch)
+    serving = FakeWorker(tmp_path / "first.log", None)
+    item = _Starting(first, serving, since=clock.now)  # type: ignore[arg-type]
+    supervisor.starting[MODEL] = item
+    await supervisor._serving(MODEL, item)  # the first generation serves
+    log_file = tmp_path / "reload.log"
+    log_file.write_text(REFUSAL)
+    refused = FakeWorker(log_file, 1)
+    supervisor.starting[MODEL] = _Starting(reload, refused, since=clock.now)  # type: ignore[arg-type]
+    await supervisor.reconcile()  # the reload is refused; the first generation serves on
+    assert [g for g, _ in table.failed] == [reload.generation] and launched == []
+    serving.crash(-9)
+    await supervisor.reconcile()  # reaped: back-off
+    assert MODEL not in supervisor.running and launched == []
+    clock.now += 1.0
+    await supervisor.reconcile()
+    assert launched == [first]  # the generation the gateways serve after the refusal
+
+
+async def test_a_generation_too_slow_to_start_is_given_up_after_some_tries(
+    supervisor: ModelSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert START_LIMIT_S > LOAD_TIMEOUT_S  # a Python model's initialize may take that long
+    clock = clock_of(supervisor)
+    desired = DesiredModel(MODEL, True, GENERATION)
+    table = FakeTable(desired)
+
+    async def serves(name: str, item: _Starting) -> bool:
+        return False  # its registry entry never comes
+
+    monkeypatch.setattr(supervisor, "_table", table)
+    monkeypatch.setattr(supervisor, "_serves", serves)
+    for attempt in range(1, START_TIMEOUTS + 1):
+        assert supervisor._may_start(MODEL, desired)
+        slow = FakeWorker(tmp_path / f"slow{attempt}.log", None)
+        supervisor.starting[MODEL] = _Starting(desired, slow, since=clock.now)  # type: ignore[arg-type]
+        clock.now += START_LIMIT_S
+        await supervisor._settle(MODEL, desired)
+        assert MODEL in supervisor.starting  # not over the limit yet
+        clock.now += 1.0
+        await supervisor._settle(MODEL, desired)
+        assert MODEL not in supervisor.starting and not slow.alive
+        assert not supervisor._may_start(MODEL, desired)
+        if attempt < START_TIMEOUTS:
+            assert table.failed == []  # tried again after the back-off
+        clock.now += RESTART_MAX_S
+    [(generation, reason)] = table.failed
+    assert generation == GENERATION and f"within {START_LIMIT_S:g} s" in reason
+    assert not supervisor._may_start(MODEL, desired)  # given up until the next load
+    assert supervisor.exits == deque()  # stopped by the supervisor: asked to
+
+
+async def test_check_names_the_workers_that_exited_unasked(
+    supervisor: ModelSupervisor, tmp_path: Path
+) -> None:
+    supervisor.check()  # none yet
+    desired = DesiredModel(MODEL, True, GENERATION)
+    killed = FakeWorker(tmp_path / "killed.log", -9)
+    supervisor.running[MODEL] = _Running(desired, [killed], since=0.0)  # type: ignore[list-item]
+    await supervisor._reap(MODEL)
+    with pytest.raises(ServiceError, match="killed exited unasked with code -9"):
+        supervisor.check()
+    supervisor.check(killed_ok=True)  # a test that kills a worker on purpose
+    crashed = FakeWorker(tmp_path / "crashed.log", 1)
+    supervisor.running[MODEL] = _Running(desired, [crashed], since=0.0)  # type: ignore[list-item]
+    await supervisor._reap(MODEL)
+    with pytest.raises(ServiceError, match="crashed exited unasked with code 1") as raised:
+        supervisor.check(killed_ok=True)
+    assert "killed" not in str(raised.value)
