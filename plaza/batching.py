@@ -21,7 +21,8 @@ The rule, each time ``decide(backlog)`` is asked:
    rest forms the next batch while this one computes.
 3. If the pending requests already fill the goal, that batch runs now. Otherwise the batcher
    waits for more, but never longer than ``max_queue_delay_microseconds`` after the oldest
-   pending request arrived; then it runs as much as is there (up to max_batch_size). (Where
+   pending request arrived (the earliest arrival of all: a queue is in fetch order, so its
+   head need not be the oldest); then it runs as much as is there (up to max_batch_size). (Where
    Triton, past the delay, runs all that is pending, this batcher still runs a preferred
    size it can fill first and the rest right after: requests fetched from Kafka are often
    past their delay already, counted from the send, and would otherwise always run as one
@@ -171,8 +172,14 @@ class Batcher(Protocol[T]):
 class DynamicBatcher(Generic[T]):
     """Holds pending requests and forms batches from them; see the module docstring."""
 
-    def __init__(self, policy: BatchingPolicy, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, policy: BatchingPolicy, clock: Clock = time.monotonic, *, bounded: bool = True
+    ) -> None:
+        """``bounded``: refuse a request past its level's max_queue_size (QueueFull). The
+        worker's is not: its requests are in Kafka already, so it fetches no more of a full
+        level (``level_room``) and never refuses one for a full queue."""
         self.policy = policy
+        self._bounded = bounded
         self._clock = clock
         self._queues: dict[int, deque[_Pending[T]]] = {lv: deque() for lv in policy.levels}
         self._delayed: dict[int, deque[_Pending[T]]] = {lv: deque() for lv in policy.levels}
@@ -182,6 +189,9 @@ class DynamicBatcher(Generic[T]):
             q for lv in policy.levels for q in (self._queues[lv], self._delayed[lv])
         )
         self._deadlines: list[tuple[float, int, _Pending[T]]] = []
+        # Every pending request's arrival, smallest first: a level's queue is in the order
+        # requests were fetched, not sent, so its head need not be the one waiting longest.
+        self._arrivals: list[tuple[float, int, _Pending[T]]] = []
         self._seq = itertools.count()
         self._count = 0
         self._size = 0
@@ -211,7 +221,7 @@ class DynamicBatcher(Generic[T]):
         """
         level = self.policy.level_of(priority)
         qp = self.policy.queue_policy(level)
-        if qp.max_queue_size and self._level_counts[level] >= qp.max_queue_size:
+        if self._bounded and 0 < qp.max_queue_size <= self._level_counts[level]:
             raise QueueFull(f"priority level {level} queue is full ({qp.max_queue_size})")
         now = self._clock()
         if deadline is not None or qp.default_timeout_us:
@@ -228,6 +238,12 @@ class DynamicBatcher(Generic[T]):
     def pending_size(self) -> int:
         """Pending rows (sum of the requests' batch sizes)."""
         return self._size
+
+    def level_room(self, level: int) -> int | None:
+        """Requests ``level`` (a settled level) takes before it holds max_queue_size (0 when
+        full, or past it); None when its queue has no bound."""
+        limit = self.policy.queue_policy(level).max_queue_size
+        return max(0, limit - self._level_counts[level]) if limit else None
 
     def level_depths(self) -> dict[int, int]:
         """Pending requests per priority level (the count max_queue_size is checked
@@ -294,8 +310,11 @@ class DynamicBatcher(Generic[T]):
         return min(due, self._deadlines[0][0]) if self._deadlines else due
 
     def _oldest_arrival(self) -> float:
-        heads = [q[0].arrival for q in self._order if q]
-        return min(heads)
+        """The earliest arrival among the pending requests (there is one at least)."""
+        heap = self._arrivals
+        while not heap[0][2].alive:
+            heapq.heappop(heap)
+        return heap[0][0]
 
     def _entries(self) -> Iterator[_Pending[T]]:
         for q in self._order:
@@ -315,6 +334,7 @@ class DynamicBatcher(Generic[T]):
     def _hold(self, entry: _Pending[T], queue: deque[_Pending[T]]) -> None:
         """Put ``entry`` into the pending set, at the back of ``queue``."""
         queue.append(entry)
+        heapq.heappush(self._arrivals, (entry.arrival, entry.seq, entry))
         if entry.deadline is not None:
             heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry))
         self._count += 1
@@ -350,13 +370,17 @@ class DynamicBatcher(Generic[T]):
                 alive = [e for e in q if e.alive]
                 q.clear()
                 q.extend(alive)
-        self._prune_deadlines()
+        self._deadlines = self._pruned(self._deadlines)
+        self._arrivals = self._pruned(self._arrivals)
 
-    def _prune_deadlines(self) -> None:
-        # Taken entries keep their heap slot until their deadline comes up. Rebuild once the
+    def _pruned(
+        self, heap: list[tuple[float, int, _Pending[T]]]
+    ) -> list[tuple[float, int, _Pending[T]]]:
+        # Taken entries keep their heap slot until they come up at its top. Rebuild once the
         # heap is more than twice the pending count: at least half of it is husks then, so
         # the rebuild costs O(1) per request amortised and the heap stays within 2x + 64.
-        heap = self._deadlines
-        if len(heap) > 2 * self._count + 64:
-            self._deadlines = [e for e in heap if e[2].alive]
-            heapq.heapify(self._deadlines)
+        if len(heap) <= 2 * self._count + 64:
+            return heap
+        live = [e for e in heap if e[2].alive]
+        heapq.heapify(live)
+        return live

@@ -141,6 +141,13 @@ class RespChannel:
         protocol = await self._connected()
         return await protocol.send(_pack(args))
 
+    async def send(self, *args: Arg) -> asyncio.Future[Any]:
+        """Write one command now and return its reply's future, not waited for. The write
+        reaches the socket before this returns (asyncio sends at once when nothing is
+        buffered), connecting first only if the connection was lost."""
+        protocol = await self._connected()
+        return protocol.send(_pack(args))
+
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         """Run a registered redis-py ``Script`` by its SHA; on ``NOSCRIPT``, send it whole."""
         try:
@@ -215,18 +222,38 @@ def channel_for(redis: aioredis.Redis) -> RespChannel | None:
 class ChannelScript:
     """A Lua script that runs on a channel of its own where there can be one (else through
     redis-py, as on a Redis Cluster): what the result writer and the delivery counter
-    call once per batch or fetch."""
+    call once per batch or fetch. ``share``: another script whose channel (connection)
+    this one uses, so that the commands of both reach Redis in the order they were sent."""
 
-    def __init__(self, redis: aioredis.Redis, source: str) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, source: str, *, share: ChannelScript | None = None
+    ) -> None:
         self._script = redis.register_script(source)
-        self._channel = channel_for(redis)
+        self._channel: RespChannel | None = channel_for(redis) if share is None else share._channel
 
     async def __call__(self, keys: Sequence[str | bytes], args: Sequence[Arg]) -> Any:
         if self._channel is not None:
             return await self._channel.evalsha(self._script, keys, args)
         return await self._script(keys=keys, args=args)
 
+    async def send(self, keys: Sequence[str | bytes], args: Sequence[Arg]) -> None:
+        """Run the script without waiting for its reply: on a channel, its ``EVAL`` (the
+        whole script, so no ``NOSCRIPT`` can come back when nobody waits) is written to the
+        socket before this returns, and an error reply is only logged; through redis-py
+        (no channel) it is called and waited for."""
+        if self._channel is None:
+            await self._script(keys=keys, args=args)
+            return
+        reply = await self._channel.send("EVAL", self._script.script, len(keys), *keys, *args)
+        reply.add_done_callback(_log_failure)
+
     async def close(self) -> None:
         """Close the channel's connection (idempotent); the redis-py client stays open."""
         if self._channel is not None:
             await self._channel.close()
+
+
+def _log_failure(reply: asyncio.Future[Any]) -> None:
+    """A reply nobody waits for: its error is logged (and so retrieved)."""
+    if not reply.cancelled() and (exc := reply.exception()) is not None:
+        log.warning("a Redis command sent without waiting failed: %s", exc)

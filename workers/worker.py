@@ -6,13 +6,17 @@ dead-letter producer (``HostServices``); either way every batch asks the device 
 for a grant (one of the model's ``instance_group`` instances, an execution slot, the rate
 limiter's resources) before it runs, so up to instance-count batches run at once.
 
-- intake: fetches records (bounded by ``max_pending`` records and ``max_pending_bytes``),
+- intake: fetches records (bounded by ``max_pending`` records and ``max_pending_bytes``, and
+  a priority level's topic by its ``max_queue_size``: records wait in Kafka, never refused),
   counts their deliveries and finds those already answered (one Redis round trip per fetch;
   those are finished unrun), admits them into the batcher, answers invalid ones at once and
   dead-letters unreadable ones and poison records (delivered ``max_deliveries`` times
   without an answer: each worker that took them died);
-- scheduler: runs suspects (records delivered before, maybe the reason a worker died) alone,
-  one per batch, so only the culprit of a crash keeps failing; otherwise asks the batcher for
+- scheduler: runs suspects (records a worker that stopped had begun to run, maybe the reason
+  it died: each batch marks its records running as it starts) alone,
+  one per batch, so only the culprit of a crash keeps failing; otherwise, once one of the
+  model's instances is free (as Triton's batcher: while all are busy the requests stay
+  queued, where their queue timeouts apply and later ones join them), asks the batcher for
   the next batch (depth = pending + consumer lag), waits for a grant and runs it on the
   granted instance's executor thread (a task per execution), so fetching, writing and the
   next batch go on while the model computes;
@@ -103,7 +107,7 @@ class KafkaClients:
 
 @dataclass(frozen=True, slots=True)
 class Suspect:
-    """A record delivered before without an answer: it runs alone, and is judged."""
+    """A record that a worker which stopped had begun to run: it runs alone, and is judged."""
 
     item: WorkItem
     record: Record
@@ -130,6 +134,12 @@ def _record_id(record: Record) -> str | None:
         return bytes(key).decode()
     except UnicodeDecodeError:
         return None
+
+
+def _within(limit: int, rooms: dict[str, int | None] | None, tps: list[TopicPartition]) -> int:
+    """``limit``, lowered to the room of the fullest of ``tps``' topics (``rooms``)."""
+    bounds = [rooms[tp.topic] for tp in tps] if rooms is not None else []
+    return min([limit, *(b for b in bounds if b is not None)])
 
 
 @dataclass(slots=True)
@@ -244,6 +254,11 @@ class Worker:
             for ex in self._executors
         ]
         self.runner = self.instances[0]
+        cap = self.spec.max_concurrency
+        count = self.spec.instance_count
+        self._instance_free = asyncio.Semaphore(min(count, cap) if cap > 0 else count)
+        """The instances (up to ``max_concurrency``) not running a batch: the scheduler takes
+        one before it asks the batcher for a batch, the batch's execution gives it back."""
         self._backends: dict[int, Backend] = self.runner.backends
         self.policy = BatchingPolicy.from_spec(self.spec)
         # A stateful model's sequences (sequence_batching) have a batcher of their own.
@@ -262,7 +277,9 @@ class Worker:
             else None
         )
         self.batcher: Batcher[WorkItem] = (
-            self.sequences.batcher if self.sequences is not None else DynamicBatcher(self.policy)
+            self.sequences.batcher
+            if self.sequences is not None
+            else DynamicBatcher(self.policy, bounded=False)  # intake bounds it (_topic_rooms)
         )
         self._max_wait_s = self.policy.max_queue_delay_us / 1e6
         self.topics = [self.names.request_topic(self.model, lv) for lv in self.policy.levels]
@@ -495,7 +512,7 @@ class Worker:
     async def _intake_loop(self) -> None:
         while True:
             room = self._room()
-            if room <= 0:
+            if room <= 0 or self._levels_full():
                 self._space.clear()
                 await self._space.wait()
                 continue
@@ -530,10 +547,13 @@ class Worker:
         now_mono, now_wall = time.monotonic(), time.time()
         records = [(tp, r) for tp, rs in fetched.items() for r in rs]
         ids = [_record_id(r) for _, r in records]
-        counts, answered = await self.deliveries.count_and_look(
+        counted = await self.deliveries.take(
             [(tp.topic, tp.partition, r.offset) for tp, r in records],
             [None if rid is None else self.names.result_key(rid) for rid in ids],
         )
+        # A record counts as delivered before only where an earlier delivery ran it (a
+        # suspect); one a stopped worker merely fetched is batched as a first delivery.
+        counts, answered = counted.suspects(), counted.answered
         done = Completed()
         for (tp, record), deliveries, rid, hit in zip(records, counts, ids, answered, strict=True):
             looked_id = None if hit is None else rid
@@ -562,21 +582,59 @@ class Worker:
 
     async def _fetch(self, room: int) -> Fetched:
         """Records to take in, highest priority level first: the fetcher buffers every
-        partition, and lower levels are read only when the higher ones have nothing."""
+        partition, and lower levels are read only when the higher ones have nothing. A
+        topic whose records' level is full (max_queue_size) is not read: its records stay
+        in Kafka until the level has room, and no more are read than it has room for."""
         limit = min(room, self.settings.worker.fetch_max_records)
-        if len(self.topics) > 1:
+        rooms = self._topic_rooms()
+        if len(self.topics) > 1 or rooms is not None:
             levels: dict[int, list[TopicPartition]] = {}
             for tp in self.consumer.assignment():
-                level = self.names.topic_level(self.model, tp.topic)
-                levels.setdefault(max(1, level), []).append(tp)
+                if rooms is None or rooms[tp.topic] != 0:
+                    levels.setdefault(max(1, self._topic_level(tp.topic)), []).append(tp)
             for level in sorted(levels):
+                tps = levels[level]
                 got: Fetched = await self.consumer.getmany(
-                    *levels[level], timeout_ms=0, max_records=limit
+                    *tps, timeout_ms=0, max_records=_within(limit, rooms, tps)
                 )
                 if got:
                     return got
+            if rooms is not None and self.consumer.assignment():
+                open_tps = [tp for tps in levels.values() for tp in tps]
+                if not open_tps:  # every level full: intake waits for room (_levels_full)
+                    return {}
+                some: Fetched = await self.consumer.getmany(
+                    *open_tps, timeout_ms=200, max_records=_within(limit, rooms, open_tps)
+                )
+                return some
         waited: Fetched = await self.consumer.getmany(timeout_ms=200, max_records=limit)
         return waited
+
+    def _topic_rooms(self) -> dict[str, int | None] | None:
+        """For each request topic, how many records the batcher takes before a level they
+        run at holds its max_queue_size (None: no bound); None when no level has one."""
+        batcher = self.batcher
+        if not isinstance(batcher, DynamicBatcher) or not any(
+            self.policy.queue_policy(lv).max_queue_size for lv in self.policy.levels
+        ):
+            return None
+        rooms: dict[str, int | None] = {}
+        for topic in self.topics:
+            level = self._topic_level(topic)
+            # the base topic's records run at level 1 (the producer's), or at the default
+            # level (a producer that names no priority); a .pN topic's at level N
+            fed = {self.policy.level_of(level), self.policy.level_of(level or 1)}
+            bounded = [r for r in map(batcher.level_room, fed) if r is not None]
+            rooms[topic] = min(bounded) if bounded else None
+        return rooms
+
+    def _levels_full(self) -> bool:
+        """Whether every level the assigned topics feed is full: nothing to fetch now."""
+        rooms = self._topic_rooms()
+        if rooms is None:
+            return False
+        assigned = {tp.topic for tp in self.consumer.assignment()}
+        return bool(assigned) and all(rooms[topic] == 0 for topic in assigned)
 
     async def _take(
         self,
@@ -678,7 +736,7 @@ class Worker:
                 deadline=deadline,
                 arrival=began,
             )
-        except (QueueFull, InvalidInput) as exc:  # a full level, or a negative priority
+        except (QueueFull, InvalidInput) as exc:  # max_sequences held, a negative priority
             self._refuse(item, exc, done)
 
     def _refuse(self, item: WorkItem, exc: PlazaError, done: Completed) -> None:
@@ -845,7 +903,14 @@ class Worker:
             if self._suspects:
                 await self._try_suspect(self._suspects.popleft())
                 continue
+            # A batch forms only once an instance is free to run it: formed earlier, it would
+            # wait frozen, its requests' timeouts no longer applied and later ones shut out.
+            holding = bool(len(self.batcher))
+            if holding:
+                await self._instance_free.acquire()
             decision = self.batcher.decide(backlog=self._lag())
+            if holding and not decision.batch:
+                self._instance_free.release()
             if decision.expired:
                 await self._results.put(self._timeouts(decision.expired))
             if decision.refused:
@@ -882,11 +947,22 @@ class Worker:
         return batch
 
     async def _launch(self, batch: list[WorkItem]) -> None:
+        """Run ``batch`` on the instance taken for it (``_instance_free``), which its
+        execution gives back; given back here if the batch does not run."""
+        started = False
+        try:
+            started = await self._start_execution(batch)
+        finally:
+            if not started:
+                self._instance_free.release()
+
+    async def _start_execution(self, batch: list[WorkItem]) -> bool:
         """Wait for a grant (the batch counts as in flight meanwhile), then run the batch
-        as a task of its own, so the next one forms while this one computes."""
+        as a task of its own, so the next one forms while this one computes; False if
+        none of it runs."""
         batch = await self._unanswered(batch)
         if not batch:
-            return
+            return False
         self._in_flight += len(batch)
         self._idle.clear()
         asked = granted = time.monotonic()
@@ -900,7 +976,7 @@ class Worker:
                 batch = await self._unanswered(batch, in_flight=True)
                 if not batch:
                     self.device.finish(grant, time.monotonic() - granted)
-                    return
+                    return False
         except BaseException:
             if grant is not None:
                 self.device.finish(grant, time.monotonic() - granted)
@@ -913,9 +989,11 @@ class Worker:
         task = asyncio.create_task(self._run(batch, grant, counted=True), name="execution")
         self._executions.add(task)
         task.add_done_callback(self._execution_done)
+        return True
 
     def _execution_done(self, task: asyncio.Task[None]) -> None:
         self._executions.discard(task)
+        self._instance_free.release()
         exc = None if task.cancelled() else task.exception()
         if exc is not None and self._failed is not None and not self._failed.done():
             self._failed.set_exception(exc)
@@ -932,6 +1010,7 @@ class Worker:
         started = time.monotonic()
         seq = self.sequences
         try:
+            await self._batch_starts(batch)
             results = await self.instances[grant.instance].run(
                 batch if seq is None else seq.prepare(batch), self._responses
             )
@@ -1003,6 +1082,14 @@ class Worker:
         writer takes them with the next thing it gets."""
         with contextlib.suppress(asyncio.QueueFull):
             self._results.put_nowait(Completed())
+
+    async def _batch_starts(self, batch: list[WorkItem]) -> None:
+        """``batch`` starts to run: its records are marked running (sent before the model
+        runs, not waited for: ``DeliveryCounter.running``), so that a crash now makes them,
+        and only them, suspects on the next owner; their levels have room again."""
+        self._space.set()
+        running = [(it.partition.topic, it.partition.partition, it.offset) for it in batch]
+        await self.deliveries.running([r for r in running if r[2] >= 0])
 
     async def _try_suspect(self, suspect: Suspect) -> None:
         """Run a suspect alone once all before it is durable, so that a crash now is

@@ -95,10 +95,11 @@ async def test_a_redelivered_record_with_a_negative_priority_is_answered_and_the
     bad, after = await publish(
         settings, [msgpack.packb(body("negative", priority=-1)), msgpack.packb(body("after"))]
     )
-    # What a worker that fetched the first record and died before answering leaves behind:
-    # its delivery counter at 1, so the next owner takes it as a suspect (it runs alone).
+    # What a worker that began to run the first record and died before answering leaves
+    # behind: its delivery counter at 1, marked running, so the next owner takes it as a
+    # suspect (it runs alone).
     key = names.delivery_key(topic, 0, bad)
-    await redis_client.hset(key, "deliveries", 1)
+    await redis_client.hset(key, mapping={"deliveries": 1, "running": 1})
     await redis_client.expire(key, 300)
 
     async with serving_worker(Worker(with_model(settings, MODEL))) as watch:

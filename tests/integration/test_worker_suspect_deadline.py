@@ -36,11 +36,12 @@ async def test_an_expired_suspect_is_answered_with_timeout_and_not_run(
     late = make_request(MODEL, x, correlation_id="late", timeout_s=600)
     late = msgspec.structs.replace(late, deadline_ms=late.created_ms - 60_000)  # passed
     timely = make_request(MODEL, x, correlation_id="timely", timeout_s=600)
-    # Both were delivered once already to a worker that died before answering: the
-    # counters such a worker leaves in Redis (its fetch counted them), for offsets 0 and 1.
+    # Both were delivered once already to a worker that died while running them: the
+    # counters such a worker leaves in Redis (its fetch counted them, its batch marked them
+    # running), for offsets 0 and 1.
     for offset in (0, 1):
         key = names.delivery_key(topic, 0, offset)
-        await redis_client.hset(key, "deliveries", 1)
+        await redis_client.hset(key, mapping={"deliveries": 1, "running": 1})
         await redis_client.expire(key, 300)
     producer = kafka_producer(settings.kafka)
     await producer.start()
