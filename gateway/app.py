@@ -114,20 +114,33 @@ def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """gzip or deflate (tritonclient's request compression), bounded by ``limit``."""
+    """gzip or deflate (tritonclient's request compression), bounded by ``limit``. A gzip
+    body may be several members, one after another (RFC 1952 §2.2): each is read. Bytes
+    after the end of the data (after a deflate stream, or a gzip body's last member, that
+    are no member) are refused, not dropped."""
     wbits = _DECOMPRESS_WBITS.get(encoding)
     if wbits is None:
         raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (gzip, deflate)")
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"request body is not valid {encoding}: {exc}") from exc
-    if len(out) > limit:
-        raise PayloadTooLarge(f"decompressed request body is over the limit of {limit} bytes")
-    if not inflater.eof:
-        raise InvalidInput(f"request body is truncated {encoding} data")
-    return out
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(rest, limit + 1 - size)
+        except zlib.error as exc:
+            raise InvalidInput(f"request body is not valid {encoding}: {exc}") from exc
+        size += len(part)
+        if size > limit:
+            raise PayloadTooLarge(f"decompressed request body is over the limit of {limit} bytes")
+        if not inflater.eof:
+            raise InvalidInput(f"request body is truncated {encoding} data")
+        parts.append(part)
+        rest = inflater.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+        if encoding != "gzip":
+            raise InvalidInput(f"request body has bytes after the end of its {encoding} data")
 
 
 # -- auth -----------------------------------------------------------------------------------
@@ -544,6 +557,9 @@ def create_app(settings: PlazaSettings, service: GatewayService | None = None) -
         },
         lifespan=lifespan,
     )
+    # a path with a slash too many is the JSON 404 of any unknown path, not Starlette's 307 to
+    # a Location built from the client's Host header
+    app.router.redirect_slashes = False
     app.state.service = svc
     app.state.endpoints = endpoints
     return app

@@ -48,6 +48,7 @@ from plaza.gateway.kserve import (
     load_json_object,
     non_finite_json,
     request_parameters,
+    utf8_texts,
 )
 from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
@@ -156,7 +157,7 @@ def _value(tensor: Tensor) -> Scalar | list[Any] | orjson.Fragment:
         wide = flat.astype(np.float64)
         return non_finite_json(wide.reshape(()) if wide.size == 1 else wide)
     if tensor.datatype == "BYTES":
-        values: list[Any] = [b.decode("utf-8", errors="replace") for b in flat]
+        values: list[Any] = utf8_texts(tensor.name, flat)  # (not UTF-8: refused, not altered)
     else:
         values = flat.tolist()
     return values[0] if len(values) == 1 else values

@@ -16,7 +16,9 @@ keeps what an inference front needs and nothing else:
   which it would otherwise precede, unless the body has come meanwhile; never to HTTP/1.0:
   RFC 9110 §10.1.1), chunked
   request bodies (httptools decodes them; their trailers are dropped, never merged into the
-  headers: RFC 9110 §6.5.1), HTTP/1.0;
+  headers: RFC 9110 §6.5.1), HTTP/1.0 (kept alive only when it says ``Connection:
+  keep-alive``, and then told so in the answer, else answered ``connection: close`` and
+  closed);
 - ``Upgrade`` is ignored (RFC 9110 §7.8): the request is answered as any other and the
   connection goes on; CONNECT gets 400 and a close;
 - a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
@@ -25,10 +27,14 @@ keeps what an inference front needs and nothing else:
   that trickles a head a byte at a time must not hold a connection for ever); a request
   line and headers, or a chunked body's trailers, over ``max_head_bytes`` get 431 and a
   close; a malformed request gets 400 and a close, and so does an HTTP/1.1 request without
-  a Host header or any request with more than one (RFC 9112 §3.2);
+  a Host header or any request with more than one (RFC 9112 §3.2); a request target over
+  ``MAX_URL_BYTES`` gets 414 (one httptools cannot split, 400), and the connection goes on;
 - a client's FIN reads as the client gone, even when it only half-closes (as Go's net/http
-  and uvicorn read it): the connection closes and what it sent is cancelled, so a caller
-  that leaves stops the gateway waiting at once (docs/gateway.md, "Cancellation");
+  and uvicorn read it): the connection closes and what it sent is cancelled (the handler
+  call in flight; the requests queued behind it are never called), so a caller that
+  leaves stops the gateway waiting at once and the service stores a ``cancelled`` answer
+  that a worker skips (docs/gateway.md, "Errors"); an answer already being written is
+  not cancelled, only a streamed body's rest;
 - a stop closes the listening socket, lets the requests in flight finish (up to a grace
   period) and closes idle connections at once.
 
@@ -77,6 +83,10 @@ STALL_S = 30.0
 not come whole this long after it began, is answered 408 and its connection closed (a dead
 or hostile client must not hold a connection for ever)."""
 
+MAX_URL_BYTES = 65535
+"""The longest request target httptools can split into path and query: a longer one is
+answered 414 ``uri_too_long``."""
+
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
 _HOST_REQUIRED = "an HTTP/1.1 request needs one Host header, and no request may have two"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -111,10 +121,15 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
 def render(
-    response: HttpResponse, keep_alive: bool, head: bool = False, chunked: bool = False
+    response: HttpResponse,
+    keep_alive: bool,
+    head: bool = False,
+    chunked: bool = False,
+    http_1_0: bool = False,
 ) -> bytes:
     """The response's bytes on the wire (a HEAD request's without its body); for a streamed
-    one only its head, which says ``chunked`` or nothing of its length."""
+    one only its head, which says ``chunked`` or nothing of its length. An HTTP/1.0 client
+    closes unless told ``connection: keep-alive`` (RFC 9112 §9.3), so it is told."""
     reason = _REASONS.get(response.status, b"")
     lines = [b"HTTP/1.1 %d %s\r\n" % (response.status, reason)]
     if response.stream is None:
@@ -127,6 +142,8 @@ def render(
         lines.append(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1")))
     if not keep_alive:
         lines.append(b"connection: close\r\n")
+    elif http_1_0:
+        lines.append(b"connection: keep-alive\r\n")
     lines.append(b"\r\n")
     if not head and response.stream is None:
         lines.append(response.body)
@@ -168,6 +185,8 @@ class HttpProtocol(asyncio.Protocol):
         self._hosts = 0  # Host headers of the request being read
         self._broken = False
         self._pump: asyncio.Task[None] | None = None
+        self._answering: asyncio.Task[None] | None = None  # runs _answer_pending
+        self._in_call = False  # _answering awaits the handler: a client gone cancels it
         self.closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- the transport's callbacks -------------------------------------------------------
@@ -184,6 +203,8 @@ class HttpProtocol(asyncio.Protocol):
             self._write_ready.set_result(None)
         if self._pump is not None:
             self._pump.cancel()  # a streamed body's client went away: stop what it waits for
+        if self._in_call and self._answering is not None:
+            self._answering.cancel()  # its caller went away: the service cancels the request
         if not self.closed.done():
             self.closed.set_result(None)
 
@@ -323,7 +344,11 @@ class HttpProtocol(asyncio.Protocol):
             # the body was not read: the connection cannot be trusted for another request
             self._enqueue(self._rejected, False)
             return
-        url = httptools.parse_url(self._url)
+        try:
+            url = httptools.parse_url(self._url)
+        except httptools.HttpParserInvalidURLError:  # the request was framed: answer it
+            self._enqueue(_bad_target(len(self._url)), keep_alive)
+            return
         path = url.path.decode("latin-1")
         query = url.query.decode("latin-1") if url.query else ""
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
@@ -349,7 +374,7 @@ class HttpProtocol(asyncio.Protocol):
             self._paused = True
         if not self._busy:
             self._busy = True
-            self._loop.create_task(self._answer_pending())
+            self._answering = self._loop.create_task(self._answer_pending())
 
     async def _answer_pending(self) -> None:
         try:
@@ -358,11 +383,14 @@ class HttpProtocol(asyncio.Protocol):
                 if self._paused and len(self._pending) <= MAX_PIPELINED // 2:
                     self._transport.resume_reading()
                     self._paused = False
-                head, chunked = False, True
+                head, chunked = False, True  # chunked: an HTTP/1.1 request's answer
                 if isinstance(item, HttpRequest):
                     head = item.method == "HEAD"
                     chunked = item.http_version != "1.0"
-                    response = await self._call(item)
+                    called = await self._call(item)
+                    if called is None:  # the client went away: its call was cancelled
+                        return
+                    response = called
                 else:
                     response = item
                 keep_alive = (
@@ -371,7 +399,7 @@ class HttpProtocol(asyncio.Protocol):
                 if self._transport is None or not await self._writable():
                     await _close_stream(response)
                     return
-                self._transport.write(render(response, keep_alive, head, chunked))
+                self._transport.write(render(response, keep_alive, head, chunked, not chunked))
                 if response.stream is not None and not await self._send_stream(
                     response.stream, chunked and not head, head
                 ):
@@ -430,12 +458,24 @@ class HttpProtocol(asyncio.Protocol):
             assert self._transport is not None
             self._transport.write(b"0\r\n\r\n")
 
-    async def _call(self, request: HttpRequest) -> HttpResponse:
+    async def _call(self, request: HttpRequest) -> HttpResponse | None:
+        """The handler's answer; None when the client went away meanwhile: the handler
+        was cancelled then (connection_lost), so the service stops waiting and stores a
+        ``cancelled`` answer that a worker skips (docs/gateway.md, "Errors")."""
+        self._in_call = True
         try:
             return await self._server.handler(request)
+        except asyncio.CancelledError:
+            task = self._answering
+            if self._transport is not None or task is None or not task.cancelling():
+                raise  # not the client leaving: a stop of the loop, say
+            task.uncancel()
+            return None
         except Exception:  # the handler maps every expected error itself
             log.exception("HTTP handler failed on %s %s", request.method, request.path)
             return _plain(500, "internal error")
+        finally:
+            self._in_call = False
 
     def _reject_now(self, response: HttpResponse) -> None:
         """Answer a request that cannot be parsed, then close: nothing after it is read."""
@@ -496,6 +536,14 @@ async def _close_stream(response: HttpResponse | AsyncGenerator[bytes, None]) ->
     stream = response.stream if isinstance(response, HttpResponse) else response
     if stream is not None:
         await stream.aclose()
+
+
+def _bad_target(length: int) -> HttpResponse:
+    """The answer to a request whose target httptools cannot split (path, query)."""
+    if length > MAX_URL_BYTES:
+        too_long = f"the request target is over {MAX_URL_BYTES} bytes"
+        return _plain(414, too_long, "uri_too_long")
+    return _plain(400, "the request target is not a valid URL")
 
 
 def _payload_too_large(limit: int) -> HttpResponse:

@@ -626,7 +626,7 @@ def _json_output(tensor: Tensor) -> dict[str, Any]:
     arr = tensor.to_numpy().reshape(-1)
     data: Any = arr
     if tensor.datatype == "BYTES":
-        data = [b.decode("utf-8", errors="replace") for b in arr]
+        data = utf8_texts(tensor.name, arr)
     elif arr.dtype.kind == "f" and not np.isfinite(arr).all():
         data = non_finite_json(arr)
     return {
@@ -635,6 +635,23 @@ def _json_output(tensor: Tensor) -> dict[str, Any]:
         "shape": list(tensor.shape),
         "data": data,
     }
+
+
+def utf8_texts(name: str, arr: np.ndarray[Any, Any]) -> list[str]:
+    """A BYTES output's elements as JSON strings (infer's and generate's). One that is not
+    UTF-8 cannot be one without changing it (Triton writes its raw bytes into the JSON,
+    which then is not UTF-8): it is refused rather than altered, and the caller told to ask
+    for it as binary data, which carries any bytes (infer's; generate has none)."""
+    texts: list[str] = []
+    for i, element in enumerate(arr):
+        try:
+            texts.append(element.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(
+                f"output {name!r} element {i} is not valid UTF-8, so a JSON answer cannot "
+                'carry it intact: request the output as binary data ("binary_data": true)'
+            ) from exc
+    return texts
 
 
 def non_finite_json(arr: np.ndarray[Any, Any]) -> orjson.Fragment:
