@@ -39,6 +39,7 @@ from plaza.gateway import generate, kserve
 from plaza.gateway.errors import http_error
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
+from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
 from plaza.modelconfig import ModelSpec
 from plaza.results import JobStatus, JobView, step_answer
 from plaza.settings import PlazaSettings
@@ -405,6 +406,11 @@ class Endpoints:
         regions = self.service.shm.status(str(request.path_params.get("name", "")))
         return JSONBody([dataclasses.asdict(r) for r in regions])
 
+    async def cuda_shm(self, request: Request) -> Response:
+        """Triton's CUDA shared memory routes: refused by name (no CUDA memory is shared),
+        as gRPC's calls are, not an unknown route's 404."""
+        raise Unsupported(CUDA_UNSUPPORTED)
+
     async def shm_register(self, request: Request) -> Response:
         doc = await self._json_object(request)
         key, offset, size = doc.get("key"), doc.get("offset", 0), doc.get("byte_size")
@@ -451,6 +457,14 @@ class Endpoints:
             Route(f"{shm}/region/{{name}}/register", self.shm_register, methods=["POST"]),
             Route(f"{shm}/region/{{name}}/unregister", self.shm_unregister, methods=["POST"]),
             Route(f"{shm}/unregister", self.shm_unregister, methods=["POST"]),
+        ]
+        cuda = "/v2/cudasharedmemory"
+        routes += [
+            Route(f"{cuda}/status", self.cuda_shm, methods=["GET"]),
+            Route(f"{cuda}/region/{{name}}/status", self.cuda_shm, methods=["GET"]),
+            Route(f"{cuda}/region/{{name}}/register", self.cuda_shm, methods=["POST"]),
+            Route(f"{cuda}/region/{{name}}/unregister", self.cuda_shm, methods=["POST"]),
+            Route(f"{cuda}/unregister", self.cuda_shm, methods=["POST"]),
         ]
         for base in bases:
             routes += [

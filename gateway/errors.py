@@ -28,6 +28,7 @@ from plaza.errors import (
     Unsupported,
     UnsupportedVersion,
 )
+from plaza.gateway.shared_memory import RegionNotFound
 
 _Status = tuple[int, grpc.StatusCode]
 _STATUS_BY_CODE: dict[str, _Status] = {
@@ -36,6 +37,7 @@ _STATUS_BY_CODE: dict[str, _Status] = {
     CodecError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     UnsupportedVersion.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
     SharedMemoryError.code: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    RegionNotFound.code: (404, grpc.StatusCode.NOT_FOUND),  # Triton's, for a region's status
     Unsupported.code: (400, grpc.StatusCode.UNIMPLEMENTED),  # Triton's, for decoupled models
     Unauthorized.code: (401, grpc.StatusCode.UNAUTHENTICATED),
     ModelNotFound.code: (404, grpc.StatusCode.NOT_FOUND),

@@ -50,9 +50,10 @@ from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Un
 from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
-from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of
+from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of, tcp_keepalive
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
+from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
 from plaza.gateway.tls import TlsFiles, grpc_credentials, ssl_context
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
@@ -286,6 +287,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[m
         self.service.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    # -- CUDA shared memory: not served ------------------------------------------------------
+    # Overridden so that both servers refuse them with the same status and words (grpc.aio
+    # would otherwise answer the base class's NotImplementedError as its own message).
+    @_answers_errors
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._authorize(context)
+        raise Unsupported(CUDA_UNSUPPORTED)
+
+    @_answers_errors
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._authorize(context)
+        raise Unsupported(CUDA_UNSUPPORTED)
+
+    @_answers_errors
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._authorize(context)
+        raise Unsupported(CUDA_UNSUPPORTED)
+
     # -- inference -----------------------------------------------------------------------------
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         self.service.model(request.model_name, request.model_version)  # NOT_FOUND first
@@ -477,11 +502,23 @@ def _stream_error(
 
 
 def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
-    """Channel options: message sizes from ``gateway.max_body_bytes``."""
-    limit = settings.gateway.max_body_bytes
+    """grpc.aio's channel options: message sizes from ``gateway.max_body_bytes``, and
+    keepalive and ping policy from the ``gateway.grpc_keepalive_*`` and
+    ``gateway.grpc_http2_*`` settings (Triton's ``--grpc-keepalive-*`` and
+    ``--grpc-http2-*`` flags, passed to grpc-core as Triton passes them)."""
+    gw = settings.gateway
     return [
-        ("grpc.max_receive_message_length", limit),
-        ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
+        ("grpc.max_receive_message_length", gw.max_body_bytes),
+        ("grpc.max_send_message_length", max(gw.max_body_bytes, 64 * 1024 * 1024)),
+        ("grpc.keepalive_time_ms", gw.grpc_keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", gw.grpc_keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", int(gw.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", gw.grpc_http2_max_pings_without_data),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            gw.grpc_http2_min_recv_ping_interval_without_data_ms,
+        ),
+        ("grpc.http2.max_ping_strikes", gw.grpc_http2_max_ping_strikes),
     ]
 
 
@@ -501,11 +538,14 @@ async def start_server(
         return server, bound
     methods = methods_of(SERVICE, InferenceServicer(service), pb_grpc.GRPCInferenceServiceServicer)
     methods.update(methods_of(grpc_health.SERVICE, health_servicer(service), object))
+    gw = service.settings.gateway
     own = GrpcServer(
         methods,
-        max_message_bytes=service.settings.gateway.max_body_bytes,
-        max_buffered_bytes=service.settings.gateway.grpc_max_buffered_bytes or None,
+        max_message_bytes=gw.max_body_bytes,
+        max_buffered_bytes=gw.grpc_max_buffered_bytes or None,
         ssl_context=alpn_h2(ssl_context(tls)),
+        # it answers every ping (no strikes) and sends none: TCP keepalive in their place
+        tcp_keepalive=tcp_keepalive(gw.grpc_keepalive_time_ms, gw.grpc_keepalive_timeout_ms),
     )
     return own, await own.start(host, port)
 

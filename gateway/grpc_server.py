@@ -44,8 +44,11 @@ and keeps what Triton's clients use:
 - at most ``max_streams`` concurrent streams per connection (SETTINGS_MAX_CONCURRENT_STREAMS);
   a connection whose HTTP/2 preface does not come within ``handshake_s`` is closed;
 - TLS (with ALPN ``h2``, which gRPC clients require) from the same files as HTTPS;
-- TCP keepalive on every connection (``KEEPALIVE``: probes after 2 h idle, as grpc-core's
-  servers ping), so a client gone without closing is found and its connection closed;
+- TCP keepalive on every connection (``KEEPALIVE`` by default: probes after 2 h idle, as
+  grpc-core's servers ping; ``tcp_keepalive`` sets the timing), so a client gone without
+  closing is found and its connection closed;
+- PING: every one is answered, at any rate, with or without calls open (no ping strikes,
+  never GOAWAY too_many_pings); this server sends none of its own (TCP keepalive instead);
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
 Not served: compressed answers and server reflection; binary (``-bin``) metadata is decoded
@@ -107,6 +110,24 @@ KEEPALIVE = ((socket.TCP_KEEPIDLE, 7200), (socket.TCP_KEEPINTVL, 20), (socket.TC
 default keepalive time), 20 s apart, three unanswered ones close it. gRPC clients keep
 their connections for as long as they live, so no idle timeout closes them; a client gone
 without a FIN (its host down, a network cut) is found this way instead of held forever."""
+TCP_KEEPIDLE_MAX = 32767
+"""Linux's largest TCP_KEEPIDLE and TCP_KEEPINTVL, in seconds."""
+
+
+def tcp_keepalive(time_ms: int, timeout_ms: int) -> tuple[tuple[int, int], ...]:
+    """``KEEPALIVE``'s options for gRPC's keepalive time and timeout (Triton's
+    --grpc-keepalive-time and --grpc-keepalive-timeout): probes after ``time_ms`` without
+    traffic, ``timeout_ms`` apart (whole seconds, at least 1), three unanswered close it."""
+
+    def seconds(ms: int) -> int:
+        return min(max(-(-ms // 1000), 1), TCP_KEEPIDLE_MAX)
+
+    return (
+        (socket.TCP_KEEPIDLE, seconds(time_ms)),
+        (socket.TCP_KEEPINTVL, seconds(timeout_ms)),
+        (socket.TCP_KEEPCNT, 3),
+    )
+
 
 _PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
 _WBITS = {b"gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
@@ -293,7 +314,7 @@ class GrpcProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.server.connections.add(self)
-        _keep_alive(transport.get_extra_info("socket"))
+        _keep_alive(transport.get_extra_info("socket"), self.server.tcp_keepalive)
         self.h2.preamble()
         self._flush()
         # a client that never sends HTTP/2's preface must not hold a connection for ever
@@ -741,12 +762,12 @@ def _inflate(raw: bytes | bytearray, wbits: int | None, limit: int) -> bytes:
     return out
 
 
-def _keep_alive(sock: socket.socket | None) -> None:
-    """Turn TCP keepalive on with ``KEEPALIVE``'s timing (TCP connections only)."""
+def _keep_alive(sock: socket.socket | None, options: tuple[tuple[int, int], ...]) -> None:
+    """Turn TCP keepalive on with ``options``' timing (TCP connections only)."""
     if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
         return
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in KEEPALIVE:
+    for option, value in options:
         sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
@@ -763,8 +784,11 @@ class GrpcServer:
         handshake_s: float = HANDSHAKE_S,
         stall_s: float = STALL_S,
         ssl_context: ssl.SSLContext | None = None,
+        tcp_keepalive: tuple[tuple[int, int], ...] = KEEPALIVE,
     ) -> None:
         self.methods = methods
+        self.tcp_keepalive = tcp_keepalive
+        """TCP keepalive's options on every connection (``tcp_keepalive()``)."""
         self.max_message_bytes = max_message_bytes
         self.max_buffered_bytes = max_buffered_bytes or BUFFERED_MESSAGES * max_message_bytes
         """The most request bytes a connection holds unread (None: BUFFERED_MESSAGES

@@ -7,7 +7,8 @@ header encoder), a third of the gateway's busy time under load (docs/benchmarks.
 gateway's own gRPC server"). This layer does per frame only what the protocol needs:
 
 - the client's preface, SETTINGS (acknowledged; its INITIAL_WINDOW_SIZE moves every open
-  stream's window, MAX_FRAME_SIZE bounds what is sent), PING (answered), GOAWAY, PRIORITY
+  stream's window, MAX_FRAME_SIZE bounds what is sent), PING (every one answered, at any
+  rate: no ping strikes, unlike grpc-core's servers), GOAWAY, PRIORITY
   (ignored), WINDOW_UPDATE, RST_STREAM, and unknown frame types (ignored, as the RFC asks);
 - HEADERS with CONTINUATION, padding and priority fields, decoded by HPACK (the ``hpack``
   package's decoder: it keeps the client's dynamic table; a block the decoder would read

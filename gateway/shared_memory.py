@@ -52,6 +52,16 @@ PARAM_OFFSET = "shared_memory_offset"
 SHM_PARAMS = frozenset({PARAM_REGION, PARAM_BYTE_SIZE, PARAM_OFFSET})
 _KEY = re.compile(r"/?[A-Za-z0-9._-]{1,255}")
 """A shared memory key: one name (``shm_open``'s "/name" or "name"), no other slash."""
+CUDA_UNSUPPORTED = "CUDA shared memory is not supported by Plaza"
+"""What Triton's CUDA shared memory calls answer, over HTTP and gRPC alike (UNIMPLEMENTED)."""
+
+
+class RegionNotFound(SharedMemoryError):
+    """A region name that is not registered, asked for its status or named by a request's
+    tensor: Triton's NOT_FOUND (gRPC NOT_FOUND, HTTP 404). Unregistering one is no error,
+    as in Triton."""
+
+    code = "shared_memory_not_found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,12 +239,15 @@ class SharedMemoryRegions:
             self._regions.pop(name, None)
 
     def status(self, name: str = "") -> list[RegionStatus]:
-        """Every region, or ``name`` alone (SharedMemoryError when it is not registered)."""
+        """Every region, or ``name`` alone (RegionNotFound when it is not registered)."""
         if not name:
             return [r.status for r in self._regions.values()]
         region = self._regions.get(name)
         if region is None:
-            raise SharedMemoryError(f"no shared memory region {name!r} is registered")
+            raise RegionNotFound(
+                f"Unable to find system shared memory region: {name!r} "
+                f"(no region {name!r} is registered)"
+            )
         return [region.status]
 
     def close(self) -> None:
@@ -268,9 +281,7 @@ class SharedMemoryRegions:
     def _region(self, ref: ShmRef, what: str) -> _Region:
         region = self._regions.get(ref.region)
         if region is None:
-            raise SharedMemoryError(
-                f"{what}: shared memory region {ref.region!r} is not registered"
-            )
+            raise RegionNotFound(f"{what}: shared memory region {ref.region!r} is not registered")
         return region
 
 

@@ -390,6 +390,42 @@ class GatewaySettings(_Section):
         "its calls' stream windows are held back but the oldest half-received message's "
         "(flow control, not an error) (0: 4 x max_body_bytes)",
     )
+    grpc_keepalive_time_ms: int = Field(
+        7_200_000,
+        ge=1000,
+        description="Triton's --grpc-keepalive-time: grpcio pings an idle connection after this "
+        "long; the plaza server sends TCP keepalive probes after it instead",
+    )
+    grpc_keepalive_timeout_ms: int = Field(
+        20_000,
+        ge=1000,
+        description="Triton's --grpc-keepalive-timeout: grpcio closes a connection whose ping "
+        "is not answered this long; the plaza server's TCP keepalive probes are this far apart",
+    )
+    grpc_keepalive_permit_without_calls: bool = Field(
+        False,
+        description="Triton's --grpc-keepalive-permit-without-calls (grpcio): keepalive pings "
+        "may come and go on a connection without calls",
+    )
+    grpc_http2_max_pings_without_data: int = Field(
+        2,
+        ge=0,
+        description="Triton's --grpc-http2-max-pings-without-data (grpcio): pings grpcio sends "
+        "while no data is sent (0: no limit)",
+    )
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(
+        300_000,
+        ge=0,
+        description="Triton's --grpc-http2-min-recv-ping-interval-without-data (grpcio): a "
+        "client's pings closer than this while no data is sent are strikes (the plaza server "
+        "answers every ping)",
+    )
+    grpc_http2_max_ping_strikes: int = Field(
+        2,
+        ge=0,
+        description="Triton's --grpc-http2-max-ping-strikes (grpcio): past this many strikes "
+        "the connection is closed (GOAWAY too_many_pings) (0: no limit)",
+    )
     api_key: SecretStr | None = Field(None, description="bearer token required when set (secret)")
     tls_cert_file: Path | None = Field(
         None, description="PEM certificate chain: HTTPS and gRPC over TLS when set"

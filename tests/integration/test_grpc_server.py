@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -21,8 +22,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza.gateway import grpc_health, http2
-from plaza.gateway.grpc_front import SERVICE
-from plaza.gateway.grpc_server import KEEPALIVE, GrpcServer, methods_of
+from plaza.gateway.grpc_front import SERVICE, InferenceServicer, server_options
+from plaza.gateway.grpc_server import KEEPALIVE, GrpcServer, methods_of, tcp_keepalive
+from plaza.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegions
+from plaza.settings import GatewaySettings, PlazaSettings
 from tests.support import wait_for
 
 LIMIT = 4 << 20
@@ -80,11 +83,14 @@ class Echo(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
 @asynccontextmanager
 async def serving(
-    kind: str, servicer: Echo, health: grpc_health.HealthServicer | None = None
+    kind: str,
+    servicer: pb_grpc.GRPCInferenceServiceServicer,
+    health: grpc_health.HealthServicer | None = None,
+    options: list[tuple[str, Any]] | None = None,
 ) -> AsyncIterator[tuple[Any, str]]:
     """``servicer`` (and gRPC's health service, where given) on the gateway's server
-    (plaza) or on grpc.aio, as ``grpc_front.start_server`` puts them; yields (server,
-    address)."""
+    (plaza) or on grpc.aio (with ``options``, where given), as ``grpc_front.start_server``
+    puts them; yields (server, address)."""
     if kind == "plaza":
         table = methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer)
         if health is not None:
@@ -92,7 +98,7 @@ async def serving(
         server: Any = GrpcServer(table, max_message_bytes=LIMIT)
         port = await server.start("127.0.0.1", 0)
     else:
-        options = [("grpc.max_receive_message_length", LIMIT)]
+        options = options or [("grpc.max_receive_message_length", LIMIT)]
         server = grpc.aio.server(options=options)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         if health is not None:
@@ -106,8 +112,10 @@ async def serving(
 
 
 @asynccontextmanager
-async def stub(address: str, **kwargs: Any) -> AsyncIterator[pb_grpc.GRPCInferenceServiceStub]:
-    options = [("grpc.max_receive_message_length", 64 << 20)]
+async def stub(
+    address: str, *, options: Sequence[tuple[str, Any]] = (), **kwargs: Any
+) -> AsyncIterator[pb_grpc.GRPCInferenceServiceStub]:
+    options = [("grpc.max_receive_message_length", 64 << 20), *options]
     async with grpc.aio.insecure_channel(address, options=options, **kwargs) as channel:
         yield pb_grpc.GRPCInferenceServiceStub(channel)
 
@@ -414,3 +422,100 @@ async def test_a_stop_lets_the_calls_in_flight_finish_and_refuses_new_ones() -> 
                 await fresh.ServerLive(pb.ServerLiveRequest(), timeout=2)
     assert answer.id == "held"
     assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def test_a_connection_has_the_tcp_keepalive_timing_it_is_given() -> None:
+    """The gateway's server takes ``gateway.grpc_keepalive_time_ms`` and ``_timeout_ms``
+    as its TCP keepalive's (``grpc_front.start_server``)."""
+    timing = tcp_keepalive(5000, 2000)
+    table = methods_of(SERVICE, Echo(), pb_grpc.GRPCInferenceServiceServicer)
+    server = GrpcServer(table, max_message_bytes=LIMIT, tcp_keepalive=timing)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with stub(f"127.0.0.1:{port}") as s:
+            await s.ServerLive(pb.ServerLiveRequest())
+            (conn,) = server.connections
+            assert conn.transport is not None
+            sock = conn.transport.get_extra_info("socket")
+            got = {option: sock.getsockopt(socket.IPPROTO_TCP, option) for option, _ in timing}
+    finally:
+        await server.stop(1.0)
+    assert got == {socket.TCP_KEEPIDLE: 5, socket.TCP_KEEPINTVL: 2, socket.TCP_KEEPCNT: 3}
+
+
+PINGING_CLIENT = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+"""tritonclient's KeepAliveOptions(keepalive_time_ms=1000, ...): a ping every second."""
+
+
+@KINDS
+async def test_a_client_pinging_every_second_keeps_its_stream_when_the_settings_allow_it(
+    kind: str,
+) -> None:
+    """grpc.aio with the gateway's options (``server_options``), its ping policy opened
+    up by the settings, keeps a stream on which nothing is sent between a client's
+    pings a second apart (its defaults, Triton's, answer GOAWAY too_many_pings); the
+    gateway's own server answers any ping."""
+    gateway = GatewaySettings(
+        grpc_keepalive_permit_without_calls=True,
+        grpc_http2_min_recv_ping_interval_without_data_ms=100,
+    )
+    options = server_options(PlazaSettings(gateway=gateway))
+    requests: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
+
+    async def sent() -> AsyncIterator[pb.ModelInferRequest]:
+        while (request := await requests.get()) is not None:
+            yield request
+
+    async with (
+        serving(kind, Echo(), options=options) as (_, address),
+        stub(address, options=PINGING_CLIENT) as client,
+    ):
+        call = client.ModelStreamInfer(sent())
+        await requests.put(pb.ModelInferRequest(id="before"))
+        first = await asyncio.wait_for(call.read(), 10)
+        await asyncio.sleep(6)  # the idle under test: about 6 pings, nothing else sent
+        await requests.put(pb.ModelInferRequest(id="after"))
+        second = await asyncio.wait_for(call.read(), 10)
+        await requests.put(None)
+    assert (first.infer_response.id, second.infer_response.id) == ("before", "after")
+
+
+def _gateway_servicer() -> InferenceServicer:
+    """The gateway's servicer on what its shared memory calls use alone: the settings and
+    the regions (no Kafka or Redis behind it)."""
+    regions = SharedMemoryRegions(allowed=False)
+    return InferenceServicer(SimpleNamespace(settings=PlazaSettings(), shm=regions))  # type: ignore[arg-type]
+
+
+@KINDS
+async def test_the_status_of_a_region_not_registered_is_not_found(kind: str) -> None:
+    """As Triton: NOT_FOUND with its words; unregistering one is no error."""
+    async with serving(kind, _gateway_servicer()) as (_, address), stub(address) as client:
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await client.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(name="gone"))
+        await client.SystemSharedMemoryUnregister(
+            pb.SystemSharedMemoryUnregisterRequest(name="gone")
+        )
+    assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "Unable to find system shared memory region: 'gone'" in str(missing.value.details())
+
+
+@KINDS
+async def test_cuda_shared_memory_calls_are_unimplemented_with_plazas_words(kind: str) -> None:
+    """The same status and message from both servers (grpc.aio's own would name the base
+    class's NotImplementedError)."""
+    refusals = []
+    async with serving(kind, _gateway_servicer()) as (_, address), stub(address) as client:
+        for call, request in [
+            (client.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest()),
+            (client.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="g")),
+            (client.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest()),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(request)
+            refusals.append((refused.value.code(), refused.value.details()))
+    assert refusals == [(grpc.StatusCode.UNIMPLEMENTED, CUDA_UNSUPPORTED)] * 3

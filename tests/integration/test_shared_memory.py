@@ -147,8 +147,9 @@ async def test_an_output_region_is_checked_before_the_request_is_published(
 ) -> None:
     """No worker serves identity here: a request that got past its checks would be
     published and wait out its timeout (504). An output region not registered, or a place
-    past its region's end, is refused at once instead (400 shared_memory over HTTP,
-    INVALID_ARGUMENT over gRPC), and so is an async job asking for shared memory outputs."""
+    past its region's end, is refused at once instead (404 shared_memory_not_found, gRPC
+    NOT_FOUND, as Triton's; 400 shared_memory, INVALID_ARGUMENT), and so is an async job
+    asking for shared memory outputs."""
     settings = allowing_shm(settings)
     gateway = settings.gateway.model_copy(update={"sync_timeout_s": 5.0})
     settings = settings.model_copy(update={"gateway": gateway})
@@ -179,7 +180,7 @@ async def test_an_output_region_is_checked_before_the_request_is_published(
                         16,
                         offset=int(params.get("shared_memory_offset", 0)),
                     )
-                    invalid = "INVALID_ARGUMENT.*(not registered|run past)"
+                    invalid = "NOT_FOUND.*not registered|INVALID_ARGUMENT.*run past"
                     with pytest.raises(InferenceServerException, match=invalid):
                         await grpc.infer("identity", [g_in], outputs=[g_out])
                 fits = {"shared_memory_region": "out", "shared_memory_byte_size": 16}
@@ -189,7 +190,12 @@ async def test_an_output_region_is_checked_before_the_request_is_published(
                 )
             finally:
                 await grpc.close()
-    assert [(a.status_code, a.json()["code"]) for a in answers] == [(400, "shared_memory")] * 3
+    codes = [(a.status_code, a.json()["code"]) for a in answers]
+    assert codes == [
+        (404, "shared_memory_not_found"),
+        (400, "shared_memory"),
+        (400, "shared_memory"),
+    ]
     assert "'never' is not registered" in answers[0].json()["error"]
     assert "run past shared memory region 'out'" in answers[1].json()["error"]
     assert "async job" in answers[2].json()["error"]

@@ -123,7 +123,8 @@ async def test_an_object_truncated_during_the_copy_is_an_error_not_a_dead_gatewa
                     assert "region 'in'" in answer.json()["error"] or "'never'" in answer.text
             assert gw.alive
             assert (await client.get("/v2/health/live")).status_code == 200
-    assert set(answers) == {(400, "shared_memory")}
+    # a copy cut short (400), or the copy done and the next input's region not found (404)
+    assert set(answers) <= {(400, "shared_memory"), (404, "shared_memory_not_found")}
 
 
 async def test_an_answer_goes_to_the_region_its_request_named_though_unregistered(

@@ -270,3 +270,22 @@ def test_listening_beyond_loopback_without_a_key_is_warned(
     assert (warning is not None) == warned
     if warning is not None:
         assert host in warning and "api_key" in warning
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v2/cudasharedmemory/status"),
+        ("GET", "/v2/cudasharedmemory/region/r/status"),
+        ("POST", "/v2/cudasharedmemory/region/r/register"),
+        ("POST", "/v2/cudasharedmemory/region/r/unregister"),
+        ("POST", "/v2/cudasharedmemory/unregister"),
+    ],
+)
+def test_cuda_shared_memory_routes_say_it_is_not_supported(
+    repository: Path, method: str, path: str
+) -> None:
+    """As the gRPC calls do, by name: not an unknown route's 404."""
+    response = _client(repository).request(method, path, content=b"{}")
+    assert (response.status_code, response.json()["code"]) == (400, "unsupported")
+    assert response.json()["error"] == "CUDA shared memory is not supported by Plaza"
