@@ -29,7 +29,11 @@ again until the next load, the old worker serving on. A failed start on Kafka or
 :data:`START_TIMEOUTS` too slow starts in a row the generation is given up as if refused.
 While the table's generation is given up, the generation that served before it is the one
 kept running: started again after the back-off if its worker exits, so gateways, serving
-its config after a refusal, are still answered. A refusal is
+its config after a refusal, are still answered. Such a worker is started with what that
+generation served (its complete config, its versions named: :func:`pinned_config`), not with
+the repository as it is now (the refused reload's new version folder or config.pbtxt), and
+its failed start, whatever the cause, is retried after the back-off: never the table's
+generation's refusal. A refusal is
 remembered by this supervisor only: a restarted one (``plaza up`` again, say after the
 model's files were fixed) clears the table's marks as it starts and tries each such
 generation once more. The workers are the supervisor's own, never members of ``plaza
@@ -39,11 +43,13 @@ up``'s process group, so their exits are its to handle, never the end of the who
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -52,6 +58,7 @@ import redis.asyncio
 
 from plaza.errors import PlazaError
 from plaza.model_control import DesiredModel, ModelTable, live_generations, model_spec
+from plaza.modelconfig import ModelSpec
 from plaza.queueing import BacklogProbe
 from plaza.repository import ModelRepository
 from plaza.stack.deployment import Deployment
@@ -109,6 +116,15 @@ def start_failure(exit_code: int | None, output: str) -> StartFailure:
         return StartFailure(message, refused=exit_code in (1, 2))
     why = f"its worker exited with code {exit_code} before it served"
     return StartFailure(f"{why} (its last line: {last})" if last else why, refused=False)
+
+
+def pinned_config(spec: ModelSpec, versions: Sequence[int]) -> str:
+    """``spec``'s config in Triton's JSON form, complete, with its version policy narrowed to
+    ``versions``: what a worker started again for a generation that served loads, whatever
+    the model's folder holds now (a refused reload's new version folder, say)."""
+    doc = spec.config_json()
+    doc["version_policy"] = {"specific": {"versions": list(versions)}}
+    return json.dumps(doc)
 
 
 @dataclass(slots=True)
@@ -226,6 +242,12 @@ class _Starting:
     since: float
     log_from: int = 0
     """The size of its log file when it started: what it printed since is its own."""
+    pinned: str = ""
+    """What it loads (:func:`pinned_config`), for a start again of its generation once it
+    served; "": unknown (the repository is read as it is then)."""
+    relaunch: bool = False
+    """A generation that served before, started again while the table's is given up: its
+    failed start is retried, never reported as the table's generation's refusal."""
 
 
 class ModelSupervisor:
@@ -268,9 +290,10 @@ class ModelSupervisor:
         """Per model, the generation whose worker refused it: not started again (by this
         supervisor: a restarted one tries it once more)."""
         self._served: dict[str, DesiredModel] = {}
-        """Per model, the generation that served last (its worker may have exited since).
-        While the table's generation is given up, that one is started again, as gateways
-        serve its config after a refusal (``DesiredModel.previous``)."""
+        """Per model, the generation that served last (its worker may have exited since),
+        its config pinned to what it served (:attr:`_Starting.pinned`). While the table's
+        generation is given up, that one is started again, as gateways serve its config
+        after a refusal (``DesiredModel.previous``)."""
         self.exits: deque[UnaskedExit] = deque(maxlen=EXITS_KEPT)
         """The latest workers that exited unasked (crashed, killed, a failed start other
         than a refusal), the oldest first."""
@@ -314,7 +337,8 @@ class ModelSupervisor:
             running = self.running.get(name)
             if wanted is not None and (running is None or running.generation != wanted.generation):
                 if name not in self.starting and self._may_start(name, wanted):
-                    await self._launch(name, wanted)
+                    relaunch = wanted.generation != desired.generation
+                    await self._launch(name, wanted, relaunch=relaunch)
             elif not desired.loaded:
                 self.backoff.forget(name)
                 self._served.pop(name, None)
@@ -360,13 +384,18 @@ class ModelSupervisor:
             name, running.generation, codes[0], served_s, delay,
         )  # fmt: skip
 
-    async def _launch(self, name: str, desired: DesiredModel) -> None:
-        """Start a worker of ``desired``'s generation beside the one serving, if any."""
+    async def _launch(self, name: str, desired: DesiredModel, *, relaunch: bool = False) -> None:
+        """Start a worker of ``desired``'s generation beside the one serving, if any
+        (``relaunch``: one that served before, the table's given up: :attr:`_Starting.relaunch`)."""
         try:
-            await asyncio.to_thread(model_spec, self._repo, name, desired.config)
+            spec = await asyncio.to_thread(model_spec, self._repo, name, desired.config)
         except PlazaError as exc:  # the gateway checked it; the repository changed since
-            await self._fail(name, desired, exc.message)
+            if relaunch:
+                self._retry(name, desired.generation, exc.message)
+            else:
+                await self._fail(name, desired, exc.message)
             return
+        pinned = await asyncio.to_thread(self._pin, name, spec)
         env = {
             **self._env,
             "PLAZA_WORKER__MODEL_CONFIG_JSON": desired.config,
@@ -377,8 +406,19 @@ class ModelSupervisor:
             self._deployment, name, self._group.log_dir, name=worker_name, env=env
         )
         log_from = _log_size(worker.log_file)
-        self.starting[name] = _Starting(desired, worker.start(), self._clock(), log_from)
+        started = _Starting(desired, worker.start(), self._clock(), log_from, pinned, relaunch)
+        self.starting[name] = started
         log.info("supervisor: starting a worker of %s (generation %d)", name, desired.generation)
+
+    def _pin(self, name: str, spec: ModelSpec) -> str:
+        """:func:`pinned_config` of the versions ``spec`` selects in the repository now (as
+        the worker started with it reads them); "" when it selects none it can serve (the
+        worker fails, and says why)."""
+        try:
+            versions = [v.version for v in self._repo.served_versions(name, spec)]
+        except PlazaError:
+            return ""
+        return pinned_config(spec, versions)
 
     async def _settle(self, name: str, wanted: DesiredModel | None) -> None:
         """A starting worker: serving (the old one stops), failed, or no longer ``wanted``
@@ -396,7 +436,7 @@ class ModelSupervisor:
             del self.starting[name]
             output = _log_since(item.worker.log_file, item.log_from)
             failure = start_failure(item.worker.exit_code, output)
-            if failure.refused:
+            if failure.refused and not item.relaunch:
                 await self._fail(name, item.desired, failure.reason)
             else:
                 self._exited(item.worker)
@@ -416,7 +456,7 @@ class ModelSupervisor:
         why = f"its worker did not serve within {self._start_limit_s:g} s"
         delay = self.backoff.exited(name, generation, timed_out=True)
         times = self.backoff.timeouts(name, generation)
-        if times >= START_TIMEOUTS:
+        if times >= START_TIMEOUTS and not item.relaunch:
             await self._fail(name, item.desired, f"{why}, {times} starts in a row")
         else:
             self._log_retry(name, generation, why, delay)
@@ -443,7 +483,8 @@ class ModelSupervisor:
         del self.starting[name]
         old = self.running.get(name)
         self.running[name] = _Running(item.desired, [item.worker], self._clock())
-        self._served[name] = item.desired
+        pinned = item.pinned or item.desired.config
+        self._served[name] = dataclasses.replace(item.desired, config=pinned)
         log.info("supervisor: %s serves generation %d", name, item.desired.generation)
         if old is not None:
             await asyncio.to_thread(self._group.stop, old.workers, STOP_TIMEOUT_S)

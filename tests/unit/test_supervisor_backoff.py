@@ -3,19 +3,25 @@ a hand-moved clock and fake processes (no services: nothing here reaches Kafka o
 
 The back-off starts at 1 s, doubles up to 60 s, and starts afresh after a worker that served
 a minute; a failed start is retried unless ``plaza worker``'s error line says it refused the
-model (Kafka or Redis away is not the model's fault).
+model (Kafka or Redis away is not the model's fault). After a refused reload, the generation
+that served before is started again with the versions it served, and a failed start of it
+is retried, never reported as a refusal.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import deque
 from pathlib import Path
 
 import pytest
 
 from plaza.errors import EXIT_RETRIABLE
-from plaza.model_control import DesiredModel
+from plaza.model_control import DesiredModel, read_model
+from plaza.repository import ModelRepository
 from plaza.stack import Deployment, ProcessGroup, ServiceError
+from plaza.stack import supervisor as supervisor_module
 from plaza.stack.supervisor import (
     ERROR_PREFIX,
     RESTART_MAX_S,
@@ -32,6 +38,9 @@ from tests.fakes import ManualClock
 
 MODEL = "sim"
 GENERATION = 7
+SAMPLES = Path(__file__).resolve().parents[2] / "model_repository"
+CONFIG_ENV = "PLAZA_WORKER__MODEL_CONFIG_JSON"
+GENERATION_ENV = "PLAZA_WORKER__GENERATION"
 
 
 class FakeWorker:
@@ -44,6 +53,13 @@ class FakeWorker:
         self.exit_code = exit_code
         self.crashed = crashed and exit_code is not None
         self.alive = exit_code is None
+        self.env: dict[str, str] = {}
+        """The settings it was started with (a launched one's)."""
+        self.serves = True
+        """Once alive, its registry entry names its generation (``fake_launches``)."""
+
+    def start(self) -> FakeWorker:
+        return self
 
     def crash(self, exit_code: int) -> None:
         self.exit_code, self.crashed, self.alive = exit_code, True, False
@@ -245,10 +261,10 @@ async def test_the_old_generation_is_started_again_after_a_refused_reload_and_a_
     first = DesiredModel(MODEL, True, GENERATION)
     reload = DesiredModel(MODEL, True, GENERATION + 1, config='{"bad": 1}')
     table = FakeTable(reload)
-    launched: list[DesiredModel] = []
+    launched: list[tuple[DesiredModel, bool]] = []
 
-    async def launch(name: str, desired: DesiredModel) -> None:
-        launched.append(desired)
+    async def launch(name: str, desired: DesiredModel, *, relaunch: bool = False) -> None:
+        launched.append((desired, relaunch))
 
     monkeypatch.setattr(supervisor, "_table", table)
     monkeypatch.setattr(supervisor, "_launch", launch)
@@ -267,7 +283,127 @@ async def test_the_old_generation_is_started_again_after_a_refused_reload_and_a_
     assert MODEL not in supervisor.running and launched == []
     clock.now += 1.0
     await supervisor.reconcile()
-    assert launched == [first]  # the generation the gateways serve after the refusal
+    assert launched == [(first, True)]  # the generation the gateways serve after the refusal
+
+
+def sim_repository(root: Path) -> Path:
+    """``root`` holding ``sim`` (the simulated sample: no model file), version 1 only, its
+    policy the default (the latest version)."""
+    shutil.copytree(SAMPLES / "simulated", root / MODEL)
+    config = root / MODEL / "config.pbtxt"
+    config.write_text(config.read_text().replace('"simulated"', f'"{MODEL}"'))
+    return root
+
+
+def fake_launches(monkeypatch: pytest.MonkeyPatch, supervisor: ModelSupervisor) -> list[FakeWorker]:
+    """The workers the supervisor launches from now on, fakes (in the order started); each
+    serves once alive (its registry entry is not read)."""
+    started: list[FakeWorker] = []
+
+    def process(
+        deployment: Deployment, model: str, log_dir: Path, *, name: str, env: dict[str, str]
+    ) -> FakeWorker:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        worker = FakeWorker(log_dir / f"{name}-{len(started)}.log", None)
+        worker.env = dict(env)
+        started.append(worker)
+        return worker
+
+    async def serves(name: str, item: _Starting) -> bool:
+        worker = item.worker
+        assert isinstance(worker, FakeWorker)
+        return worker.alive and worker.serves
+
+    monkeypatch.setattr(supervisor_module, "WorkerProcess", process)
+    monkeypatch.setattr(supervisor, "_serves", serves)
+    return started
+
+
+def same_start(worker: FakeWorker, other: FakeWorker) -> bool:
+    """Both were started with the same generation and config."""
+    config = json.loads(worker.env[CONFIG_ENV]) == json.loads(other.env[CONFIG_ENV])
+    return config and worker.env[GENERATION_ENV] == other.env[GENERATION_ENV]
+
+
+def refuse(worker: FakeWorker) -> None:
+    """``worker`` ends its start as ``plaza worker`` does when it refuses the model."""
+    worker.log_file.write_text(f"{ERROR_PREFIX}sim/2/model.onnx: cannot load it\n")
+    worker.crash(1)
+
+
+async def refused_reload_then_a_kill(
+    supervisor: ModelSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FakeTable, list[FakeWorker]]:
+    """``sim`` serves version 1; a reload after a version folder 2 was added is refused
+    (its worker refuses the model), then the first generation's worker is killed, and the
+    back-off passes: the supervisor starts that generation again."""
+    clock = clock_of(supervisor)
+    sim_repository(tmp_path / "repository")
+    started = fake_launches(monkeypatch, supervisor)
+    table = FakeTable(DesiredModel(MODEL, True, GENERATION))
+    monkeypatch.setattr(supervisor, "_table", table)
+    await supervisor.reconcile()  # the first generation's worker starts
+    await supervisor.reconcile()  # and serves
+    [first] = started
+    assert first.env[CONFIG_ENV] == ""  # a start as loaded: the repository's config
+    (tmp_path / "repository" / MODEL / "2").mkdir()  # its model file one the worker refuses
+    table.entries[MODEL] = DesiredModel(MODEL, True, GENERATION + 1)  # the reload
+    await supervisor.reconcile()
+    [_, reloaded] = started
+    assert reloaded.env[CONFIG_ENV] == "" and reloaded.env[GENERATION_ENV] == str(GENERATION + 1)
+    refuse(reloaded)
+    await supervisor.reconcile()  # the reload is refused: the first generation serves on
+    assert [g for g, _ in table.failed] == [GENERATION + 1]
+    assert supervisor.running[MODEL].generation == GENERATION
+    first.crash(-9)
+    await supervisor.reconcile()  # reaped: backing off
+    clock.now += 1.0
+    await supervisor.reconcile()
+    assert len(started) == 3 and supervisor.starting[MODEL].desired.generation == GENERATION
+    return table, started
+
+
+async def test_the_old_generation_starts_again_with_the_versions_it_served(
+    supervisor: ModelSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, started = await refused_reload_then_a_kill(supervisor, tmp_path, monkeypatch)
+    again = started[-1]
+    assert again.env[GENERATION_ENV] == str(GENERATION)
+    config = json.loads(again.env[CONFIG_ENV])
+    assert config["version_policy"] == {"specific": {"versions": [1]}}
+    repo = ModelRepository(tmp_path / "repository")
+    assert read_model(repo, MODEL).versions == (2,)  # the repository as it is now
+    assert read_model(repo, MODEL, again.env[CONFIG_ENV]).versions == (1,)  # what it loads
+    await supervisor.reconcile()
+    assert supervisor.running[MODEL].workers == [again]  # type: ignore[comparison-overlap]
+    again.crash(-9)  # killed once more: started again with the same versions
+    await supervisor.reconcile()
+    clock_of(supervisor).now += RESTART_MAX_S
+    await supervisor.reconcile()
+    assert started[-1] is not again and same_start(started[-1], again)
+
+
+@pytest.mark.parametrize("how", ["refused", "too slow"])
+async def test_a_failed_start_of_the_old_generation_is_retried_not_a_refusal(
+    supervisor: ModelSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    table, started = await refused_reload_then_a_kill(supervisor, tmp_path, monkeypatch)
+    clock = clock_of(supervisor)
+    for attempt in range(START_TIMEOUTS + 1):
+        again = started[-1]
+        if how == "refused":
+            refuse(again)
+        else:
+            again.serves = False  # never serves: stopped once over the start limit
+            clock.now += START_LIMIT_S + 1.0
+        await supervisor.reconcile()
+        assert MODEL not in supervisor.starting and MODEL not in supervisor.running
+        assert [g for g, _ in table.failed] == [GENERATION + 1]  # the reload's only
+        assert not supervisor._may_start(MODEL, DesiredModel(MODEL, True, GENERATION))
+        clock.now += RESTART_MAX_S
+        await supervisor.reconcile()
+        assert len(started) == 4 + attempt  # tried again after the back-off
+        assert same_start(started[-1], again)
 
 
 async def test_a_generation_too_slow_to_start_is_given_up_after_some_tries(
