@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 import redis.asyncio
@@ -118,8 +119,12 @@ async def test_without_a_repository_folder_the_worker_judges_the_model(
 async def test_a_negative_priority_fails_the_batch_before_anything_is_sent(
     settings: PlazaSettings,
 ) -> None:
+    with pytest.raises(InvalidInput, match="negative"):  # make_request refuses it at once
+        make_request("identity", X, priority=-1)
+    # a request built otherwise (an envelope of one's own) is refused by publish_many
+    negative = msgspec.structs.replace(make_request("identity", X), priority=-1)
     async with PlazaClient(settings) as client:
-        batch = [make_request("identity", X), make_request("identity", X, priority=-1)]
+        batch = [make_request("identity", X), negative]
         with pytest.raises(InvalidInput):
             await client.publish_many(batch)
     assert await request_topics(settings) == []
