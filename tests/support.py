@@ -7,6 +7,7 @@ import contextlib
 import io
 import shutil
 import socket
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +28,8 @@ from plaza.settings import (
 )
 from plaza.stack import Deployment
 from plaza.stack import wait_for as wait_for  # the one bounded wait, for the tests
+from plaza.workers.backends import Backend
+from plaza.workers.backends.base import Arrays
 from plaza.workers.worker import Worker
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
@@ -212,3 +215,32 @@ def set_bls_environment(settings: PlazaSettings, monkeypatch: pytest.MonkeyPatch
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+
+
+class GatedBackend:
+    """A model's own backend whose executions wait until the test opens ``gate``
+    (``entered`` is set as one begins): what a busy instance looks like."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.device = inner.device
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def load(self) -> None:
+        self.inner.load()
+
+    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
+        self.entered.set()
+        self.gate.wait(60)
+        return self.inner.infer(inputs, outputs)
+
+    def unload(self) -> None:
+        self.inner.unload()
+
+
+def gated(worker: Worker) -> GatedBackend:
+    """Gate ``worker``'s version 1 backend (``GatedBackend``); the gate, to open."""
+    gate = GatedBackend(worker.runner.backends[1])
+    worker.runner.backends[1] = gate
+    return gate

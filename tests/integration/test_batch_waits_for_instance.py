@@ -10,7 +10,6 @@ The model's only instance is held busy by a gate in its backend that the test op
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -18,10 +17,7 @@ import numpy as np
 
 from plaza.client import PlazaClient, make_request
 from plaza.settings import PlazaSettings
-from plaza.workers.backends import Backend
-from plaza.workers.backends.base import Arrays
-from plaza.workers.worker import Worker
-from tests.support import model_variant, running_worker, wait_for
+from tests.support import gated, model_variant, running_worker, wait_for
 
 IDENTITY = """
 name: "{name}" platform: "onnxruntime_onnx" max_batch_size: 8
@@ -30,27 +26,6 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 dynamic_batching {{ max_queue_delay_microseconds: 0 {batching} }}
 """
-
-
-class _Gated:
-    """The model's own backend, whose executions wait until the test opens the gate."""
-
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.device = inner.device
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def load(self) -> None:
-        self.inner.load()
-
-    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
-        self.entered.set()
-        self.gate.wait(60)
-        return self.inner.infer(inputs, outputs)
-
-    def unload(self) -> None:
-        self.inner.unload()
 
 
 def variant(
@@ -64,26 +39,20 @@ def x(i: float) -> dict[str, np.ndarray]:
     return {"INPUT0": np.full((1, 2), i, np.float32)}
 
 
-def gate(worker: Worker) -> _Gated:
-    gated = _Gated(worker.runner.backends[1])
-    worker.runner.backends[1] = gated
-    return gated
-
-
 async def test_requests_arriving_while_the_instance_is_busy_run_as_one_batch(
     tmp_path: Path, settings: PlazaSettings
 ) -> None:
     s = variant(tmp_path, settings, "joining")
     async with PlazaClient(s) as client, running_worker(s, "joining") as worker:
-        gated = gate(worker)
+        gate = gated(worker)
         first = await client.submit("joining", x(0))
-        await wait_for(gated.entered.is_set, 30, "the first batch to run")
+        await wait_for(gate.entered.is_set, 30, "the first batch to run")
         # One arrives alone while the instance is busy, then seven more.
         jobs = [await client.submit("joining", x(1))]
         await wait_for(lambda: worker._pending() == 2, 30, "the second request taken in")
         jobs += [await client.submit("joining", x(i)) for i in range(2, 9)]
         await wait_for(lambda: worker._pending() == 9, 30, "all nine taken in")
-        gated.gate.set()
+        gate.gate.set()
         results = [await client.result(job, timeout_s=60) for job in [first, *jobs]]
         assert [r.error for r in results] == [None] * 9
         # The eight waited together for the instance: one batch of 8, not 1 and then 7.
@@ -99,9 +68,9 @@ async def test_a_request_whose_queue_timeout_passes_while_the_instance_is_busy_n
     )
     s = variant(tmp_path, settings, "expiring", policy)
     async with PlazaClient(s) as client, running_worker(s, "expiring") as worker:
-        gated = gate(worker)
+        gate = gated(worker)
         first = await client.submit("expiring", x(0))
-        await wait_for(gated.entered.is_set, 30, "the first batch to run")
+        await wait_for(gate.entered.is_set, 30, "the first batch to run")
         late = make_request("expiring", x(1), timeout_s=0.5)
         await client.publish_many([late])
         await wait_for(lambda: worker._pending() == 2, 30, "the late request taken in")
@@ -109,7 +78,7 @@ async def test_a_request_whose_queue_timeout_passes_while_the_instance_is_busy_n
         assert deadline_ms is not None
         # The instance is still busy when the late request's timeout passes.
         await wait_for(lambda: time.time() * 1000 > deadline_ms + 20, 30, "its deadline")
-        gated.gate.set()
+        gate.gate.set()
         assert (await client.result(first, timeout_s=60)).error is None
         answer = await client.result(late.id, timeout_s=60, raise_on_error=False)
         assert answer.error is not None and answer.error.code == "timeout"

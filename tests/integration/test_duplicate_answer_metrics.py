@@ -7,8 +7,6 @@ got, so success counts each answered request once.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import redis.asyncio
 
@@ -17,31 +15,8 @@ from plaza.codec import encode_result
 from plaza.contract import InferResult
 from plaza.settings import PlazaSettings
 from plaza.workers.answered import AnsweredCheck
-from plaza.workers.backends import Backend
-from plaza.workers.backends.base import Arrays
 from plaza.workers.writer import ResultWriter
-from tests.support import running_worker, wait_for
-
-
-class _Gated:
-    """The model's own backend, whose executions wait until the test opens the gate."""
-
-    def __init__(self, inner: Backend) -> None:
-        self.inner = inner
-        self.device = inner.device
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def load(self) -> None:
-        self.inner.load()
-
-    def infer(self, inputs: Arrays, outputs: list[str]) -> Arrays:
-        self.entered.set()
-        self.gate.wait(60)
-        return self.inner.infer(inputs, outputs)
-
-    def unload(self) -> None:
-        self.inner.unload()
+from tests.support import gated, running_worker, wait_for
 
 
 def _answer(rid: str, worker: str) -> InferResult:
@@ -51,20 +26,19 @@ def _answer(rid: str, worker: str) -> InferResult:
 async def test_a_suppressed_answer_counts_no_success(settings: PlazaSettings) -> None:
     x = np.full((1, 2), 5, np.float32)
     async with PlazaClient(settings) as client, running_worker(settings, "identity") as worker:
-        gated = _Gated(worker.runner.backends[1])
-        worker.runner.backends[1] = gated
+        gate = gated(worker)
         stream = client.results_stream("dup")
         replayed, fresh = (
             make_request("identity", {"INPUT0": x}, reply_stream=stream, correlation_id=rid)
             for rid in ("replayed-id", "fresh-id")
         )
         await client.publish_many([replayed])
-        await wait_for(gated.entered.is_set, 30, "the run to begin")
+        await wait_for(gate.entered.is_set, 30, "the run to begin")
         # Another run of the same request answered while this one ran: the client has that
         # answer, and this run's is suppressed.
         key = settings.names.result_key(replayed.id)
         assert await client._redis.set(key, encode_result(_answer(replayed.id, "earlier")))
-        gated.gate.set()
+        gate.gate.set()
         await wait_for(lambda: worker.metrics.records["duplicate"] == 1, what="the suppressed")
         await client.publish_many([fresh])
         await wait_for(lambda: worker.metrics.records["written"] == 1, what="the fresh answer")
