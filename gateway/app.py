@@ -62,6 +62,9 @@ EXTENSIONS = (
     "plaza_async_jobs",
 )
 _DECOMPRESS_WBITS = {"gzip": 31, "deflate": 15}
+MAX_GZIP_MEMBERS = 16
+"""gzip members a request body may hold: each member's read copies the bytes after it, so a
+body of many tiny members would cost time in the square of its size (clients send one)."""
 DECOUPLED_REFUSED = "HTTP end point doesn't support models with decoupled transaction policy"
 """Triton's words for a sync infer call to a decoupled model (400)."""
 
@@ -116,9 +119,9 @@ def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     """gzip or deflate (tritonclient's request compression), bounded by ``limit``. A gzip
-    body may be several members, one after another (RFC 1952 §2.2): each is read. Bytes
-    after the end of the data (after a deflate stream, or a gzip body's last member, that
-    are no member) are refused, not dropped."""
+    body may be several members, one after another (RFC 1952 §2.2), up to
+    ``MAX_GZIP_MEMBERS``: each is read. Bytes after the end of the data (after a deflate
+    stream, or a gzip body's last member, that are no member) are refused, not dropped."""
     wbits = _DECOMPRESS_WBITS.get(encoding)
     if wbits is None:
         raise InvalidInput(f"unsupported Content-Encoding {encoding!r} (gzip, deflate)")
@@ -142,6 +145,8 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
         if encoding != "gzip":
             raise InvalidInput(f"request body has bytes after the end of its {encoding} data")
+        if len(parts) >= MAX_GZIP_MEMBERS:
+            raise InvalidInput(f"request body has more than {MAX_GZIP_MEMBERS} gzip members")
 
 
 # -- auth -----------------------------------------------------------------------------------

@@ -48,7 +48,6 @@ from plaza.gateway.kserve import (
     load_json_object,
     non_finite_json,
     request_parameters,
-    utf8_texts,
 )
 from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
@@ -157,7 +156,9 @@ def _value(tensor: Tensor) -> Scalar | list[Any] | orjson.Fragment:
         wide = flat.astype(np.float64)
         return non_finite_json(wide.reshape(()) if wide.size == 1 else wide)
     if tensor.datatype == "BYTES":
-        values: list[Any] = utf8_texts(tensor.name, flat)  # (not UTF-8: refused, not altered)
+        # Replaced, not refused as infer's JSON refuses it: generate has no binary form, and
+        # a byte-level tokenizer's streamed responses may each hold part of one character.
+        values: list[Any] = [b.decode("utf-8", errors="replace") for b in flat]
     else:
         values = flat.tolist()
     return values[0] if len(values) == 1 else values

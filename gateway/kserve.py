@@ -638,10 +638,10 @@ def _json_output(tensor: Tensor) -> dict[str, Any]:
 
 
 def utf8_texts(name: str, arr: np.ndarray[Any, Any]) -> list[str]:
-    """A BYTES output's elements as JSON strings (infer's and generate's). One that is not
-    UTF-8 cannot be one without changing it (Triton writes its raw bytes into the JSON,
-    which then is not UTF-8): it is refused rather than altered, and the caller told to ask
-    for it as binary data, which carries any bytes (infer's; generate has none)."""
+    """A BYTES output's elements as JSON strings (infer's). One that is not UTF-8 cannot be
+    one without changing it (Triton writes its raw bytes into the JSON, which then is not
+    UTF-8): it is refused rather than altered, and the caller told to ask for it as binary
+    data, which carries any bytes. (generate replaces such bytes: it has no binary form.)"""
     texts: list[str] = []
     for i, element in enumerate(arr):
         try:

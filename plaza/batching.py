@@ -198,6 +198,12 @@ class DynamicBatcher(Generic[T]):
         # Pending requests per level, DELAY-moved ones included. A deque's length would
         # count the husks too, so this is what max_queue_size is checked against.
         self._level_counts: dict[int, int] = dict.fromkeys(policy.levels, 0)
+        self._queue_bounds = [
+            (level, size)
+            for level in policy.levels
+            if (size := policy.queue_policy(level).max_queue_size) > 0
+        ]
+        """(level, max_queue_size) of the levels with a bound."""
 
     # -- intake ----------------------------------------------------------------------------
     def add(
@@ -271,11 +277,19 @@ class DynamicBatcher(Generic[T]):
         goal = self._goal(self._size + max(0, backlog))
         if goal is not None and self._size >= goal:
             return Decision(self._take(goal), expired, None)
+        if self._a_level_is_full():  # none can come into it: waiting would fill nothing
+            return Decision(self._take(self.policy.max_batch_size), expired, None)
         oldest = self._oldest_arrival()
         due = oldest + self.policy.max_queue_delay_us / 1e6
         if now >= due:
             return Decision(self._take(self.policy.max_batch_size), expired, None)
         return Decision([], expired, self._next_wake(due))
+
+    def _a_level_is_full(self) -> bool:
+        """Whether a level holds its max_queue_size: nothing more joins it (refused here, or
+        not fetched by the worker), so its requests are not kept waiting for more."""
+        counts = self._level_counts
+        return any(counts[level] >= size for level, size in self._queue_bounds)
 
     def _goal(self, depth: int) -> int | None:
         fits = [s for s in self.policy.batch_sizes() if s <= depth]

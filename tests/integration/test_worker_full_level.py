@@ -9,6 +9,7 @@ level stops the fetching of its topics until the level has room.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from pathlib import Path
 
@@ -112,3 +113,26 @@ async def test_a_bounded_priority_level_waits_in_kafka_beside_an_unbounded_one(
             codes = await answer_codes(client, stream, {req.id for req in requests})
             assert codes == {"ok": REQUESTS}
             assert worker.metrics.records["rejected"] == 0
+
+
+async def test_a_full_level_runs_what_it_holds_without_waiting_for_rows_left_in_kafka(
+    settings: PlazaSettings, tmp_path: Path
+) -> None:
+    """max_queue_size 2 under max_batch_size 4: the level is full at 2 and intake fetches no
+    more, so the batcher must not wait its (here one minute) queue delay for the rows that
+    Kafka's lag counts but intake will not bring: each batch of 2 runs at once. Were it
+    to wait, the 10 requests would take five minutes; the wait below allows 90 s."""
+    levels = "default_queue_policy { max_queue_size: 2 }"
+    s = bounded_settings(settings, tmp_path, levels)
+    config = tmp_path / MODEL / "config.pbtxt"
+    config.write_text(config.read_text().replace("100000", "60000000"))  # one minute
+    async with PlazaClient(s) as client:
+        stream = client.results_stream("full")
+        requests = [
+            make_request(MODEL, {"INPUT0": np.full((1, 4), i, np.float32)}, reply_stream=stream)
+            for i in range(10)
+        ]
+        await produce_directly(s, requests)
+        async with running_worker(s, MODEL):
+            answered = answer_codes(client, stream, {req.id for req in requests})
+            assert await asyncio.wait_for(answered, 90) == {"ok": 10}

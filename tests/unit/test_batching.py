@@ -215,6 +215,17 @@ def test_max_queue_size_raises_queue_full() -> None:
     assert info.value.retriable and info.value.code == "queue_full"
 
 
+def test_a_full_level_runs_at_once_instead_of_waiting_its_delay() -> None:
+    """max_queue_size 2 under max_batch_size 8: nothing more joins a level holding 2 (refused
+    here, not fetched by a worker), so waiting the delay would fill nothing."""
+    clock = FakeClock()
+    b = make(clock, default_queue_policy=QueuePolicy(max_queue_size=2))
+    b.add(1)
+    assert b.decide().batch == []  # room left: it waits for more
+    b.add(2)
+    assert b.decide().batch == [1, 2]
+
+
 @pytest.mark.parametrize("leave", ["expire", "remove"])
 def test_requests_gone_from_behind_a_live_one_free_their_places(leave: str) -> None:
     # max_queue_size counts the requests waiting (Triton's rule), not the husks that expired

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from plaza.contract import InferResult
 from plaza.errors import InvalidInput
 from plaza.gateway import kserve
-from plaza.gateway.app import create_app, decompress
+from plaza.gateway.app import MAX_GZIP_MEMBERS, create_app, decompress
 from plaza.gateway.http_server import MAX_URL_BYTES, HttpRequest, HttpResponse, HttpServer
 from plaza.gateway.service import GatewayService
 from plaza.settings import GatewaySettings, PlazaSettings
@@ -189,6 +189,15 @@ def test_a_trailing_slash_is_a_json_404_not_a_redirect(tmp_path: Path, path: str
 def test_every_gzip_member_is_read() -> None:
     body = gzip.compress(b"first,") + gzip.compress(b"second")
     assert decompress(body, "gzip", 1000) == b"first,second"
+
+
+def test_a_body_of_more_gzip_members_than_allowed_is_refused() -> None:
+    """Each member's read copies what follows it: many tiny members would hold the loop
+    for a time in the square of the body's size."""
+    empty = gzip.compress(b"")
+    assert decompress(empty * MAX_GZIP_MEMBERS, "gzip", 1000) == b""
+    with pytest.raises(InvalidInput, match=f"more than {MAX_GZIP_MEMBERS} gzip members"):
+        decompress(empty * (MAX_GZIP_MEMBERS + 1), "gzip", 1000)
 
 
 def test_gzip_members_together_are_held_to_the_limit() -> None:
