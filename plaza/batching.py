@@ -19,7 +19,8 @@ The rule, each time ``decide(backlog)`` is asked:
    of the preferred sizes where the config names some, else max_batch_size. As in Triton,
    a model with preferred sizes 16 and 32 runs 32 at once from a queue of 64, not 64: the
    rest forms the next batch while this one computes.
-3. If the pending requests already fill the goal, that batch runs now. Otherwise the batcher
+3. If the pending requests already fill the goal, or a level holds its max_queue_size (no
+   more can join it), that batch runs now. Otherwise the batcher
    waits for more, but never longer than ``max_queue_delay_microseconds`` after the oldest
    pending request arrived (the earliest arrival of all: a queue is in fetch order, so its
    head need not be the oldest); then it runs as much as is there (up to max_batch_size). (Where
