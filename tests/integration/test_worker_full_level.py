@@ -43,6 +43,20 @@ def bounded_settings(settings: PlazaSettings, tmp_path: Path, levels: str) -> Pl
     return settings.model_copy(update={"repository": tmp_path})
 
 
+def rows(count: int, stream: str, levels: int = 1) -> list[InferRequest]:
+    """``count`` requests of one row each, answered on ``stream``, their priorities cycling
+    through 1..``levels``."""
+    return [
+        make_request(
+            MODEL,
+            {"INPUT0": np.full((1, 4), i, np.float32)},
+            reply_stream=stream,
+            priority=1 + i % levels if levels > 1 else 0,
+        )
+        for i in range(count)
+    ]
+
+
 async def produce_directly(settings: PlazaSettings, requests: list[InferRequest]) -> None:
     """Write ``requests`` to their topics as a plain Kafka producer would (no queue guard)."""
     topics = {req.id: settings.names.request_topic(MODEL, req.priority) for req in requests}
@@ -77,10 +91,7 @@ async def test_records_past_max_queue_size_wait_in_kafka_not_refused(
     s = bounded_settings(settings, tmp_path, "default_queue_policy { max_queue_size: 5 }")
     async with PlazaClient(s) as client:
         stream = client.results_stream("bounded")
-        requests = [
-            make_request(MODEL, {"INPUT0": np.full((1, 4), i, np.float32)}, reply_stream=stream)
-            for i in range(REQUESTS)
-        ]
+        requests = rows(REQUESTS, stream)
         await produce_directly(s, requests)
         async with running_worker(s, MODEL) as worker:
             codes = await answer_codes(client, stream, {req.id for req in requests})
@@ -99,15 +110,7 @@ async def test_a_bounded_priority_level_waits_in_kafka_beside_an_unbounded_one(
     s = bounded_settings(settings, tmp_path, levels)
     async with PlazaClient(s) as client:
         stream = client.results_stream("levels")
-        requests = [
-            make_request(
-                MODEL,
-                {"INPUT0": np.full((1, 4), i, np.float32)},
-                reply_stream=stream,
-                priority=1 + i % 2,
-            )
-            for i in range(REQUESTS)
-        ]
+        requests = rows(REQUESTS, stream, levels=2)
         await produce_directly(s, requests)
         async with running_worker(s, MODEL) as worker:
             codes = await answer_codes(client, stream, {req.id for req in requests})
@@ -128,10 +131,7 @@ async def test_a_full_level_runs_what_it_holds_without_waiting_for_rows_left_in_
     config.write_text(config.read_text().replace("100000", "60000000"))  # one minute
     async with PlazaClient(s) as client:
         stream = client.results_stream("full")
-        requests = [
-            make_request(MODEL, {"INPUT0": np.full((1, 4), i, np.float32)}, reply_stream=stream)
-            for i in range(10)
-        ]
+        requests = rows(10, stream)
         await produce_directly(s, requests)
         async with running_worker(s, MODEL):
             answered = answer_codes(client, stream, {req.id for req in requests})
