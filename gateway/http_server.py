@@ -23,12 +23,14 @@ keeps what an inference front needs and nothing else:
   connection goes on; CONNECT gets 400 and a close;
 - a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
   ``stall_s``, or whose request line and headers (a chunk's size line, a chunked body's
-  trailers) are not whole ``stall_s`` after they began, gets 408 and a close (a client
-  that trickles a head a byte at a time must not hold a connection for ever); a request
+  trailers) are not whole ``stall_s`` after they began, or whose body is not whole
+  ``max_body_s`` after its first bytes came, gets 408 and a close (a client that trickles
+  a head or a body a byte at a time must not hold a connection for ever); a request
   line and headers, or a chunked body's trailers, over ``max_head_bytes`` get 431 and a
   close; a malformed request gets 400 and a close, and so does an HTTP/1.1 request without
   a Host header or any request with more than one (RFC 9112 §3.2); a request target over
-  ``MAX_URL_BYTES`` gets 414 (one httptools cannot split, 400), and the connection goes on;
+  ``MAX_URL_BYTES`` gets 414 (one httptools cannot split, 400), and the connection goes on
+  (an HTTP/1.0 one kept alive is told so, as after any answer that keeps it);
 - a client's FIN reads as the client gone, even when it only half-closes (as Go's net/http
   and uvicorn read it): the connection closes and what it sent is cancelled (the handler
   call in flight; the requests queued behind it are never called), so a caller that
@@ -82,6 +84,10 @@ STALL_S = 30.0
 """A request half received whose next bytes do not come for this long, or whose head has
 not come whole this long after it began, is answered 408 and its connection closed (a dead
 or hostile client must not hold a connection for ever)."""
+
+MAX_BODY_S = 60.0
+"""A request body not whole this long after its first bytes came is answered 408 and its
+connection closed, however steadily its bytes trickle in (each gap inside ``STALL_S``)."""
 
 MAX_URL_BYTES = 65535
 """The longest request target httptools can split into path and query: a longer one is
@@ -168,7 +174,9 @@ class HttpProtocol(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._rejected: HttpResponse | None = None
-        self._pending: deque[tuple[HttpRequest | HttpResponse, bool]] = deque()
+        # what to answer, in order: a request or the server's own answer, whether the
+        # connection is kept after it, and whether it is HTTP/1.0 (told of a keep-alive)
+        self._pending: deque[tuple[HttpRequest | HttpResponse, bool, bool]] = deque()
         self._busy = False
         self._paused = False
         self._closing = False
@@ -182,6 +190,7 @@ class HttpProtocol(asyncio.Protocol):
         self._replay: bytes | None = None  # an Upgrade request's head, without the Upgrade
         self._last_data = 0.0
         self._head_due: float | None = None  # the head being read must be whole by then
+        self._body_due: float | None = None  # the body being read must be whole by then
         self._hosts = 0  # Host headers of the request being read
         self._broken = False
         self._pump: asyncio.Task[None] | None = None
@@ -255,6 +264,7 @@ class HttpProtocol(asyncio.Protocol):
         self._in_head = True
         self._head_bytes = 0
         self._head_due = self._last_data + self._server.stall_s
+        self._body_due = None
         self._hosts = 0
         self._url = b""
         self._headers = {}
@@ -318,6 +328,8 @@ class HttpProtocol(asyncio.Protocol):
         self._in_head = False
         self._head_due = None
         self._head_bytes = 0  # what was counted was a chunk's size line, not trailers
+        if self._body_due is None:  # its first bytes: the whole body must follow in time
+            self._body_due = self._last_data + self._server.max_body_s
         if self._rejected is not None or self._broken:
             return
         self._size += len(body)
@@ -329,7 +341,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._receiving = self._in_body = self._in_head = self._continue_owed = False
-        self._head_due = None
+        self._head_due = self._body_due = None
         self._cancel_idle()  # the request is whole: its answer re-arms the timer
         if self._broken:  # answered already (_reject_now)
             return
@@ -340,21 +352,22 @@ class HttpProtocol(asyncio.Protocol):
                 self._replay = self._head_without_upgrade()
             return
         keep_alive = bool(self._parser.should_keep_alive()) and not self._closing
+        version = self._parser.get_http_version()
         if self._rejected is not None:
             # the body was not read: the connection cannot be trusted for another request
-            self._enqueue(self._rejected, False)
+            self._enqueue(self._rejected, False, version == "1.0")
             return
         try:
             url = httptools.parse_url(self._url)
         except httptools.HttpParserInvalidURLError:  # the request was framed: answer it
-            self._enqueue(_bad_target(len(self._url)), keep_alive)
+            self._enqueue(_bad_target(len(self._url)), keep_alive, version == "1.0")
             return
         path = url.path.decode("latin-1")
         query = url.query.decode("latin-1") if url.query else ""
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        version = self._parser.get_http_version()
         method = self._parser.get_method().decode("latin-1")
-        self._enqueue(HttpRequest(method, path, query, self._headers, body, version), keep_alive)
+        request = HttpRequest(method, path, query, self._headers, body, version)
+        self._enqueue(request, keep_alive, version == "1.0")
 
     def _head_without_upgrade(self) -> bytes:
         """The request line and headers as parsed, less Upgrade (so httptools reads on)."""
@@ -367,8 +380,8 @@ class HttpProtocol(asyncio.Protocol):
         return b"".join(lines)
 
     # -- answering -----------------------------------------------------------------------
-    def _enqueue(self, item: HttpRequest | HttpResponse, keep_alive: bool) -> None:
-        self._pending.append((item, keep_alive))
+    def _enqueue(self, item: HttpRequest | HttpResponse, keep_alive: bool, http_1_0: bool) -> None:
+        self._pending.append((item, keep_alive, http_1_0))
         if len(self._pending) > MAX_PIPELINED and self._transport and not self._paused:
             self._transport.pause_reading()
             self._paused = True
@@ -379,14 +392,13 @@ class HttpProtocol(asyncio.Protocol):
     async def _answer_pending(self) -> None:
         try:
             while self._pending and self._transport is not None:
-                item, keep_alive = self._pending.popleft()
+                item, keep_alive, http_1_0 = self._pending.popleft()
                 if self._paused and len(self._pending) <= MAX_PIPELINED // 2:
                     self._transport.resume_reading()
                     self._paused = False
-                head, chunked = False, True  # chunked: an HTTP/1.1 request's answer
+                head, chunked = False, not http_1_0  # chunked: an HTTP/1.1 request's answer
                 if isinstance(item, HttpRequest):
                     head = item.method == "HEAD"
-                    chunked = item.http_version != "1.0"
                     called = await self._call(item)
                     if called is None:  # the client went away: its call was cancelled
                         return
@@ -486,7 +498,7 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.write(render(response, keep_alive=False))
             self._transport.close()
         else:  # answer the requests ahead of it first
-            self._pending.append((response, False))
+            self._pending.append((response, False, False))
 
     # -- idle and stop -------------------------------------------------------------------
     def _arm_idle(self) -> None:
@@ -506,18 +518,25 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
             return
         now = self._loop.time()
+        late = self._late(now)
+        if late is not None:
+            self._reject_now(_plain(408, late, "request_timeout"))
+            return
+        # half a request, still coming in: look again at its first deadline
+        stalled_at = self._last_data + self._server.stall_s
+        due = min(d for d in (stalled_at, self._head_due, self._body_due) if d is not None)
+        self._idle = self._loop.call_later(due - now, self._idle_timeout)
+
+    def _late(self, now: float) -> str | None:
+        """Why the request half received is too late to go on with; None while it is not."""
         stall_s = self._server.stall_s
         if self._head_due is not None and self._head_due <= now:
-            slow = f"the request's head (or a chunk size line, trailers) took over {stall_s:g} s"
-            self._reject_now(_plain(408, slow, "request_timeout"))
-            return
-        left = self._last_data + stall_s - now
-        if left > 0:  # half a request, still coming in
-            due = left if self._head_due is None else min(left, self._head_due - now)
-            self._idle = self._loop.call_later(due, self._idle_timeout)
-        else:
-            stalled = f"no bytes of the request came for {stall_s:g} s"
-            self._reject_now(_plain(408, stalled, "request_timeout"))
+            return f"the request's head (or a chunk size line, trailers) took over {stall_s:g} s"
+        if self._body_due is not None and self._body_due <= now:
+            return f"the request's body took over {self._server.max_body_s:g} s"
+        if self._last_data + stall_s <= now:
+            return f"no bytes of the request came for {stall_s:g} s"
+        return None
 
     def shutdown(self) -> None:
         """Stop taking requests: close now if idle, else after the response in flight."""
@@ -561,6 +580,7 @@ class HttpServer:
         max_body_bytes: int,
         keep_alive_s: float = KEEP_ALIVE_S,
         stall_s: float = STALL_S,
+        max_body_s: float = MAX_BODY_S,
         max_head_bytes: int = MAX_HEAD_BYTES,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -568,6 +588,7 @@ class HttpServer:
         self.max_body_bytes = max_body_bytes
         self.keep_alive_s = keep_alive_s
         self.stall_s = stall_s
+        self.max_body_s = max_body_s
         self.max_head_bytes = max_head_bytes
         self.ssl_context = ssl_context
         self.connections: set[HttpProtocol] = set()
