@@ -50,7 +50,7 @@ from plaza.errors import ConfigError, InvalidInput, PlazaError, Unauthorized, Un
 from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
-from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of, tcp_keepalive
+from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of, ping_policy, tcp_keepalive
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
@@ -544,8 +544,10 @@ async def start_server(
         max_message_bytes=gw.max_body_bytes,
         max_buffered_bytes=gw.grpc_max_buffered_bytes or None,
         ssl_context=alpn_h2(ssl_context(tls)),
-        # it answers every ping (no strikes) and sends none: TCP keepalive in their place
+        # it strikes a client's pings as grpc-core does, and sends none of its own: TCP
+        # keepalive in their place
         tcp_keepalive=tcp_keepalive(gw.grpc_keepalive_time_ms, gw.grpc_keepalive_timeout_ms),
+        pings=ping_policy(gw),
     )
     return own, await own.start(host, port)
 

@@ -47,8 +47,12 @@ and keeps what Triton's clients use:
 - TCP keepalive on every connection (``KEEPALIVE`` by default: probes after 2 h idle, as
   grpc-core's servers ping; ``tcp_keepalive`` sets the timing), so a client gone without
   closing is found and its connection closed;
-- PING: every one is answered, at any rate, with or without calls open (no ping strikes,
-  never GOAWAY too_many_pings); this server sends none of its own (TCP keepalive instead);
+- PING: answered; with a ``pings`` policy (``ping_policy``: the gateway's
+  ``gateway.grpc_http2_*`` and ``grpc_keepalive_permit_without_calls`` settings, Triton's
+  flags, as grpc.aio gets them), a client that pings too often is struck out as by
+  grpc-core's servers: GOAWAY ENHANCE_YOUR_CALM ``too_many_pings`` and the connection
+  closed (``gateway.http2``'s docstring); without one every ping is answered, at any
+  rate. This server sends no pings of its own (TCP keepalive instead);
 - a stop sends GOAWAY, lets the calls in flight finish (up to a grace period), then closes.
 
 Not served: compressed answers and server reflection; binary (``-bin``) metadata is decoded
@@ -80,6 +84,7 @@ from google.protobuf.message import DecodeError, Message
 from plaza.errors import ConfigError
 from plaza.gateway import http2
 from plaza.gateway.http_server import STALL_S, drain_and_close
+from plaza.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +131,18 @@ def tcp_keepalive(time_ms: int, timeout_ms: int) -> tuple[tuple[int, int], ...]:
         (socket.TCP_KEEPIDLE, seconds(time_ms)),
         (socket.TCP_KEEPINTVL, seconds(timeout_ms)),
         (socket.TCP_KEEPCNT, 3),
+    )
+
+
+def ping_policy(gateway: GatewaySettings) -> http2.PingPolicy:
+    """The limits on a client's pings from the gateway's settings (Triton's
+    --grpc-http2-min-recv-ping-interval-without-data, --grpc-http2-max-ping-strikes and
+    --grpc-keepalive-permit-without-calls), as ``grpc_front.server_options`` gives them to
+    grpc.aio."""
+    return http2.PingPolicy(
+        min_interval_s=gateway.grpc_http2_min_recv_ping_interval_without_data_ms / 1000,
+        max_strikes=gateway.grpc_http2_max_ping_strikes,
+        permit_without_calls=gateway.grpc_keepalive_permit_without_calls,
     )
 
 
@@ -295,7 +312,9 @@ class GrpcProtocol(asyncio.Protocol):
 
     def __init__(self, server: GrpcServer) -> None:
         self.server = server
-        self.h2 = http2.Connection(self, max_streams=server.max_streams, window=WINDOW_BYTES)
+        self.h2 = http2.Connection(
+            self, max_streams=server.max_streams, window=WINDOW_BYTES, pings=server.pings
+        )
         self.calls: dict[int, _Call] = {}
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = server.loop.create_future()
@@ -785,8 +804,11 @@ class GrpcServer:
         stall_s: float = STALL_S,
         ssl_context: ssl.SSLContext | None = None,
         tcp_keepalive: tuple[tuple[int, int], ...] = KEEPALIVE,
+        pings: http2.PingPolicy | None = None,
     ) -> None:
         self.methods = methods
+        self.pings = pings
+        """The limits on a client's pings (``ping_policy()``; None: every ping answered)."""
         self.tcp_keepalive = tcp_keepalive
         """TCP keepalive's options on every connection (``tcp_keepalive()``)."""
         self.max_message_bytes = max_message_bytes

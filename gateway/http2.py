@@ -7,8 +7,8 @@ header encoder), a third of the gateway's busy time under load (docs/benchmarks.
 gateway's own gRPC server"). This layer does per frame only what the protocol needs:
 
 - the client's preface, SETTINGS (acknowledged; its INITIAL_WINDOW_SIZE moves every open
-  stream's window, MAX_FRAME_SIZE bounds what is sent), PING (every one answered, at any
-  rate: no ping strikes, unlike grpc-core's servers), GOAWAY, PRIORITY
+  stream's window, MAX_FRAME_SIZE bounds what is sent), PING (answered; with a
+  ``PingPolicy``, grpc-core's servers' ping strikes, below), GOAWAY, PRIORITY
   (ignored), WINDOW_UPDATE, RST_STREAM, and unknown frame types (ignored, as the RFC asks);
 - HEADERS with CONTINUATION, padding and priority fields, decoded by HPACK (the ``hpack``
   package's decoder: it keeps the client's dynamic table; a block the decoder would read
@@ -24,13 +24,25 @@ gateway's own gRPC server"). This layer does per frame only what the protocol ne
 Headers are sent as HPACK literals that never touch the dynamic table (``literal``), so the
 encoder keeps no state, and a response's constant headers are encoded once.
 
+Pings, with a ``PingPolicy`` (Triton's ``--grpc-http2-min-recv-ping-interval-without-data``,
+``--grpc-http2-max-ping-strikes`` and ``--grpc-keepalive-permit-without-calls``), as
+grpc-core's servers count them: a ping that comes sooner than ``min_interval_s`` after the
+one before is a strike (sooner than 2 hours while no stream is open, unless
+``permit_without_calls``); the first ping after this side sent headers or data is never
+one, and sending them clears the strikes. Past ``max_strikes`` strikes (0: no limit) the
+connection ends: GOAWAY ENHANCE_YOUR_CALM with debug data ``too_many_pings``. Without a
+policy every ping is answered, at any rate.
+
 A protocol error raises ``ConnectionError_`` (send GOAWAY with its code, then close); an
 error confined to one stream resets that stream and tells the handler.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -46,6 +58,7 @@ END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # error codes
 NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
 STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x8, 0x9
+ENHANCE_YOUR_CALM = 0xB
 # settings
 HEADER_TABLE_SIZE, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE = 0x1, 0x3, 0x4
 MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE = 0x5, 0x6
@@ -60,6 +73,26 @@ MAX_HEADER_BLOCK = 1 << 20
 
 _HEAD = struct.Struct(">IBI")  # a frame's header read as (length << 8 | type), flags, stream
 _SETTING = struct.Struct(">HI")
+
+
+IDLE_PING_INTERVAL_S = 2 * 3600.0
+"""The least time between a client's pings while no stream is open and the policy does
+not permit pings without calls (grpc-core's)."""
+TOO_MANY_PINGS = "too_many_pings"
+"""The debug data of the GOAWAY that ends a connection past its ping strikes."""
+
+
+@dataclass(frozen=True, slots=True)
+class PingPolicy:
+    """How often a client may ping (grpc-core's ping abuse policy, with Triton's flags)."""
+
+    min_interval_s: float = 300.0
+    """Pings closer than this are strikes (Triton's
+    --grpc-http2-min-recv-ping-interval-without-data, in seconds)."""
+    max_strikes: int = 2
+    """Past this many strikes the connection ends (0: no limit)."""
+    permit_without_calls: bool = False
+    """Whether ``min_interval_s`` holds while no stream is open, too (else 2 hours do)."""
 
 
 _TableMark = tuple[int, "tuple[bytes, bytes] | None"]
@@ -132,8 +165,21 @@ def literal(name: bytes, value: bytes) -> bytes:
 class Connection:
     """The server side of one HTTP/2 connection. ``receive`` bytes, read ``out``."""
 
-    def __init__(self, handler: Handler, *, max_streams: int, window: int) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_streams: int,
+        window: int,
+        pings: PingPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.handler = handler
+        self.pings = pings
+        """The client's pings' limits (None: every ping is answered, at any rate)."""
+        self._clock = clock
+        self._last_ping = -math.inf  # when the client last pinged, since this side last sent
+        self.ping_strikes = 0
         self.max_streams = max_streams
         self.window = window  # granted to each stream and to the connection
         self.out = bytearray()  # frames to write
@@ -225,12 +271,32 @@ class Connection:
             if stream_id != 0 or len(payload) != 8:
                 raise ConnectionError_(PROTOCOL_ERROR, "a malformed PING")
             if not flags & ACK:
+                if self.pings is not None:
+                    self._count_ping(self.pings)
                 self.out += frame(PING, ACK, 0, payload)
         elif kind == GOAWAY:
             pass  # the client sends nothing new; its calls in flight are answered
         elif kind == PUSH_PROMISE:
             raise ConnectionError_(PROTOCOL_ERROR, "a client may not push")
         # PRIORITY and unknown types: ignored
+
+    def _count_ping(self, policy: PingPolicy) -> None:
+        """A strike for a ping too soon after the one before; past the policy's strikes,
+        ConnectionError_ ENHANCE_YOUR_CALM."""
+        now = self._clock()
+        idle = not self.streams and not policy.permit_without_calls
+        interval = IDLE_PING_INTERVAL_S if idle else policy.min_interval_s
+        allowed, self._last_ping = self._last_ping + interval, now
+        if allowed <= now:
+            return
+        self.ping_strikes += 1
+        if policy.max_strikes and self.ping_strikes > policy.max_strikes:
+            raise ConnectionError_(ENHANCE_YOUR_CALM, TOO_MANY_PINGS)
+
+    def _sent(self) -> None:
+        """Headers or data went out: the client's ping strikes start over (grpc-core's)."""
+        self.ping_strikes = 0
+        self._last_ping = -math.inf
 
     def _settings(self, payload: bytes) -> None:
         for i in range(0, len(payload), 6):
@@ -387,6 +453,7 @@ class Connection:
         """A header block (HPACK-encoded by the caller: ``literal``) in one HEADERS frame,
         or CONTINUATIONs past the client's frame size; ``end_stream`` ends the stream."""
         flags = END_STREAM if end_stream else 0
+        self._sent()
         size = self.max_send_frame
         if len(block) <= size:
             self.out += frame(HEADERS, flags | END_HEADERS, stream_id, block)
@@ -411,6 +478,7 @@ class Connection:
         n = min(len(data), self._send_window, stream.send_window)
         if n <= 0:
             return 0
+        self._sent()
         size = self.max_send_frame
         for i in range(0, n, size):
             chunk = data[i : min(i + size, n)]

@@ -416,9 +416,9 @@ class GatewaySettings(_Section):
     grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(
         300_000,
         ge=0,
-        description="Triton's --grpc-http2-min-recv-ping-interval-without-data (grpcio): a "
-        "client's pings closer than this while no data is sent are strikes (the plaza server "
-        "answers every ping)",
+        description="Triton's --grpc-http2-min-recv-ping-interval-without-data: a client's "
+        "pings closer than this while no data is sent are strikes (grpcio and the plaza "
+        "server)",
     )
     grpc_http2_max_ping_strikes: int = Field(
         2,

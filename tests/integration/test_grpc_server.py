@@ -23,7 +23,13 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from plaza.gateway import grpc_health, http2
 from plaza.gateway.grpc_front import SERVICE, InferenceServicer, server_options
-from plaza.gateway.grpc_server import KEEPALIVE, GrpcServer, methods_of, tcp_keepalive
+from plaza.gateway.grpc_server import (
+    KEEPALIVE,
+    GrpcServer,
+    methods_of,
+    ping_policy,
+    tcp_keepalive,
+)
 from plaza.gateway.shared_memory import CUDA_UNSUPPORTED, SharedMemoryRegions
 from plaza.settings import GatewaySettings, PlazaSettings
 from tests.support import wait_for
@@ -87,15 +93,16 @@ async def serving(
     servicer: pb_grpc.GRPCInferenceServiceServicer,
     health: grpc_health.HealthServicer | None = None,
     options: list[tuple[str, Any]] | None = None,
+    pings: http2.PingPolicy | None = None,
 ) -> AsyncIterator[tuple[Any, str]]:
     """``servicer`` (and gRPC's health service, where given) on the gateway's server
     (plaza) or on grpc.aio (with ``options``, where given), as ``grpc_front.start_server``
-    puts them; yields (server, address)."""
+    puts them, the plaza one with ``pings`` as its ping policy; yields (server, address)."""
     if kind == "plaza":
         table = methods_of(SERVICE, servicer, pb_grpc.GRPCInferenceServiceServicer)
         if health is not None:
             table.update(methods_of(grpc_health.SERVICE, health, object))
-        server: Any = GrpcServer(table, max_message_bytes=LIMIT)
+        server: Any = GrpcServer(table, max_message_bytes=LIMIT, pings=pings)
         port = await server.start("127.0.0.1", 0)
     else:
         options = options or [("grpc.max_receive_message_length", LIMIT)]
@@ -457,8 +464,8 @@ async def test_a_client_pinging_every_second_keeps_its_stream_when_the_settings_
 ) -> None:
     """grpc.aio with the gateway's options (``server_options``), its ping policy opened
     up by the settings, keeps a stream on which nothing is sent between a client's
-    pings a second apart (its defaults, Triton's, answer GOAWAY too_many_pings); the
-    gateway's own server answers any ping."""
+    pings a second apart (its defaults, Triton's, answer GOAWAY too_many_pings), and so
+    does the gateway's own server with the same settings (``ping_policy``)."""
     gateway = GatewaySettings(
         grpc_keepalive_permit_without_calls=True,
         grpc_http2_min_recv_ping_interval_without_data_ms=100,
@@ -471,7 +478,7 @@ async def test_a_client_pinging_every_second_keeps_its_stream_when_the_settings_
             yield request
 
     async with (
-        serving(kind, Echo(), options=options) as (_, address),
+        serving(kind, Echo(), options=options, pings=ping_policy(gateway)) as (_, address),
         stub(address, options=PINGING_CLIENT) as client,
     ):
         call = client.ModelStreamInfer(sent())

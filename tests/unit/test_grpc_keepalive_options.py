@@ -1,6 +1,7 @@
 """gRPC keepalive and ping policy from the gateway's settings (Triton's --grpc-keepalive-*
 and --grpc-http2-* flags): grpc.aio's server options, and the TCP keepalive timing of the
-gateway's own server, which answers every ping and sends none."""
+gateway's own server, which sends no pings (its limits on a client's pings are in
+tests/unit/test_http2_pings.py)."""
 
 from __future__ import annotations
 
