@@ -129,6 +129,9 @@ class GatewayService:
         self._tasks: list[asyncio.Task[None]] = []
         self._answering: set[asyncio.Task[None]] = set()
         """Tasks answering the waiting requests of a model no worker will serve."""
+        self._refused_at_start: set[str] = set()
+        """Models refused before the producer started (the registry's first follow):
+        answered for once it has (``_refused``), so that their jobs poll as refused."""
         self._redis: aioredis.Redis | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: Producer | None = None
@@ -190,6 +193,9 @@ class GatewayService:
             default_version=self._default_version,
         )
         self._producer.refusal = self._refusal
+        for name in sorted(self._refused_at_start):
+            self._refused(name)
+        self._refused_at_start.clear()
         await self._producer.start()
         self._producer.topics_made(topics)
         await self._producer.replies()  # the reply stream exists before the first call
@@ -238,8 +244,10 @@ class GatewayService:
     def _refused(self, name: str) -> None:
         """``name`` is no longer served: the hosts refused its load and no worker of it
         lives (``ModelRegistry.on_refused``). The requests of it that wait here get at
-        once the error a new request gets, instead of waiting out their time."""
+        once the error a new request gets, instead of waiting out their time, and so do
+        its jobs when polled (``Producer.poll``), whichever gateway submitted them."""
         if self._producer is None:
+            self._refused_at_start.add(name)  # a gateway started after the refusal
             return
         task = asyncio.get_running_loop().create_task(self._answer_refused(name))
         self._answering.add(task)

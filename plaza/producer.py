@@ -385,9 +385,14 @@ class Producer:
     ) -> str:
         """Publish ``req`` as an async job (its result goes only to its result key) and
         mark it once Kafka has acknowledged it, with the ``view`` its answer is rendered
-        in; returns the job id. A marker that Redis does not take fails nothing (``_mark``)."""
+        in; returns the job id. A marker that Redis does not take fails nothing (``_mark``).
+        The error of its model's refusal, unpublished, when ``answer_held`` answered for the
+        model while this job was on its way here (as ``_hold`` refuses a sync request)."""
         ready = self._prepare(replace(req, reply=ReplyTo()), spec)
         await self._check_queue(spec, ready.level)
+        error = self._refused_error(ready.req.model)  # refused while it was on its way here
+        if error is not None:
+            raise error
         with self.inflight.hold(request_bytes(ready.req)):
             await self._publisher.publish(ready.req, ready.topic)
         await self._mark(ready, spec, view)
@@ -468,9 +473,14 @@ class Producer:
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result) or unknown; Unavailable when Redis is away, and
         an internal error (not retriable: polling again reads the same bytes) when what is
-        stored for the job does not decode."""
+        stored for the job does not decode. A pending job of a model refused here (as
+        ``answer_held`` answers a waiting request's) is answered with the refusal's error
+        first, so it polls as done with it (``_answer_refused_job``)."""
         try:
-            return await self._store.poll(job_id)
+            status = await self._store.poll(job_id)
+            if status.state == "pending" and self._refused:
+                status = await self._answer_refused_job(job_id) or status
+            return status
         except CodecError as exc:
             raise PlazaError(
                 f"the stored result of job {job_id} does not decode: {exc}", job_id=job_id
@@ -587,12 +597,20 @@ class Producer:
         model's refusal instead, when ``answer_held`` answered its model's requests while
         this one was on its way here (a cache lookup, a backlog probe) and the model is
         still not served (``refusal``)."""
-        if req.model in self._refused:
-            error = self.refusal(req.model) if self.refusal is not None else None
-            if error is not None:
-                raise error
-            del self._refused[req.model]  # served again
+        error = self._refused_error(req.model)
+        if error is not None:
+            raise error
         self._held.setdefault(req.model, {})[req.id] = req
+
+    def _refused_error(self, model: str) -> PlazaError | None:
+        """The error of ``model``'s refusal while ``answer_held`` has answered for it and it
+        is still not served (``refusal``); None otherwise (served again: forgotten)."""
+        if model not in self._refused:
+            return None
+        error = self.refusal(model) if self.refusal is not None else None
+        if error is None:
+            del self._refused[model]  # served again
+        return error
 
     def _release(self, req: InferRequest) -> None:
         held = self._held.get(req.model)
@@ -615,17 +633,36 @@ class Producer:
         if not chosen:
             return []
         info = ErrorInfo(error.code, error.message)
-        payloads = [
-            encode_result(InferResult(r.id, r.model, r.version, error=info)) for r in chosen
-        ]
-        pipe = self._redis.pipeline(transaction=False)
-        for req, payload in zip(chosen, payloads, strict=True):
-            key = self.names.result_key(req.id)
-            pipe.set(key, payload, nx=True, ex=self.settings.redis.result_ttl_s)
-        stored = [p for p, won in zip(payloads, await pipe.execute(), strict=True) if won]
+        stored = await self._store_answers(
+            [InferResult(r.id, r.model, r.version, error=info) for r in chosen]
+        )
         if stored:
             await self._send_answers(stored)
         return [r.id for r in chosen]
+
+    async def _answer_refused_job(self, job_id: str) -> JobStatus | None:
+        """A pending job of a model ``answer_held`` answered for and still refused (its
+        marker names the model): its answer is the refusal's error, stored as a waiting
+        request's is (first write wins, and a worker that fetches the job later skips it);
+        then the job as it polls now. None for a job of any other model. Jobs are answered
+        when polled, so that any gateway's job is, whoever submitted it."""
+        model = marker_model(await self._redis.get(self.names.job_key(job_id)))
+        error = None if model is None else self._refused_error(model)
+        if model is None or error is None:
+            return None
+        info = ErrorInfo(error.code, error.message)
+        await self._store_answers([InferResult(job_id, model, "", error=info)])
+        return await self._store.poll(job_id)
+
+    async def _store_answers(self, results: list[InferResult]) -> list[bytes]:
+        """Store ``results`` under their result keys unless one is stored there already
+        (first write wins, as a worker's); returns the encoded ones stored."""
+        payloads = [encode_result(result) for result in results]
+        pipe = self._redis.pipeline(transaction=False)
+        for result, payload in zip(results, payloads, strict=True):
+            key = self.names.result_key(result.id)
+            pipe.set(key, payload, nx=True, ex=self.settings.redis.result_ttl_s)
+        return [p for p, won in zip(payloads, await pipe.execute(), strict=True) if won]
 
     async def _send_answers(self, payloads: list[bytes]) -> None:
         """Add the encoded results ``payloads`` to this producer's reply stream, in one
@@ -678,6 +715,15 @@ class Producer:
                 ready.req.id,
                 exc,
             )
+
+
+def marker_model(marker: bytes | str | None) -> str | None:
+    """The model a job marker names (``plaza.results.marker_value``: its first word); None
+    for no marker."""
+    if marker is None:
+        return None
+    text = marker.decode(errors="replace") if isinstance(marker, bytes) else marker
+    return text.split(" ", 1)[0]
 
 
 def job_marker_ttl_s(
