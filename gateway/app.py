@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import zlib
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -43,6 +44,7 @@ from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
 from plaza.modelconfig import ModelSpec
 from plaza.results import JobStatus, JobView, step_answer
 from plaza.settings import PlazaSettings
+from plaza.tensors import Buffer
 
 HEALTH_PREFIX = "/v2/health/"
 """Health endpoints answer without an API key (probes carry none)."""
@@ -285,12 +287,8 @@ class Endpoints:
         result, view = status.result, status.view
         binary = request.query_params.get("binary_data_output", "").lower() == "true"
         if self.service.decoupled(result, status.decoupled):
-            if binary:
-                raise InvalidInput(
-                    "binary_data_output is not served for a decoupled model's job (its "
-                    "responses are a JSON list): poll it without"
-                )
-            return JSONBody(_decoupled_job(job_id, status))
+            chosen = functools.partial(view.wants_binary, asked=binary)
+            return tensor_response(_decoupled_job(job_id, status, chosen))
         if result.error is not None:
             error = {"status": "error", "job_id": job_id, "error": result.error.message}
             return JSONBody({**error, "code": result.error.code})
@@ -502,11 +500,15 @@ def _job_view(body: kserve.InferBody) -> JobView:
     return JobView(body.client_id, body.binary_output, outputs)
 
 
-def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
+def _decoupled_job(
+    job_id: str, status: JobStatus, binary: Callable[[str], bool]
+) -> kserve.EncodedBody:
     """A done decoupled model's job: ``responses`` holds each response as the poll endpoint
-    renders one result (JSON outputs, whatever the request's binary choices) or, for an
-    error response, its ``error`` and ``code``; a final response that is an error makes
-    the job's ``status`` ``error``."""
+    renders one result (an output binary where ``binary`` picks it, its bytes after the
+    JSON header in the order of the responses and their outputs) or, for an error
+    response, its ``error`` and ``code``; a final response that is an error makes the
+    job's ``status`` ``error``. A response that JSON cannot carry (a BYTES output that is
+    not UTF-8, asked as JSON) is rendered as its error in its place: the others stand."""
     response_id = status.view.client_id or job_id
     final = status.result
     assert final is not None
@@ -517,11 +519,15 @@ def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
         "model_version": final.version,
     }
     responses: list[dict[str, Any]] = []
+    blobs: list[Buffer] = []
     for result in status.responses:
         if result.error is not None:
             responses.append({"error": result.error.message, "code": result.error.code})
-        else:
-            responses.append(kserve.result_doc(result, response_id))
+            continue
+        try:
+            responses.append(kserve.result_doc(result, response_id, binary, blobs))
+        except InvalidInput as exc:
+            responses.append({"error": exc.message, "code": exc.code})
     if final.error is not None:
         doc.update(status="error", error=final.error.message, code=final.error.code)
         if status.responses and status.responses[-1] is final:
@@ -529,7 +535,10 @@ def _decoupled_job(job_id: str, status: JobStatus) -> dict[str, Any]:
     doc["responses"] = responses
     if status.missing:
         doc["missing_responses"] = status.missing
-    return doc
+    header = kserve.encode_json(doc)
+    if not blobs:
+        return kserve.EncodedBody(header)
+    return kserve.EncodedBody(b"".join([header, *blobs]), header_length=len(header))
 
 
 # -- the application ------------------------------------------------------------------------

@@ -608,14 +608,31 @@ def _binary_output(tensor: Tensor) -> dict[str, Any]:
     }
 
 
-def result_doc(result: InferResult, response_id: str) -> dict[str, Any]:
-    """A successful result as a JSON response object, its outputs as JSON data (what
-    ``encode_infer_response`` makes without binary outputs, as a dict)."""
+def result_doc(
+    result: InferResult,
+    response_id: str,
+    binary: Callable[[str], bool] | None = None,
+    blobs: list[Buffer] | None = None,
+) -> dict[str, Any]:
+    """A successful result as a JSON response object (what ``encode_infer_response`` makes,
+    as a dict): an output that ``binary(name)`` picks is described as binary data and its
+    bytes appended to ``blobs`` (the body's tail, in order), the others are JSON data.
+    Nothing is appended when an output cannot be JSON (InvalidInput, ``utf8_texts``)."""
+    outputs: list[dict[str, Any]] = []
+    tail: list[Buffer] = []
+    for tensor in result.outputs:
+        if binary is not None and binary(tensor.name):
+            outputs.append(_binary_output(tensor))
+            tail.append(tensor.data)
+        else:
+            outputs.append(_json_output(tensor))
+    if blobs is not None:
+        blobs.extend(tail)
     doc: dict[str, Any] = {
         "model_name": result.model,
         "model_version": result.version,
         "id": response_id,
-        "outputs": [_json_output(tensor) for tensor in result.outputs],
+        "outputs": outputs,
     }
     if result.parameters:
         doc["parameters"] = dict(result.parameters)

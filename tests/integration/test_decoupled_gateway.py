@@ -288,7 +288,14 @@ async def test_a_decoupled_job_polls_as_all_its_responses(
     error = polled["error"]
     assert (error["status"], error["error"], error["code"]) == ("error", "boom", "model_error")
     assert values(error) == [[0]]
-    assert binary.status_code == 400 and "binary_data_output" in binary.json()["error"]
+    # asked binary: each response's outputs after the JSON header, in order
+    assert binary.status_code == 200, binary.text
+    length = int(binary.headers["Inference-Header-Content-Length"])
+    header = orjson.loads(binary.content[:length])
+    assert [r["outputs"][0]["parameters"]["binary_data_size"] for r in header["responses"]] == [
+        4
+    ] * 3
+    assert np.frombuffer(binary.content[length:], "<i4").tolist() == [0, 1, 2]
 
 
 async def test_a_decoupled_job_of_one_response_polls_as_decoupled_where_its_model_is_not_loaded(
