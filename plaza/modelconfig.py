@@ -142,6 +142,9 @@ class InstanceGroup:
 
     count: int = 1
     kind: str = "KIND_AUTO"
+    gpus: tuple[int, ...] = ()
+    """``gpus``: the GPU ids named (CUDA's numbering); a worker on a GPU refuses ids it
+    cannot see (``workers/device.py``), one on the CPU ignores them, as it does ``kind``."""
     resources: tuple[RateLimitResource, ...] = ()
     """What each execution of one of these instances needs (``rate_limiter.resources``)."""
     priority: int = 1
@@ -622,6 +625,7 @@ def _instance_groups(config: mc.ModelConfig, source: str) -> tuple[InstanceGroup
             InstanceGroup(
                 count=_instance_count(config, i, source),
                 kind=mc.ModelInstanceGroup.Kind.Name(g.kind),
+                gpus=tuple(int(x) for x in g.gpus),
                 resources=tuple(resources),
                 priority=max(1, int(g.rate_limiter.priority)),
             )

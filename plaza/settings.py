@@ -288,7 +288,9 @@ class WorkerSettings(_Section):
         0, ge=-1, le=65535, description="Prometheus /metrics port; 0: a free one, -1: off"
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: the GPU with most free memory, else cpu"
+        "auto",
+        description="auto: the GPU with most free memory, else cpu; cuda: that GPU, and the "
+        "worker refuses to start (bad_config) when no GPU is visible; cpu: the CPU",
     )
 
     @field_validator("summary_quantiles")

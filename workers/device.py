@@ -8,15 +8,23 @@ and ONNX Runtime's ``device_id`` count; ``nvml_index`` is NVML's own number for 
 memory meter reads that one). Integer entries are taken in NVML's order, the PCI bus order
 (CUDA's too with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``). A MIG instance id is not mapped: it ends
 the list like an unusable entry (a warning says so).
+
+``worker.device=cuda`` on a machine where CUDA shows no GPU is a ConfigError at worker start
+(Triton fails a ``KIND_GPU`` model there too): a broken GPU node fails, rather than serving
+slowly on the CPU. ``auto`` falls back to the CPU. On a GPU, a model whose ``instance_group``
+names GPUs (``gpus``) that this process cannot see is refused (``check_instance_gpus``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+
+from plaza.errors import ConfigError
+from plaza.modelconfig import InstanceGroup
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +42,8 @@ class Device:
     free_bytes: int = 0
     nvml_index: int | None = None
     """NVML's number for the GPU (None on the CPU)."""
+    visible: int = field(default=0, compare=False)
+    """How many GPUs CUDA shows this process (0 on the CPU): the valid CUDA ordinals."""
 
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index} ({self.name})"
@@ -105,18 +115,25 @@ def list_gpus() -> list[Device]:
 
 
 def select_device(preference: Literal["auto", "cpu", "cuda"] = "auto") -> Device:
-    """``auto``: the GPU with most free memory if any, else CPU. The choice is logged."""
+    """``auto``: the GPU with most free memory if any, else CPU; ``cuda``: that GPU, and a
+    ConfigError (``bad_config``) if none is visible. The choice is logged."""
     if preference == "cpu":
         log.info("device: cpu (requested)")
         return CPU
     gpus = list_gpus()
     if not gpus:
         if preference == "cuda":
-            log.warning("device: cuda requested but no GPU is visible; using cpu")
-        else:
-            log.info("device: cpu (no GPU visible: pynvml, %s)", VISIBLE_DEVICES_ENV)
+            raw = os.environ.get(VISIBLE_DEVICES_ENV)
+            shown = "unset" if raw is None else f"={raw!r}"
+            raise ConfigError(
+                "worker.device is cuda but no GPU is visible to this process (no NVIDIA "
+                f"driver or GPU found through pynvml; {VISIBLE_DEVICES_ENV} {shown}); "
+                "use worker.device=auto or cpu to serve on the CPU",
+                field="worker.device",
+            )
+        log.info("device: cpu (no GPU visible: pynvml, %s)", VISIBLE_DEVICES_ENV)
         return CPU
-    best = max(gpus, key=lambda d: d.free_bytes)
+    best = replace(max(gpus, key=lambda d: d.free_bytes), visible=len(gpus))
     log.info(
         "device: %s (NVML GPU %s) with %.1f GiB free (of %d GPUs visible)",
         best,
@@ -125,3 +142,20 @@ def select_device(preference: Literal["auto", "cpu", "cuda"] = "auto") -> Device
         len(gpus),
     )
     return best
+
+
+def check_instance_gpus(model: str, groups: Sequence[InstanceGroup], device: Device) -> None:
+    """Refuse a model whose ``instance_group[i].gpus`` names a GPU this process cannot see,
+    when it runs on a GPU: a ConfigError (``bad_config``) naming the ids and how many GPUs
+    are visible. On the CPU ``gpus`` is ignored, as ``kind`` is."""
+    if device.kind != "cuda":
+        return
+    for i, group in enumerate(groups):
+        unseen = [g for g in group.gpus if not 0 <= g < device.visible]
+        if unseen:
+            raise ConfigError(
+                f"model {model!r}: field 'instance_group[{i}].gpus': GPU ids {unseen} are not "
+                f"visible to this worker: it sees {device.visible} GPU(s), ids 0 to "
+                f"{device.visible - 1} (CUDA's numbering after {VISIBLE_DEVICES_ENV})",
+                field=f"instance_group[{i}].gpus",
+            )

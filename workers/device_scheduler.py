@@ -147,7 +147,7 @@ class DeviceScheduler:
         self.history: deque[Grant] = deque(maxlen=HISTORY)
         """The latest grants in the order given (bounded)."""
         self.peak: dict[str, int] = {}
-        """The most executions of each model that ran at once."""
+        """The most executions of each model served that ran at once (dropped with the model)."""
 
     # -- the models --------------------------------------------------------------------------
     def add_model(
@@ -177,8 +177,10 @@ class DeviceScheduler:
         self._models[name] = _Model(name, list(instances), cap, device_slot=device_slot)
 
     def remove_model(self, name: str) -> None:
-        """Stop serving ``name`` (its waiting tickets are dropped, unanswered)."""
+        """Stop serving ``name`` (its waiting tickets are dropped, unanswered); its ``peak``
+        goes with it, so a host that reloads a model often keeps one entry per model served."""
         self._models.pop(name, None)
+        self.peak.pop(name, None)
         self.dispatch()  # the resources it waited for (``_next``) are no longer held for it
 
     @property

@@ -75,6 +75,7 @@ from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.commit import Rebalance, commit_owned
 from plaza.workers.dead_letter import dead_letter
 from plaza.workers.deliveries import DeliveryCounter
+from plaza.workers.device import check_instance_gpus
 from plaza.workers.device_scheduler import Grant, instance_specs
 from plaza.workers.host_services import HostServices
 from plaza.workers.metrics import WorkerMetrics
@@ -287,6 +288,7 @@ class Worker:
         self.device_key = device_key or self.model
         """Its name in the host's device scheduler: the model's, or (a reload's worker
         started beside the one serving, ``workers/model_watch.py``) one of its own."""
+        check_instance_gpus(self.spec.name, self.spec.instance_groups, self.services.device)
         self.device.add_model(
             self.device_key,
             instance_specs(self.spec.instance_groups),
