@@ -55,6 +55,7 @@ from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
 from plaza.gateway.tls import TlsFiles, grpc_credentials, ssl_context
+from plaza.sequence_batching import PARAM_ID
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 
@@ -399,7 +400,7 @@ class _Stream:
         self._answers: asyncio.Queue[_Queued | None] = asyncio.Queue()
         """Answers to send, and a request's end (no answer: frees its slot); None: the end."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._tails: dict[int | str, asyncio.Task[None]] = {}
+        self._tails: dict[_SequenceKey, asyncio.Task[None]] = {}
         """Each sequence's latest request in flight: the next one waits for it."""
 
     async def run(
@@ -435,7 +436,7 @@ class _Stream:
         finally:
             self._answers.put_nowait(None)
 
-    def _untail(self, key: int | str, task: asyncio.Task[None]) -> None:
+    def _untail(self, key: _SequenceKey, task: asyncio.Task[None]) -> None:
         if self._tails.get(key) is task:
             del self._tails[key]
 
@@ -464,16 +465,24 @@ _Queued = tuple[pb.ModelStreamInferResponse | None, bool]
 """An answer to send (or None) and whether its request ends there."""
 
 
-def _sequence_key(request: pb.ModelInferRequest) -> int | str | None:
-    """The request's ``sequence_id`` parameter (None: it has none, or 0 / "")."""
-    param = request.parameters.get("sequence_id")
-    if param is None:
+_SequenceKey = tuple[str, int | float | str | bool]
+"""A request's ``sequence_id`` as the stream orders by it: its value's type and the value
+(int64 7 and uint64 7 are one sequence; a double 7.0 or a bool true is not sequence 7)."""
+
+
+def _sequence_key(request: pb.ModelInferRequest) -> _SequenceKey | None:
+    """The request's ``sequence_id`` parameter, typed (None: it has none, or 0 / "",
+    Triton's "no sequence"). One of a type Triton refuses (a double, a bool) is kept in
+    order too: a stateful model refuses it (``invalid_input``, ``plaza.sequence_batching.
+    sequence_flags``) in its place among the stream's answers; another model ignores it."""
+    param = request.parameters.get(PARAM_ID)
+    kind = None if param is None else param.WhichOneof("parameter_choice")
+    if kind is None:
         return None
-    kind = param.WhichOneof("parameter_choice")
-    value = (
-        getattr(param, kind) if kind in ("int64_param", "uint64_param", "string_param") else None
-    )
-    return value or None
+    value: int | float | str | bool = getattr(param, kind)
+    if isinstance(value, int | str) and not isinstance(value, bool) and not value:
+        return None
+    return (type(value).__name__, value)
 
 
 def _error_text(exc: PlazaError) -> str:

@@ -28,7 +28,9 @@ and keeps what Triton's clients use:
   window, 1 MiB at most) but for the oldest call with a message half received, so that one
   completes, is handed over and frees its bytes; under the limit again, every call gets its
   window back. Clients see back-pressure, not an error; a call whose request message stops arriving
-  for ``stall_s`` (a unary call's, or a streaming call's begun one) ends DEADLINE_EXCEEDED;
+  for ``stall_s`` (a unary call's, or a streaming call's begun one) ends DEADLINE_EXCEEDED,
+  and so does one whose request message is not whole ``max_message_s`` after its first
+  bytes came, however steadily they trickle in (each message of a stream timed on its own);
   so one connection cannot hold a message of almost the size limit on each of its streams,
   nor hold any for ever;
 - HTTP/2 flow control both ways: answers wait for the client's window; a streaming
@@ -83,7 +85,7 @@ from google.protobuf.message import DecodeError, Message
 
 from plaza.errors import ConfigError
 from plaza.gateway import http2
-from plaza.gateway.http_server import STALL_S, drain_and_close
+from plaza.gateway.http_server import MAX_BODY_S, STALL_S, drain_and_close
 from plaza.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -275,8 +277,8 @@ class _Call:
     """One stream: its request messages as they arrive, and the task that answers it."""
 
     __slots__ = (
-        "buffer", "context", "counted", "headers_sent", "held", "id", "kept", "last_data",
-        "messages", "method", "received", "task", "wbits",
+        "begun", "buffer", "context", "counted", "headers_sent", "held", "id", "kept",
+        "last_data", "messages", "method", "received", "task", "wbits",
     )  # fmt: skip
 
     def __init__(
@@ -294,6 +296,7 @@ class _Call:
         self.received = 0  # request messages so far
         self.counted = 0  # its bytes in the connection's ``unread``: buffer and held
         self.last_data = now  # when its last request bytes came (the loop's clock)
+        self.begun: float | None = None  # when the message half received began (its first bytes)
         self.task: asyncio.Task[None] | None = None
         self.headers_sent = False
 
@@ -464,7 +467,7 @@ class GrpcProtocol(asyncio.Protocol):
         self.calls[stream_id] = call
         call.task = loop.create_task(self._serve(call))
         if self._stall_check is None:
-            self._stall_check = loop.call_later(self.server.stall_s / 2, self._end_stalled)
+            self._stall_check = loop.call_later(self.server.check_s, self._end_stalled)
         if ended:
             call.messages.put_nowait(None)
 
@@ -601,6 +604,10 @@ class GrpcProtocol(asyncio.Protocol):
                 call.messages.put_nowait((message, 5 + length))
             else:
                 call.messages.put_nowait((message, 0))
+        if at < end and (at or buf is not call.buffer):
+            call.begun = call.last_data  # a message began in these bytes: its time runs
+        elif at == end:
+            call.begun = None
         if buf is call.buffer:
             del call.buffer[:at]
         elif at < end:
@@ -626,21 +633,36 @@ class GrpcProtocol(asyncio.Protocol):
             self._release()
 
     def _end_stalled(self) -> None:
-        """End the calls whose request messages stopped coming ``stall_s`` ago (checked
-        every ``stall_s`` / 2 while the connection has calls)."""
+        """End the calls whose request messages stopped coming ``stall_s`` ago, or began
+        ``max_message_s`` ago and are not whole (checked every ``check_s`` while the
+        connection has calls)."""
         self._stall_check = None
         if not self.calls or self.transport is None:
             return
-        loop, stall_s = self.server.loop, self.server.stall_s
-        since = loop.time() - stall_s
-        # this side read nothing while paused: a call's bytes may have waited on it
-        if not self.h2.paused and self._read_since < since:
-            stalled = [c for c in self.calls.values() if c.last_data < since and c.stalled()]
-            for call in stalled:
-                why = f"no bytes of the request message came for {stall_s:g} s"
+        loop, now = self.server.loop, self.server.loop.time()
+        for call in list(self.calls.values()):
+            why = self._late(call, now)
+            if why is not None:
                 self._refuse(call, grpc.StatusCode.DEADLINE_EXCEEDED, why)
-            self._flush()
-        self._stall_check = loop.call_later(stall_s / 2, self._end_stalled)
+        self._flush()
+        self._stall_check = loop.call_later(self.server.check_s, self._end_stalled)
+
+    def _late(self, call: _Call, now: float) -> str | None:
+        """Why ``call``'s request message is too late to go on with; None while it is not.
+        Only a call that waits on its client is late: while this side holds its message
+        or window back, or read nothing (paused: its bytes may have waited on it), its
+        message's time starts again."""
+        stall_s, max_s = self.server.stall_s, self.server.max_message_s
+        if self.h2.paused or not call.stalled():
+            if call.begun is not None:
+                call.begun = now
+            return None
+        since = now - stall_s
+        if call.last_data <= since and self._read_since <= since:
+            return f"no bytes of the request message came for {stall_s:g} s"
+        if call.begun is not None and max(call.begun, self._read_since) <= now - max_s:
+            return f"the request message was not whole {max_s:g} s after its first bytes"
+        return None
 
     def _refuse(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
         """End a call that cannot go on with ``code``: its handler is cancelled, and the
@@ -802,6 +824,7 @@ class GrpcServer:
         max_streams: int = MAX_STREAMS,
         handshake_s: float = HANDSHAKE_S,
         stall_s: float = STALL_S,
+        max_message_s: float = MAX_BODY_S,
         ssl_context: ssl.SSLContext | None = None,
         tcp_keepalive: tuple[tuple[int, int], ...] = KEEPALIVE,
         pings: http2.PingPolicy | None = None,
@@ -816,6 +839,11 @@ class GrpcServer:
         """The most request bytes a connection holds unread (None: BUFFERED_MESSAGES
         times ``max_message_bytes``)."""
         self.stall_s = stall_s
+        self.max_message_s = max_message_s
+        """A request message not whole this long after its first bytes came ends its call
+        DEADLINE_EXCEEDED (the HTTP front's ``max_body_s``)."""
+        self.check_s = min(stall_s, max_message_s) / 2
+        """How often a connection with calls looks for late request messages."""
         self.max_streams = max_streams
         self.handshake_s = handshake_s
         self.ssl_context = ssl_context

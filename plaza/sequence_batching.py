@@ -380,13 +380,16 @@ PARAM_ID, PARAM_START, PARAM_END = "sequence_id", "sequence_start", "sequence_en
 def sequence_flags(params: Mapping[str, Any], model: str, version: int = 0) -> SequenceFlags:
     """A request's ``sequence_id``, ``sequence_start`` and ``sequence_end`` parameters
     (Triton's, as tritonclient sends them), for a request to ``version`` of ``model``;
-    InvalidInput unless the id is a positive integer or a non-empty string and the flags
-    are booleans."""
+    InvalidInput unless the id is a positive integer or a non-empty string (Triton's int64,
+    uint64 or string: one of another type is refused as such, not taken for none) and the
+    flags are booleans."""
     key = params.get(PARAM_ID)
     if type(key) is int:
         if key <= 0 or key >= 1 << 64:
             raise InvalidInput(f"sequence_id {key} must be between 1 and 2^64 - 1")
-    elif not isinstance(key, str) or not key:
+    elif key is not None and not isinstance(key, str):
+        raise InvalidInput(f"sequence_id must be an integer or a string, got {kind_of(key)}")
+    elif not key:
         raise InvalidInput(
             f"model {model!r} batches sequences: a request needs a sequence_id (a positive "
             "integer or a non-empty string)"
@@ -395,9 +398,23 @@ def sequence_flags(params: Mapping[str, Any], model: str, version: int = 0) -> S
     for name in (PARAM_START, PARAM_END):
         value = params.get(name, False)
         if not isinstance(value, bool):
-            raise InvalidInput(f"parameter {name!r} must be true or false")
+            raise InvalidInput(f"parameter {name!r} must be true or false, got {kind_of(value)}")
         flags.append(value)
     return SequenceFlags(key, flags[0], flags[1], version)
+
+
+def kind_of(value: object) -> str:
+    """A parameter value's type in the protocol's words (an InferParameter's kinds: a JSON
+    number with a fraction is a double, as over gRPC)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__
 
 
 def _not_started(key: SequenceKey) -> InvalidInput:

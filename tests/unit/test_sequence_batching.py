@@ -120,7 +120,7 @@ def test_what_plaza_cannot_carry_out_is_refused(text: str, field: str) -> None:
         ({}, "needs a sequence_id"),
         ({"sequence_id": 0}, "between 1 and"),
         ({"sequence_id": ""}, "needs a sequence_id"),
-        ({"sequence_id": 1.5}, "needs a sequence_id"),
+        ({"sequence_id": 1.5}, "must be an integer or a string, got double"),
         ({"sequence_id": 3, "sequence_start": 1}, "true or false"),
     ],
 )
