@@ -860,6 +860,8 @@ class GrpcServer:
                 host,
                 port,
                 ssl=self.ssl_context,
+                # a TLS handshake not done in time is a preface not come (asyncio's 60 s else)
+                ssl_handshake_timeout=None if self.ssl_context is None else self.handshake_s,
                 backlog=BACKLOG,
                 reuse_port=True,
             )

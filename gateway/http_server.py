@@ -21,9 +21,10 @@ keeps what an inference front needs and nothing else:
   closed);
 - ``Upgrade`` is ignored (RFC 9110 §7.8): the request is answered as any other and the
   connection goes on; CONNECT gets 400 and a close;
-- a connection idle for ``keep_alive_s`` is closed; a request whose bytes stop coming for
-  ``stall_s``, or whose request line and headers (a chunk's size line, a chunked body's
-  trailers) are not whole ``stall_s`` after they began, or whose body is not whole
+- a connection idle for ``keep_alive_s`` is closed (over TLS, so is one whose handshake is
+  not done by then); a request whose bytes stop coming for ``stall_s``, or whose request
+  line and headers (a chunk's size line, a chunked body's trailers) are not whole
+  ``stall_s`` after they began, or whose body is not whole
   ``max_body_s`` after its first bytes came, gets 408 and a close (a client that trickles
   a head or a body a byte at a time must not hold a connection for ever); a request
   line and headers, or a chunked body's trailers, over ``max_head_bytes`` get 431 and a
@@ -597,13 +598,26 @@ class HttpServer:
 
     async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
         """Listen on ``host:port`` (or on the bound socket ``sock``); returns the port."""
+        # a TLS handshake not done within the idle time closes the connection, as an idle
+        # one: asyncio's own default would hold it 60 s
+        tls = self.ssl_context
+        handshake_s = None if tls is None else self.keep_alive_s
         if sock is not None:
             self._server = await self.loop.create_server(
-                lambda: HttpProtocol(self), sock=sock, ssl=self.ssl_context, backlog=BACKLOG
+                lambda: HttpProtocol(self),
+                sock=sock,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
+                backlog=BACKLOG,
             )
         else:
             self._server = await self.loop.create_server(
-                lambda: HttpProtocol(self), host, port, ssl=self.ssl_context, backlog=BACKLOG
+                lambda: HttpProtocol(self),
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=handshake_s,
+                backlog=BACKLOG,
             )
         return int(self._server.sockets[0].getsockname()[1])
 
