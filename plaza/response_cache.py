@@ -103,9 +103,16 @@ def slot_of(digest: bytes, max_entries: int) -> int:
 
 
 def encode_entry(digest: bytes, result: InferResult) -> bytes:
-    """A slot's value: the digest, then the answer (its outputs, model and version only:
-    no id, no timings, no worker, which belong to the request that computed it)."""
-    kept = InferResult(id="", model=result.model, version=result.version, outputs=result.outputs)
+    """A slot's value: the digest, then the answer (its outputs, model, version and the
+    model's response parameters only: no id, no timings, no worker, which belong to the
+    request that computed it)."""
+    kept = InferResult(
+        id="",
+        model=result.model,
+        version=result.version,
+        outputs=result.outputs,
+        parameters=result.parameters,
+    )
     return digest + encode_result(kept)
 
 
@@ -119,7 +126,11 @@ def decode_entry(entry: bytes, digest: bytes, request_id: str) -> InferResult | 
     except Exception:  # a CodecError, or a foreign value: a miss, the next store replaces it
         return None
     return InferResult(
-        id=request_id, model=stored.model, version=stored.version, outputs=stored.outputs
+        id=request_id,
+        model=stored.model,
+        version=stored.version,
+        outputs=stored.outputs,
+        parameters=stored.parameters,
     )
 
 

@@ -134,6 +134,17 @@ def test_entry_keeps_the_answer_and_takes_the_callers_id() -> None:
     assert decode_entry(digest + b"\xc1junk", digest, "r2") is None
 
 
+def test_a_hit_answers_the_models_response_parameters_too() -> None:
+    """The same request gets the same answer, hit or miss: the model's response
+    parameters are part of it."""
+    out = Tensor.from_numpy("OUT", np.arange(2, dtype=np.int32))
+    params = {"n": 5, "t": "x", "f": True, "r": 0.5}
+    first = InferResult("r1", "ident", "1", (out,), parameters=params)
+    digest = cache_key(request(), "1")
+    hit = decode_entry(encode_entry(digest, first), digest, "r2")
+    assert hit is not None and hit.parameters == params
+
+
 def test_default_version_follows_the_policy_and_rereads_after_a_second(tmp_path: Path) -> None:
     (tmp_path / "ident" / "1").mkdir(parents=True)
     (tmp_path / "ident" / "config.pbtxt").write_text(CONFIG)
