@@ -468,7 +468,7 @@ def run_up(argv: list[str]) -> int:
         _choose_ports(args)
         data_dir = Path(args.data_dir).resolve()
         services = Services(data_dir, kafka_port=args.kafka_port, redis_port=args.redis_port)
-        _check_ports(args, services)
+        _check_ports(args, services, exported)
         dep = _deployment(args, services, exported)
         prepare_data_dir(data_dir)
     except PlazaError as exc:
@@ -514,10 +514,14 @@ def _deployment(
     args: argparse.Namespace, services: Services, exported: PlazaSettings
 ) -> Deployment:
     """plaza up's deployment on its own Kafka and Redis: the operator's partitions and
-    topic and key prefixes (Plaza's defaults unless exported), the workers' own heartbeat."""
+    topic and key prefixes (Plaza's defaults unless exported), the workers' own heartbeat.
+    Its one broker holds one replica of each topic: replication factor and
+    min.insync.replicas 1 (more, exported, would refuse every write; named in a warning)."""
     return services.deployment(
         args.repository,
         partitions=exported.kafka.partitions,
+        replication_factor=1,
+        min_insync_replicas=1,
         kafka_topic_prefix=exported.kafka.topic_prefix,
         redis_key_prefix=exported.redis.key_prefix,
         heartbeat_interval_s=None,
@@ -526,9 +530,19 @@ def _deployment(
     )
 
 
-def _port_owners(args: argparse.Namespace, services: Services) -> dict[str, list[int]]:
+def _gateway_processes(args: argparse.Namespace, exported: PlazaSettings) -> int:
+    """How many gateway processes plaza up starts: ``--gateway-workers``, else the exported
+    gateway.workers (1 unless exported)."""
+    if args.gateway_workers is not None:
+        return int(args.gateway_workers)
+    return exported.gateway.workers
+
+
+def _port_owners(
+    args: argparse.Namespace, services: Services, exported: PlazaSettings
+) -> dict[str, list[int]]:
     """Every port plaza up listens on, by the option that sets it (after _choose_ports)."""
-    workers = args.gateway_workers or 1  # gateway process i serves metrics on port + i
+    workers = _gateway_processes(args, exported)  # gateway process i: metrics on port + i
     metrics = [args.metrics_port + i for i in range(workers)]
     if args.metrics_port <= 0:  # 0: a free one, < 0: off
         metrics = []
@@ -543,9 +557,10 @@ def _port_owners(args: argparse.Namespace, services: Services) -> dict[str, list
     }
 
 
-def _check_ports(args: argparse.Namespace, services: Services) -> None:
-    """Ports out of range, used twice, or taken: refused before anything starts."""
-    owners = _port_owners(args, services)
+def _check_ports(args: argparse.Namespace, services: Services, exported: PlazaSettings) -> None:
+    """Ports out of range, used twice, or taken: refused before anything starts (every
+    gateway process's metrics port, ``exported`` giving gateway.workers without the flag)."""
+    owners = _port_owners(args, services, exported)
     check_ports(owners)
     for owner, ports in owners.items():
         require_free(ports, owner)
