@@ -319,3 +319,16 @@ def test_dlpack_without_torch_is_not_supported(monkeypatch: pytest.MonkeyPatch) 
         t.to_dlpack()
     with pytest.raises(pb_utils.TritonModelException, match="not supported"):
         pb_utils.Tensor.from_dlpack("X", object())
+
+
+def test_a_0d_tensor_keeps_its_shape_and_any_tensor_is_held_in_c_order() -> None:
+    """A scalar output reaches the client as shape [] (Triton's pb_utils keeps numpy's
+    shape); a transposed array is copied to C order, its shape kept."""
+    scalar = pb_utils.Tensor("OUT", np.array(3.0, np.float32))
+    assert scalar.shape() == [] and scalar.as_numpy().shape == ()
+    word = pb_utils.Tensor("OUTB", np.array(b"x", dtype=np.object_))
+    assert word.shape() == []
+    transposed = np.arange(6, dtype=np.int32).reshape(2, 3).T
+    held = pb_utils.Tensor("T", transposed).as_numpy()
+    assert held.flags.c_contiguous and held.shape == (3, 2)
+    assert np.array_equal(held, transposed)

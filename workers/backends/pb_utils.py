@@ -136,7 +136,8 @@ class Tensor:
         if array.dtype.kind in "SU":  # fixed-width strings travel as BYTES elements
             array = array.astype(np.object_)
         self._name = str(name)
-        self._array: np.ndarray[Any, Any] = np.ascontiguousarray(array)
+        # C order, its shape kept (np.ascontiguousarray would make a 0-d array 1-d)
+        self._array: np.ndarray[Any, Any] = np.require(array, requirements="C")
 
     def name(self) -> str:
         return self._name
