@@ -14,8 +14,8 @@ starts from its flags, as Triton starts from its command line, while the process
 were running keep the change. Changes of different settings made at once by several
 gateways all land (one ``HSET`` a setting); of one setting the last one stored wins. The
 hash holds one field a setting, so it stays bounded with no TTL. A worker's Python model
-process logs at its worker's level (``log_state``, ``copy_log``: each batch sent to it says
-how). Applying sets the level of the process's root logger, a filter on the handlers
+process logs at its worker's level and drops the severities its worker drops
+(``log_state``, ``copy_log``, ``severity_filter``: each batch sent to it says how). Applying sets the level of the process's root logger, a filter on the handlers
 ``configure_logging`` installed, and their time format:
 
 - ``log_verbose_level`` >= 1: DEBUG; else ``log_info``: INFO; else ``log_warnings``:
@@ -169,7 +169,7 @@ def apply(settings: LogSettings, root: logging.Logger | None = None) -> None:
     copy_log((settings.level, settings.log_format), root)
     for handler in root.handlers:
         if _format_of(handler.formatter) is not None:
-            _severity_filter(handler).keep(settings)
+            severity_filter(handler).keep(settings)
 
 
 class SeverityFilter(logging.Filter):
@@ -194,7 +194,7 @@ class SeverityFilter(logging.Filter):
         return self.warnings if record.levelno >= logging.WARNING else True
 
 
-def _severity_filter(handler: logging.Handler) -> SeverityFilter:
+def severity_filter(handler: logging.Handler) -> SeverityFilter:
     """``handler``'s severity filter, added on first use."""
     for each in handler.filters:
         if isinstance(each, SeverityFilter):

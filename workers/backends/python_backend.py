@@ -44,7 +44,7 @@ from plaza.client import make_request
 from plaza.codec import decode_result, encode_request
 from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError
-from plaza.log_settings import log_state
+from plaza.log_settings import SeverityFilter, log_state
 from plaza.modelconfig import int64_as_numbers
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
@@ -286,8 +286,10 @@ class PythonBackend:
         root = str(Path(plaza.__file__).parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         argv = [sys.executable, "-m", STUB_MODULE, str(to_child_r), str(from_child_w)]
-        # The model process logs at the worker's level (its root logger's, now).
-        log_level = str(logging.getLogger().getEffectiveLevel())
+        # The model process logs as the worker does now: its level and which of WARNING
+        # and ERROR pass (its log_warnings, log_errors).
+        level, _, warnings, errors = worker_log()
+        log_args = [str(level), str(int(warnings)), str(int(errors))]
         self.custom_metrics = []  # a new process's metrics start from nothing
         try:
             # No preexec_fn (unsafe in a threaded parent): the child watches for the
@@ -295,7 +297,7 @@ class PythonBackend:
             # and makes it the leader of a group that holds whatever model.py forks (and
             # not the worker): ``_stop`` ends that group.
             self._process = subprocess.Popen(
-                [*argv, str(os.getpid()), log_level],
+                [*argv, str(os.getpid()), *log_args],
                 pass_fds=(to_child_r, from_child_w),
                 stdin=subprocess.DEVNULL,
                 env=env,
@@ -384,7 +386,7 @@ class PythonBackend:
             "repository": str(self.mv.path.parent.parent.parent),
             "settings": self._settings_json,
             "args": initialize_args(self.mv, self.device),
-            "log": list(log_state()),
+            "log": worker_log(),
         }
 
     def _answer(self, req: InferRequest, raw: bytes) -> Answer:
@@ -410,11 +412,21 @@ class PythonBackend:
 
 
 def _execute_message(requests: Sequence[InferRequest]) -> dict[str, Any]:
-    """A batch for the model's process, with how the worker logs now (``log_state``): a
+    """A batch for the model's process, with how the worker logs now (``worker_log``): a
     change of the log settings at run time reaches the model's process with its next
     batch."""
     encoded = [encode_request(r) for r in requests]
-    return {"op": "execute", "requests": encoded, "log": list(log_state())}
+    return {"op": "execute", "requests": encoded, "log": worker_log()}
+
+
+def worker_log(root: logging.Logger | None = None) -> list[Any]:
+    """How this worker logs now, for its model's process to copy (``python_stub``): its
+    level and time format (``log_state``), then whether its WARNING and whether its ERROR
+    records pass (the ``SeverityFilter`` of its handlers: ``log_warnings``,
+    ``log_errors``)."""
+    root = root or logging.getLogger()
+    kept = [f for h in root.handlers for f in h.filters if isinstance(f, SeverityFilter)]
+    return [*log_state(root), all(f.warnings for f in kept), all(f.errors for f in kept)]
 
 
 def _runs(process: subprocess.Popen[bytes]) -> bool:

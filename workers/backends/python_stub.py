@@ -1,10 +1,12 @@
 """The Python model's own process: runs a Triton ``model.py`` for the Python backend.
 
 Started by ``PythonBackend`` as ``python -m plaza.workers.backends.python_stub READ_FD
-WRITE_FD PARENT_PID LOG_LEVEL`` (the worker's log level, a number: ``pb_utils.Logger`` and
-the rest of this process log at it, to stderr; each ``initialize`` and ``execute`` frame
-says the worker's level and time format again, ``log``, which this process then follows, so
-a change of the log settings at run time reaches it with the next batch). It puts
+WRITE_FD PARENT_PID LOG_LEVEL WARNINGS ERRORS`` (the worker's log level, a number, and
+whether its WARNING and its ERROR records pass, 1 or 0: its ``log_warnings`` and
+``log_errors``; ``pb_utils.Logger`` and the rest of this process log so, to stderr; each
+``initialize`` and ``execute`` frame says the worker's level, time format and those two
+again, ``log``, which this process then follows, so a change of the log settings at run
+time reaches it with the next batch). It puts
 ``pb_utils`` into ``sys.modules`` as ``triton_python_backend_utils``, loads ``model.py`` and
 answers the worker's frames (``python_channel``): ``initialize``, ``execute`` (a batch of
 Plaza requests in, one result per request out) and ``finalize``; an answer carries the
@@ -53,7 +55,13 @@ from plaza.client import PlazaClient, SyncPlazaClient, make_request
 from plaza.codec import decode_request, encode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.errors import DeadlineExceeded, PlazaError, Unavailable
-from plaza.log_settings import configure_logging, copy_log
+from plaza.log_settings import (
+    LogSettings,
+    PlazaFormatter,
+    configure_logging,
+    copy_log,
+    severity_filter,
+)
 from plaza.sequence_batching import PARAM_END, PARAM_ID, PARAM_START
 from plaza.settings import PlazaSettings
 from plaza.tensors import Tensor as WireTensor
@@ -764,16 +772,31 @@ def _closed_by(parent_pid: int) -> None:
 
 def _configure_logging(argv: Sequence[str]) -> None:
     """This process's log, as the worker's: its level (the fifth argument; INFO without
-    it), one line a record on stderr, which the worker's stderr is."""
+    it) and whether WARNING and ERROR records pass (the sixth and seventh, 1 or 0; both
+    without them), one line a record on stderr, which the worker's stderr is."""
     configure_logging("INFO")
     if len(argv) > 4:
         logging.getLogger().setLevel(int(argv[4]))
+    if len(argv) > 6:
+        _keep_severities(argv[5] != "0", argv[6] != "0")
 
 
 def _follow_log(state: Any) -> None:
-    """Log as the worker's frame says (``[level, format]``), if it says."""
-    if isinstance(state, list) and len(state) == 2 and isinstance(state[0], int):
+    """Log as the worker's frame says (``[level, format, warnings, errors]``), if it says."""
+    if isinstance(state, list) and len(state) in (2, 4) and isinstance(state[0], int):
         copy_log((state[0], "ISO8601" if state[1] == "ISO8601" else "default"))
+        if len(state) == 4 and all(isinstance(kept, bool) for kept in state[2:]):
+            _keep_severities(state[2], state[3])
+
+
+def _keep_severities(warnings: bool, errors: bool) -> None:
+    """Pass or drop WARNING and ERROR records as the worker does (its ``log_warnings``,
+    ``log_errors``), on this process's own handlers (``configure_logging``'s)."""
+    settings = LogSettings(log_warnings=warnings, log_errors=errors)
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler.formatter, PlazaFormatter):
+            continue
+        severity_filter(handler).keep(settings)
 
 
 def main(argv: Sequence[str]) -> int:
