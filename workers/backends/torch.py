@@ -45,12 +45,8 @@ class TorchBackend:
         """Each output's position among forward's results."""
 
     def load(self) -> None:
-        if self.device.kind == "cuda" and torch.cuda.is_available():
-            self._torch_device = torch.device(f"cuda:{self.device.index}")
-        elif self.device.kind == "cuda":
-            log.warning(
-                "%s: GPU visible but this torch has no CUDA; running on cpu", self.mv.spec.name
-            )
+        if self.device.kind == "cuda":
+            self._torch_device = _cuda_device(self.mv, self.device)
         else:
             torch.set_num_threads(self.threads)
         try:
@@ -108,6 +104,25 @@ class TorchBackend:
         self._module = None
         if self._torch_device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _cuda_device(mv: ModelVersion, device: Device) -> torch.device:
+    """Torch's device for the GPU ``device``; a ConfigError (``bad_config``) when this torch
+    cannot use CUDA, as the worker refuses ``cuda`` without a GPU: a model on a GPU worker
+    never runs slowly on the CPU instead."""
+    if not torch.cuda.is_available():
+        cuda = torch.version.cuda
+        why = (
+            "was built without CUDA; install a CUDA build"
+            if cuda is None
+            else f"(CUDA {cuda}) cannot use the GPU; check its driver"
+        )
+        raise ConfigError(
+            f"{mv.spec.name}: worker device is {device}, but torch {torch.__version__} "
+            f"{why} or set worker.device=cpu",
+            file=str(mv.path),
+        )
+    return torch.device(f"cuda:{device.index}")
 
 
 def _forward_args(module: Any) -> list[str] | None:
