@@ -565,9 +565,9 @@ class GatewayService:
 
     async def _live_workers(self, models: list[str], *, ping: bool = False) -> list[int]:
         """Live worker counts per model, one round trip (``plaza.model_control.live_workers``:
-        an ensemble counts as its live runners while each of its steps' models has a live
-        worker, and as 0 while one has none)."""
-        groups = [serving_models(m, self._spec(m)) for m in models]
+        an ensemble counts as its live runners while each model its steps reach, through
+        nested ensembles too, has a live worker, and as 0 while one has none)."""
+        groups = [serving_models(m, self._spec(m), self._spec) for m in models]
         return await live_workers(self._require(self._redis), self.names, groups, ping=ping)
 
     def _spec(self, name: str) -> ModelSpec | None:

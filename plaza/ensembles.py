@@ -18,8 +18,9 @@ step that reads an optional ensemble input the request left out runs without it
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from plaza.errors import ConfigError, PlazaError
 from plaza.naming import check_model_name
@@ -206,6 +207,167 @@ def downstream_of(steps: tuple[EnsembleStep, ...], index: int) -> frozenset[int]
                 made.update(step.output_map.values())
                 grew = True
     return frozenset(found)
+
+
+class ConfiguredTensor(Protocol):
+    """An input or output as configured (``plaza.modelconfig.TensorSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def datatype(self) -> str: ...
+    @property
+    def dims(self) -> tuple[int, ...]: ...
+
+
+class ConfiguredModel(Protocol):
+    """A model as configured, as far as its tensors go (``plaza.modelconfig.ModelSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_batch_size(self) -> int: ...
+    @property
+    def inputs(self) -> Sequence[ConfiguredTensor]: ...
+    @property
+    def outputs(self) -> Sequence[ConfiguredTensor]: ...
+    @property
+    def ensemble_steps(self) -> tuple[EnsembleStep, ...]: ...
+
+
+def nested_models(name: str, steps_of: Callable[[str], tuple[EnsembleStep, ...]]) -> list[str]:
+    """The models that ``name`` runs in its steps and, through nested ensembles, theirs,
+    each once, in the order first met (``name`` itself left out, even on a cycle).
+    ``steps_of``: a model's ensemble steps (() for a model that is no ensemble)."""
+    found: dict[str, None] = {}
+    todo = [name]
+    while todo:
+        for step in steps_of(todo.pop(0)):
+            if step.model_name != name and step.model_name not in found:
+                found[step.model_name] = None
+                todo.append(step.model_name)
+    return list(found)
+
+
+def check_nesting(
+    name: str, steps_of: Callable[[str], tuple[EnsembleStep, ...]], *, source: str
+) -> None:
+    """ConfigError naming the cycle when ensembles reached from ``name`` call each other
+    (``a -> b -> a``), as Triton refuses such ensembles at load: one request would wait on
+    itself."""
+    path = _cycle_from(name, steps_of)
+    if path is None:
+        return
+    first = next(s for s in steps_of(name) if s.model_name == path[1])
+    start = path.index(path[-1])
+    message = f"the ensembles call each other in a cycle: {' -> '.join(path[start:])}"
+    if start:
+        message += f" (through {' -> '.join(path[: start + 1])})"
+    raise _fail(source, f"{_where(first)}.model_name", f"{first.label}: {message}")
+
+
+def _cycle_from(name: str, steps_of: Callable[[str], tuple[EnsembleStep, ...]]) -> list[str] | None:
+    """A path of step models from ``name`` that ends on a model already on it (depth
+    first), ``name`` first; None: no cycle."""
+    path: list[str] = [name]
+    done: set[str] = set()
+
+    def walk(model: str) -> list[str] | None:
+        for step in dict.fromkeys(s.model_name for s in steps_of(model)):
+            if step in path:
+                return [*path, step]
+            if step in done:
+                continue
+            path.append(step)
+            found = walk(step)
+            if found is not None:
+                return found
+            path.pop()
+            done.add(step)
+        return None
+
+    return walk(name)
+
+
+def check_tensors(
+    ensemble: ConfiguredModel, step_models: Mapping[str, ConfiguredModel], *, source: str
+) -> None:
+    """ConfigError naming the step and tensor where two ends of an edge disagree on the
+    datatype or shape, as Triton checks at load: an ensemble input and the step inputs that
+    read it, a step output and the step inputs that read it, a step output and the ensemble
+    output it is. Shapes compare as clients see them: ``dims`` (a step's ``reshape`` is
+    undone on its worker before a tensor leaves it), behind a batch dim when the model
+    batches; -1 matches any size."""
+    for step in ensemble.ensemble_steps:
+        _check_names(step, step_models[step.model_name], source)
+    made: dict[str, tuple[str, ConfiguredTensor, int]] = {
+        t.name: ("ensemble input", t, ensemble.max_batch_size) for t in ensemble.inputs
+    }
+    for step in ensemble.ensemble_steps:
+        model = step_models[step.model_name]
+        outputs = {t.name: t for t in model.outputs}
+        for key, tensor in step.output_map.items():
+            made[tensor] = (f"{step.label} output {key!r}", outputs[key], model.max_batch_size)
+    for step in ensemble.ensemble_steps:
+        model = step_models[step.model_name]
+        inputs = {t.name: t for t in model.inputs}
+        for key, tensor in step.input_map.items():
+            end = (f"{step.label} input {key!r}", inputs[key], model.max_batch_size)
+            _check_edge(made[tensor], end, tensor, source, f"{_where(step)}.input_map")
+    for out in ensemble.outputs:
+        if out.name in made:
+            end = ("the ensemble output", out, ensemble.max_batch_size)
+            _check_edge(made[out.name], end, out.name, source, "output")
+
+
+def _check_names(step: EnsembleStep, model: ConfiguredModel, source: str) -> None:
+    """ConfigError for a step that maps a tensor its model does not have."""
+    for kind, names, tensors in (
+        ("input", step.input_map, model.inputs),
+        ("output", step.output_map, model.outputs),
+    ):
+        known = sorted(t.name for t in tensors)
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise _fail(
+                source,
+                f"{_where(step)}.{kind}_map",
+                f"{step.label}: the model has no {kind} {unknown} (it has {known})",
+            )
+
+
+def _check_edge(
+    source_end: tuple[str, ConfiguredTensor, int],
+    target_end: tuple[str, ConfiguredTensor, int],
+    tensor: str,
+    source: str,
+    where: str,
+) -> None:
+    (made_by, made, made_batch), (read_by, read, read_batch) = source_end, target_end
+    if made.datatype != read.datatype:
+        raise _fail(
+            source,
+            where,
+            f"ensemble tensor {tensor!r}: {made_by} is {made.datatype}, but {read_by} is "
+            f"{read.datatype}",
+        )
+    made_shape, read_shape = _full_shape(made, made_batch), _full_shape(read, read_batch)
+    if not _shapes_match(made_shape, read_shape):
+        raise _fail(
+            source,
+            where,
+            f"ensemble tensor {tensor!r}: {made_by} has shape {list(made_shape)}, but "
+            f"{read_by} has shape {list(read_shape)} (-1: any size)",
+        )
+
+
+def _full_shape(tensor: ConfiguredTensor, max_batch_size: int) -> tuple[int, ...]:
+    """The shape a request holds: ``dims``, behind the batch dim (-1) when batching."""
+    return (-1, *tensor.dims) if max_batch_size > 0 else tuple(tensor.dims)
+
+
+def _shapes_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
 
 
 def _where(step: EnsembleStep) -> str:

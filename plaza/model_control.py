@@ -48,10 +48,11 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from plaza.ensembles import EnsembleStep, check_nesting, check_tensors, nested_models
 from plaza.errors import ConfigError, ModelNotFound, PlazaError, Unavailable
 from plaza.modelconfig import ModelSpec, parse_model_config_json
 from plaza.naming import Names
@@ -235,9 +236,68 @@ class LoadedModel:
 
 def read_model(repo: ModelRepository, name: str, config: str = "") -> LoadedModel:
     """``name``'s spec (``model_spec``) and the versions its policy selects, each with its
-    model file checked; ModelNotFound or ConfigError."""
+    model file checked; ModelNotFound or ConfigError (an ensemble's: ``step_specs``)."""
     spec = model_spec(repo, name, config)
+    step_specs(repo, spec)
     return LoadedModel(spec, tuple(v.version for v in repo.served_versions(name, spec)))
+
+
+def step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
+    """The repository's config of each model the ensemble ``spec`` runs in a step ({} for
+    a model that is no ensemble), checked as Triton checks an ensemble at load. ConfigError
+    naming the step for a step model that cannot be read, a tensor it does not have, a
+    datatype or shape that differs along an edge (``check_tensors``), ensembles that call
+    each other (``check_nesting``), and a nested ensemble that fails these checks."""
+    if not spec.is_ensemble:
+        return {}
+    source = str(repo.config_path(repo.root / spec.name))
+    specs: dict[str, ModelSpec] = {}
+    for step in spec.ensemble_steps:
+        if step.model_name not in specs:
+            specs[step.model_name] = _step_spec(repo, step, source)
+    check_nesting(spec.name, _steps_reader(repo, spec, specs), source=source)
+    check_tensors(spec, specs, source=source)
+    for step in spec.ensemble_steps:
+        try:
+            step_specs(repo, specs[step.model_name])
+        except ConfigError as exc:
+            raise _step_failed(source, step, exc) from exc
+    return specs
+
+
+def _step_spec(repo: ModelRepository, step: EnsembleStep, source: str) -> ModelSpec:
+    """The step model's config; ConfigError naming the step (ModelNotFound's message for a
+    model not in the repository)."""
+    try:
+        return repo.spec(step.model_name)
+    except PlazaError as exc:
+        raise _step_failed(source, step, exc) from exc
+
+
+def _step_failed(source: str, step: EnsembleStep, exc: PlazaError) -> ConfigError:
+    """The step's model cannot be used: the cause alone in ``details["step_reason"]``."""
+    field = f"ensemble_scheduling.step[{step.index}].model_name"
+    error = ConfigError.at(source, field, f"{step.label}: {exc.message}")
+    error.details.update(step_model=step.model_name, step_reason=exc.message)
+    return error
+
+
+def _steps_reader(
+    repo: ModelRepository, spec: ModelSpec, specs: dict[str, ModelSpec]
+) -> Callable[[str], tuple[EnsembleStep, ...]]:
+    """A model's ensemble steps, read from the repository once (``spec`` for its own name;
+    () for a model that cannot be read: its own check names what is wrong with it)."""
+    known = {**specs, spec.name: spec}
+
+    def steps_of(name: str) -> tuple[EnsembleStep, ...]:
+        if name not in known:
+            try:
+                known[name] = repo.spec(name)
+            except PlazaError:
+                return ()
+        return known[name].ensemble_steps
+
+    return steps_of
 
 
 def read_load(repo: ModelRepository, name: str, config: str = "") -> LoadedModel:
@@ -249,9 +309,10 @@ def read_load(repo: ModelRepository, name: str, config: str = "") -> LoadedModel
     try:
         return read_model(repo, name, config)
     except PlazaError as exc:
-        raise ConfigError(
-            f"failed to load '{name}': {exc.message}", model=name, reason=exc.message
-        ) from exc
+        reason = exc.message
+        if "step_model" in exc.details:  # as a load of the step model itself says it
+            reason = f"step model '{exc.details['step_model']}': {exc.details['step_reason']}"
+        raise ConfigError(f"failed to load '{name}': {reason}", model=name, reason=reason) from exc
 
 
 def check_load(repo: ModelRepository, name: str, config: str = "") -> None:
@@ -264,12 +325,33 @@ def check_load(repo: ModelRepository, name: str, config: str = "") -> None:
         check_config_override(config)
 
 
-def serving_models(name: str, spec: ModelSpec | None) -> list[str]:
-    """Whose workers serve ``name``: itself, and for an ensemble its steps' models."""
+def serving_models(
+    name: str, spec: ModelSpec | None, spec_of: Callable[[str], ModelSpec | None] | None = None
+) -> list[str]:
+    """Whose workers serve ``name``: itself, and for an ensemble its steps' models and,
+    through nested ensembles, theirs (each nested ensemble's runner included): an ensemble
+    serves only while each of them has a live worker. ``spec_of``: the spec of a model
+    served (None: unknown); without it only ``spec``'s own steps are known."""
     if spec is None or not spec.is_ensemble:
         return [name]
-    steps = dict.fromkeys(s.model_name for s in spec.ensemble_steps)
-    return [name, *steps]
+
+    def steps_of(model: str) -> tuple[EnsembleStep, ...]:
+        found = spec if model == name else (spec_of(model) if spec_of is not None else None)
+        return () if found is None else found.ensemble_steps
+
+    return [name, *nested_models(name, steps_of)]
+
+
+def repository_specs(repo: ModelRepository) -> Callable[[str], ModelSpec | None]:
+    """``serving_models``'s ``spec_of`` from the repository (None: a model it cannot read)."""
+
+    def spec_of(name: str) -> ModelSpec | None:
+        try:
+            return repo.spec(name)
+        except PlazaError:
+            return None
+
+    return spec_of
 
 
 async def live_workers(
@@ -675,7 +757,7 @@ class ModelControl:
         marked: list[Marked] = []
         for step in dict.fromkeys(s.model_name for s in spec.ensemble_steps):
             if step in chain:
-                continue  # a cycle: the ensemble's own check refuses it where it runs
+                continue  # a cycle, which read_load's check_nesting refuses before this
             seen = await self.table.get(step)
             if seen is not None and seen.loaded:
                 continue
@@ -702,7 +784,7 @@ class ModelControl:
         name, spec = marked.desired.name, marked.model.spec
         generation = marked.desired.generation
         deadline = time.monotonic() + self._load_timeout_s
-        group = serving_models(name, spec)
+        group = await asyncio.to_thread(serving_models, name, spec, repository_specs(self.repo))
         while not await serves_generation(self._redis, self._names, group, generation):
             entries = await self.table.get_many(group)
             now = entries[0]
@@ -775,5 +857,6 @@ class ModelControl:
             return False
         if version is not None and version not in model.versions:
             return False
-        group = serving_models(name, model.spec)
+        specs = repository_specs(self.repo)
+        group = await asyncio.to_thread(serving_models, name, model.spec, specs)
         return (await live_workers(self._redis, self._names, [group]))[0] >= 1

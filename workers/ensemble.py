@@ -86,10 +86,10 @@ from pydantic import ValidationError
 
 from plaza.connections import ensure_topics, kafka_consumer, kafka_producer, redis_client
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
-from plaza.ensembles import EnsembleStep, downstream_of, pruning, runnable
+from plaza.ensembles import LATEST_VERSION, EnsembleStep, downstream_of, pruning, runnable
 from plaza.errors import EXIT_RETRIABLE, ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
-from plaza.model_control import model_spec
+from plaza.model_control import model_spec, step_specs
 from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
@@ -210,6 +210,7 @@ class EnsembleRunner:
         self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
         self.step_specs = _step_specs(repo, self.spec)
         self.streamed = _decoupled_step(self.spec, self.step_specs)
+        _check_step_versions(repo, self.spec, self.step_specs)
         """The decoupled step, whose every response runs the steps downstream of it."""
         self._pruned = pruning(self.spec.ensemble_steps)
         """The steps each requested-output tuple needs (``needed_by``), remembered."""
@@ -848,26 +849,32 @@ def _output(tensors: Mapping[str, Tensor], name: str, spec: ModelSpec) -> Tensor
 
 
 def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
-    """Each step model's config (its priority levels and queue policy); ConfigError naming
-    the step for a model that is not in the repository, or a tensor it does not have."""
-    specs: dict[str, ModelSpec] = {}
+    """Each step model's config (its priority levels and queue policy), checked as a load
+    checks it (``plaza.model_control.step_specs``: step models through nested ensembles, no
+    cycle, datatypes and shapes along each edge); ConfigError naming the ensemble and step."""
+    try:
+        return step_specs(repo, spec)
+    except ConfigError as exc:
+        raise ConfigError(f"ensemble {spec.name!r}: {exc.message}", **exc.details) from exc
+
+
+def _check_step_versions(
+    repo: ModelRepository, spec: ModelSpec, step_specs: Mapping[str, ModelSpec]
+) -> None:
+    """ConfigError for a step pinned to a ``model_version`` that its model's version
+    policy does not select from the repository's version folders: every request would
+    fail on it (Triton refuses such an ensemble at load)."""
     for step in spec.ensemble_steps:
-        try:
-            step_spec = specs.get(step.model_name) or repo.spec(step.model_name)
-        except PlazaError as exc:
-            raise ConfigError(f"ensemble {spec.name!r}: {step.label}: {exc.message}") from exc
-        for kind, names, known in (
-            ("input", step.input_map, {t.name for t in step_spec.inputs}),
-            ("output", step.output_map, {t.name for t in step_spec.outputs}),
-        ):
-            unknown = sorted(set(names) - known)
-            if unknown:
-                raise ConfigError(
-                    f"ensemble {spec.name!r}: {step.label}: the model has no {kind} {unknown} "
-                    f"(it has {sorted(known)})"
-                )
-        specs[step.model_name] = step_spec
-    return specs
+        if step.model_version == LATEST_VERSION:
+            continue
+        policy = step_specs[step.model_name].version_policy
+        served = policy.select(repo.available_versions(step.model_name))
+        if step.model_version not in served:
+            raise ConfigError(
+                f"ensemble {spec.name!r}: {step.label}: version {step.model_version} is not "
+                f"served (its version policy serves {served})",
+                field=f"ensemble_scheduling.step[{step.index}].model_version",
+            )
 
 
 async def _holding(

@@ -88,7 +88,10 @@ ensemble_scheduling {{ step [ {{
 def test_unload_dependents_finds_the_ensembles_that_call_a_model(repo: Path) -> None:
     _ensemble(repo, "inner", "simulated")  # calls it
     _ensemble(repo, "outer", "inner")  # calls it through inner
-    _ensemble(repo, "apart", "add_sub")  # does not (and add_sub failed here anyway)
+    shutil.copytree(repo / "simulated", repo / "other")
+    config = (repo / "other" / "config.pbtxt").read_text()
+    (repo / "other" / "config.pbtxt").write_text(config.replace('"simulated"', '"other"'))
+    _ensemble(repo, "apart", "other")  # does not
     reg = registry(repo)
     assert {"simulated", "inner", "outer", "apart"} <= set(reg.models)
     assert reg.dependents("simulated") == ["inner", "outer"]
