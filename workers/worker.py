@@ -437,11 +437,14 @@ class Worker:
         loop = asyncio.get_running_loop()
         samples = warmup.samples(self.spec, repo.root / self.model)
         try:
-            for runner, executor in zip(self.instances, self._executors, strict=True):
+            pairs = zip(self.instances, self._executors, strict=True)
+            for number, (runner, executor) in enumerate(pairs):
                 for mv in repo.served_versions(self.model, self.spec):
                     backend = create_backend(
                         mv, device, self.settings.worker.intra_op_threads, settings=self.settings
                     )
+                    if isinstance(backend, PythonBackend):
+                        backend.instance = number  # its name in initialize's args
                     await loop.run_in_executor(executor, backend.load)
                     runner.backends[mv.version] = backend
                     if isinstance(backend, PythonBackend):

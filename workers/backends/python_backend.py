@@ -45,7 +45,7 @@ from plaza.codec import decode_result, encode_request
 from plaza.contract import InferRequest
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError
 from plaza.log_settings import SeverityFilter, log_state
-from plaza.modelconfig import int64_as_numbers
+from plaza.modelconfig import ModelSpec, int64_as_numbers
 from plaza.repository import ModelVersion
 from plaza.settings import PlazaSettings
 from plaza.workers.backends.base import Answer, Arrays, Response, Send
@@ -70,10 +70,20 @@ GROUP_POLL_S = 0.05
 class PythonBackend:
     """A ``model.py`` behind the backend interface, in a process of its own."""
 
-    def __init__(self, mv: ModelVersion, device: Device, settings: PlazaSettings | None = None):
+    def __init__(
+        self,
+        mv: ModelVersion,
+        device: Device,
+        settings: PlazaSettings | None = None,
+        instance: int = 0,
+    ):
         self.mv = mv
         self.spec = mv.spec
         self.device = device
+        self.instance = instance
+        """Which of the model's instances this is, counted across its instance groups in
+        order (the worker sets it before ``load``): it names the instance in ``initialize``'s
+        args (``instance_name``)."""
         self._settings_json = settings_json(settings) if settings is not None else ""
         self._timeout_s = _execute_timeout(mv)
         self._outputs = [o.name for o in mv.spec.outputs]
@@ -385,7 +395,7 @@ class PythonBackend:
             "outputs": self._outputs,
             "repository": str(self.mv.path.parent.parent.parent),
             "settings": self._settings_json,
-            "args": initialize_args(self.mv, self.device),
+            "args": initialize_args(self.mv, self.device, self.instance),
             "log": worker_log(),
         }
 
@@ -483,18 +493,33 @@ def _frames_of(ids: Sequence[str]) -> Iterator[list[str]]:
         yield part
 
 
-def initialize_args(mv: ModelVersion, device: Device) -> dict[str, str]:
-    """``initialize``'s ``args``, every value a string, as Triton passes them."""
+def initialize_args(mv: ModelVersion, device: Device, instance: int = 0) -> dict[str, str]:
+    """``initialize``'s ``args`` for the model's instance ``instance`` (counted across its
+    instance groups), every value a string, as Triton passes them."""
     gpu = device.kind == "cuda"
     return {
         "model_config": json.dumps(triton_config_json(mv)),
         "model_instance_kind": "GPU" if gpu else "CPU",
-        "model_instance_name": f"{mv.spec.name}_0_0",
+        "model_instance_name": instance_name(mv.spec, instance),
         "model_instance_device_id": str(device.index if gpu else 0),
         "model_repository": str(mv.path.parent.parent),
         "model_version": str(mv.version),
         "model_name": mv.spec.name,
     }
+
+
+def instance_name(spec: ModelSpec, instance: int) -> str:
+    """Triton's name for the model's instance ``instance`` (counted across its instance
+    groups in order): its group's ``name`` (by default ``<model>_<group index>``), then
+    ``_<its index within the group>``; ``<model>_0_0`` for a model without groups."""
+    named = spec.config.instance_group
+    left = instance
+    for g, group in enumerate(spec.instance_groups):
+        if left < group.count:
+            prefix = named[g].name if g < len(named) and named[g].name else f"{spec.name}_{g}"
+            return f"{prefix}_{left}"
+        left -= group.count
+    raise ValueError(f"model {spec.name!r} has {spec.instance_count} instances, not {instance + 1}")
 
 
 def triton_config_json(mv: ModelVersion) -> dict[str, Any]:

@@ -98,7 +98,8 @@ class TorchBackend:
         # Zero-copy views over a request are read-only; torch wants writable memory.
         if not array.flags.writeable:
             array = array.copy()
-        return torch.from_numpy(np.ascontiguousarray(array)).to(self._torch_device)
+        # np.require keeps a 0-d input 0-d (np.ascontiguousarray makes it shape [1]).
+        return torch.from_numpy(np.require(array, requirements="C")).to(self._torch_device)
 
     def unload(self) -> None:
         self._module = None
