@@ -148,7 +148,7 @@ def kafka_consumer(k: KafkaSettings, group_id: str | None, **overrides: Any) -> 
         "max_partition_fetch_bytes": max(1048576, k.max_request_bytes + 64 * 1024),
         "request_timeout_ms": k.request_timeout_ms,
         "metadata_max_age_ms": k.metadata_max_age_ms,
-        "session_timeout_ms": 10_000,
+        "session_timeout_ms": k.session_timeout_ms,
         "heartbeat_interval_ms": 1_000,
         "max_poll_interval_ms": 300_000,
         **kafka_security(k),

@@ -15,7 +15,8 @@ were running keep the change. Changes of different settings made at once by seve
 gateways all land (one ``HSET`` a setting); of one setting the last one stored wins. The
 hash holds one field a setting, so it stays bounded with no TTL. A worker's Python model
 process logs at its worker's level and drops the severities its worker drops
-(``log_state``, ``copy_log``, ``severity_filter``: each batch sent to it says how). Applying sets the level of the process's root logger, a filter on the handlers
+(``log_state``, ``copy_log``, ``severity_filter``: each batch sent to it says how).
+Applying sets the level of the process's root logger, a filter on the handlers
 ``configure_logging`` installed, and their time format:
 
 - ``log_verbose_level`` >= 1: DEBUG; else ``log_info``: INFO; else ``log_warnings``:

@@ -58,9 +58,6 @@ from plaza.validation import validate_request
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 10.0
-"""stop() gives the Kafka producer this long to flush (a dead broker must not hang it)."""
-
 MARK_TIMEOUT_S = 2.0
 """The longest a job marker write may take: Kafka holds the job already, and a Redis that
 hangs must not hold its caller (the marker is then missing, as when Redis refuses it)."""
@@ -216,16 +213,18 @@ class Producer:
         self.cache.start()
 
     async def stop(self) -> None:
-        """Release what start() and the first sync call took; safe after a failed start."""
+        """Release what start() and the first sync call took; safe after a failed start.
+        Each part gets ``producer.stop_timeout_s`` (a dead broker must not hang a stop)."""
+        limit_s = self.settings.producer.stop_timeout_s
         if self._cancelling:
-            await asyncio.wait(self._cancelling, timeout=STOP_TIMEOUT_S)
+            await asyncio.wait(self._cancelling, timeout=limit_s)
         await self.cache.stop()
         if self._mux is not None:
             await self._mux.stop()
             self._mux = None
         for part in (self._publisher, self.backlog):
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(part.stop(), STOP_TIMEOUT_S)
+                await asyncio.wait_for(part.stop(), limit_s)
 
     def topics_made(self, topics: list[str]) -> None:
         """The request topics its owner has made (a gateway makes its models' at start and

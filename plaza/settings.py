@@ -36,6 +36,13 @@ class KafkaSettings(_Section):
     request_timeout_ms: int = Field(
         30_000, gt=0, description="Kafka request timeout; also bounds a publish"
     )
+    session_timeout_ms: int = Field(
+        10_000,
+        ge=3000,
+        description="consumer group session timeout: a worker that dies without leaving its "
+        "group holds its partitions this long (within the broker's group.min/max."
+        "session.timeout.ms; heartbeats go every second)",
+    )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request record")
     linger_ms: int = Field(
         0, ge=0, description="producer linger (records sent while one is in flight batch anyway)"
@@ -151,6 +158,12 @@ class ProducerSettings(_Section):
         ge=1,
         description="longest an async job is expected to wait in Kafka; its job marker "
         "lives this (or until its deadline) plus redis.result_ttl_s",
+    )
+    stop_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="how long a stop gives the Kafka producer to flush what it holds (a "
+        "broker that is down never takes it: the stop takes all of this)",
     )
 
 

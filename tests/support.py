@@ -89,6 +89,23 @@ async def running_worker(
         await w.stop()
 
 
+@asynccontextmanager
+async def running_workers(settings: PlazaSettings, *models: str) -> AsyncIterator[list[Worker]]:
+    """A started worker of each of ``models``, started at once rather than one after
+    another (each start spawns and loads its own model process); all stopped on exit,
+    and those that started are stopped when another fails to start."""
+    workers = [Worker(with_model(settings, model)) for model in models]
+    starts = await asyncio.gather(*(w.start() for w in workers), return_exceptions=True)
+    started = [w for w, got in zip(workers, starts, strict=True) if got is None]
+    try:
+        for got in starts:
+            if isinstance(got, BaseException):
+                raise got
+        yield workers
+    finally:
+        await asyncio.gather(*(w.stop() for w in started))
+
+
 def loopback_socket() -> socket.socket:
     """A TCP socket bound to a free 127.0.0.1 port (not listening yet), for a test server."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -35,6 +35,10 @@ from tests.faults.processes import WORKER_ENV, FaultProcesses
 MODEL = "poison"
 POISON = -666.0
 MAX_DELIVERIES = 2
+SESSION_TIMEOUT_MS = 5000
+"""Each death holds the dead worker's partitions until its session times out (the group
+cannot tell a dead member from a slow one sooner): half the default 10 s, still far
+longer than a live worker's pause between heartbeats (one a second)."""
 CONFIG = f"""
 name: "{MODEL}"
 backend: "plaza_simulated"
@@ -68,7 +72,11 @@ class Supervisor:
 
     def _start(self) -> WorkerProcess:
         name = f"w{len(self.workers) + len(self.deaths)}"
-        env = {**WORKER_ENV, "PLAZA_WORKER__MAX_DELIVERIES": str(MAX_DELIVERIES)}
+        env = {
+            **WORKER_ENV,
+            "PLAZA_WORKER__MAX_DELIVERIES": str(MAX_DELIVERIES),
+            "PLAZA_KAFKA__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+        }
         worker = WorkerProcess(
             self.deployment,
             MODEL,

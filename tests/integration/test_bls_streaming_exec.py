@@ -20,7 +20,12 @@ from plaza.client import PlazaClient
 from plaza.settings import PlazaSettings
 from plaza.workers.backends import pb_utils
 from tests.python_models import write_model, write_repository
-from tests.support import make_settings, running_worker, set_bls_environment, wait_for
+from tests.support import (
+    make_settings,
+    running_workers,
+    set_bls_environment,
+    wait_for,
+)
 
 MARKER_CONFIG = """
 name: "bls_marker"
@@ -162,7 +167,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 WAIT_S = 20.0
-LATE_US = 5_000_000
+LATE_US = 3_000_000
 """A timeout the called models outlast (they started running well before it passes)."""
 
 
@@ -312,8 +317,7 @@ async def test_a_decoupled_exec_sends_its_request_before_it_is_iterated(
     settings: PlazaSettings,
 ) -> None:
     async with (
-        running_worker(settings, "bls_probe"),
-        running_worker(settings, "bls_marker"),
+        running_workers(settings, "bls_probe", "bls_marker"),
         PlazaClient(settings) as client,
     ):
         report = await _report(client, "eager")
@@ -326,9 +330,7 @@ async def test_an_async_decoupled_exec_is_iterated_with_async_for_and_cancelled(
     settings: PlazaSettings,
 ) -> None:
     async with (
-        running_worker(settings, "bls_probe"),
-        running_worker(settings, "endless"),
-        running_worker(settings, "bls_silent"),
+        running_workers(settings, "bls_probe", "endless", "bls_silent"),
         PlazaClient(settings) as client,
     ):
         assert await _report(client, "async_cancel") == {"taken": 3, "after_cancel": 0}
@@ -345,8 +347,7 @@ async def test_a_bls_call_carries_its_timeout_and_its_callers_deadline(
     settings: PlazaSettings,
 ) -> None:
     async with (
-        running_worker(settings, "bls_probe"),
-        running_worker(settings, "bls_timer"),
+        running_workers(settings, "bls_probe", "bls_timer"),
         PlazaClient(settings) as client,
     ):
         assert await _report(client, "timeout") == 60_000_000  # Triton's microseconds
@@ -360,9 +361,7 @@ async def test_a_bls_call_past_its_deadline_answers_tritons_error_and_cancels_it
 ) -> None:
     unavailable = pb_utils.TritonError.UNAVAILABLE
     async with (
-        running_worker(settings, "bls_probe"),
-        running_worker(settings, "bls_waiter"),
-        running_worker(settings, "bls_silent"),
+        running_workers(settings, "bls_probe", "bls_waiter", "bls_silent"),
         PlazaClient(settings) as client,
     ):
         late = await _report(client, "late")
@@ -373,6 +372,6 @@ async def test_a_bls_call_past_its_deadline_answers_tritons_error_and_cancels_it
         assert isinstance(errors, list) and [e["code"] for e in errors] == [unavailable]
         await wait_for(lambda: bool(_marks(settings, "bls_silent", "cancelled-")), 30, "silent")
         # no timeout of its own: its caller's deadline ends it
-        inherited = await _report(client, "inherit_late", deadline_s=6)
+        inherited = await _report(client, "inherit_late", deadline_s=4)
         assert isinstance(inherited, dict) and inherited["code"] == unavailable
         await wait_for(lambda: len(_marks(settings, "bls_waiter", "cancelled-")) == 2, 30, "2")

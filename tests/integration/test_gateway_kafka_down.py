@@ -8,6 +8,7 @@ is back the same gateway is ready again and a job it accepts is answered.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -98,8 +99,10 @@ async def test_the_gateway_with_kafka_down_answers_503_and_is_not_ready(
         markers = await job_markers(redis_client, s)
 
         cluster.stop_node(0)
-        sync = await http.post(f"/v2/models/{MODEL}/infer", json=body(3.0))
-        job = await http.post(f"/v2/models/{MODEL}/jobs", json=body(4.0))
+        sync, job = await asyncio.gather(  # at once: each waits out the request timeout
+            http.post(f"/v2/models/{MODEL}/infer", json=body(3.0)),
+            http.post(f"/v2/models/{MODEL}/jobs", json=body(4.0)),
+        )
         for response in (sync, job):
             assert response.status_code == 503, response.text
             error = response.json()

@@ -100,18 +100,26 @@ async def test_a_stopped_broker_answers_503_and_marks_no_job(
         kafka={"request_timeout_ms": 4000},
         gateway={"sync_timeout_s": 2.0},  # shorter than a publish may take: still no 504
     )
+    # The stopped broker never takes the SDK's unsent records: its stop waits all of this.
+    s = s.model_copy(update={"producer": s.producer.model_copy(update={"stop_timeout_s": 1.0})})
     async with gateway(s) as http, PlazaClient(s) as sdk:
         accepted = await http.post("/v2/models/identity/jobs", json=identity_json(1.0))
         assert accepted.status_code == 202, accepted.text  # the broker is up: a real job
         assert len(await job_keys(redis_client, s)) == 1
         cluster.stop()
-        sync = await http.post("/v2/models/identity/infer", json=identity_json(2.0))
-        job = await http.post("/v2/models/identity/jobs", json=identity_json(3.0))
-        with pytest.raises(Unavailable):
-            await sdk.submit("identity", {"INPUT0": np.ones((1, 2), np.float32)})
-        with pytest.raises(Unavailable):
-            await sdk.infer("identity", {"INPUT0": np.ones((1, 2), np.float32)}, timeout_s=5)
+        x = np.ones((1, 2), np.float32)
+        # At once, not one after another: each waits out the 4 s request timeout.
+        sync, job, submitted, inferred = await asyncio.gather(
+            http.post("/v2/models/identity/infer", json=identity_json(2.0)),
+            http.post("/v2/models/identity/jobs", json=identity_json(3.0)),
+            sdk.submit("identity", {"INPUT0": x}),
+            sdk.infer("identity", {"INPUT0": x}, timeout_s=5),
+            return_exceptions=True,
+        )
+    for refused in (submitted, inferred):
+        assert isinstance(refused, Unavailable), repr(refused)
     for response in (sync, job):
+        assert isinstance(response, httpx.Response), repr(response)
         assert response.status_code == 503, response.text
         assert response.json()["code"] == "unavailable" and "job_id" not in response.json()
     assert len(await job_keys(redis_client, s)) == 1  # only the job Kafka acknowledged

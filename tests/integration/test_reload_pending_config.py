@@ -41,9 +41,11 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def settings(kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path) -> PlazaSettings:
     """Mode explicit, ``sim`` (16 values a row) in a repository of its own; a load waits
-    long enough for the test to start the new generation's worker."""
+    long enough for the test to start the new generation's worker. No worker answers a
+    valid request here, so a sync infer gives up (504) after 1 s, not the default 30 s."""
     made = explicit_sim_settings(kafka_bootstrap, redis_url, unique_id, tmp_path)
-    wide = made.gateway.model_copy(update={"load_timeout_s": 60.0, "metrics_port": -1})
+    update = {"load_timeout_s": 60.0, "metrics_port": -1, "sync_timeout_s": 1.0}
+    wide = made.gateway.model_copy(update=update)
     return made.model_copy(update={"gateway": wide})
 
 
@@ -73,7 +75,8 @@ async def served_width(http: httpx.AsyncClient) -> int:
 
 async def refuses(http: httpx.AsyncClient, width: int) -> bool:
     """Whether a request ``width`` values a row is refused as invalid (the other width is
-    the one served; a valid one would wait in Kafka for a worker, so none is sent)."""
+    the one served; a valid one waits in Kafka for a worker that never comes, and is
+    answered 504 after the gateway's short ``sync_timeout_s``)."""
     answer = await http.post(f"/v2/models/{MODEL}/infer", json=http_body(width, 1.0))
     return answer.status_code == 400 and answer.json()["code"] == "invalid_input"
 

@@ -285,7 +285,7 @@ def test_a_hook_that_changes_nothing_gives_back_every_field_as_written(tmp_path:
 SLOW_HOOK = hook(
     """
 import time
-time.sleep(1.0)
+time.sleep(0.5)
 config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
 config.add_output({"name": "Y", "data_type": "TYPE_FP32", "dims": [2]})
 return config
@@ -313,7 +313,7 @@ async def _ticks_while(work: Awaitable[object]) -> tuple[object, int]:
 
 
 async def test_the_gateway_and_the_sdk_read_a_slow_hook_off_their_loop(tmp_path: Path) -> None:
-    """A hook that takes a second (a model.py importing a framework, say) must not stop the
+    """A hook that takes a while (a model.py importing a framework, say) must not stop the
     gateway's loop, nor an SDK caller's: they read the repository on a thread."""
     from plaza.client import PlazaClient
     from plaza.gateway.registry import ModelRegistry
