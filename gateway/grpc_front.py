@@ -514,7 +514,8 @@ def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
     """grpc.aio's channel options: message sizes from ``gateway.max_body_bytes``, and
     keepalive and ping policy from the ``gateway.grpc_keepalive_*`` and
     ``gateway.grpc_http2_*`` settings (Triton's ``--grpc-keepalive-*`` and
-    ``--grpc-http2-*`` flags, passed to grpc-core as Triton passes them)."""
+    ``--grpc-http2-*`` flags, passed to grpc-core as Triton passes them); ``SO_REUSEPORT``
+    only where ``gateway.workers`` > 1."""
     gw = settings.gateway
     return [
         ("grpc.max_receive_message_length", gw.max_body_bytes),
@@ -528,6 +529,8 @@ def server_options(settings: PlazaSettings) -> list[tuple[str, Any]]:
             gw.grpc_http2_min_recv_ping_interval_without_data_ms,
         ),
         ("grpc.http2.max_ping_strikes", gw.grpc_http2_max_ping_strikes),
+        # the port is shared with this gateway's other processes only, as by plaza's server
+        ("grpc.so_reuseport", int(gw.workers > 1)),
     ]
 
 
@@ -540,7 +543,9 @@ async def start_server(
 ) -> tuple[Stoppable, int]:
     """The gRPC front listening on ``host:port`` (0: a free port), on the server that
     ``gateway.grpc_server`` names (``plaza``: the gateway's own, ``gateway.grpc_server``;
-    ``grpcio``: grpc.aio); returns it and the port it bound."""
+    ``grpcio``: grpc.aio); returns it and the port it bound. The gateway's own server
+    shares the port (``SO_REUSEPORT``) only with the gateway's other processes
+    (``gateway.workers`` > 1): a single gateway refuses a port that another one holds."""
     if service.settings.gateway.grpc_server == "grpcio":
         server, bound = create_server(service, host, port, tls)
         await server.start()
@@ -558,7 +563,7 @@ async def start_server(
         tcp_keepalive=tcp_keepalive(gw.grpc_keepalive_time_ms, gw.grpc_keepalive_timeout_ms),
         pings=ping_policy(gw),
     )
-    return own, await own.start(host, port)
+    return own, await own.start(host, port, reuse_port=gw.workers > 1)
 
 
 def health_servicer(service: GatewayService) -> grpc_health.HealthServicer:
@@ -579,10 +584,13 @@ def create_server(
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(service), server)
     server.add_generic_rpc_handlers((grpc_health.generic_handler(health_servicer(service)),))
     address = f"{host}:{port}"
-    if tls is None:
-        bound = server.add_insecure_port(address)
-    else:
-        bound = server.add_secure_port(address, grpc_credentials(tls))
+    try:  # grpcio answers a port it cannot bind with 0, or (newer ones) RuntimeError
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, grpc_credentials(tls))
+    except RuntimeError:
+        bound = 0
     if bound == 0:
         raise ConfigError(f"the gRPC front cannot listen on {host}:{port}: port in use?")
     return server, bound

@@ -851,9 +851,10 @@ class GrpcServer:
         self.loop = asyncio.get_running_loop()
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (``SO_REUSEPORT``, as grpcio binds: several gateway
-        processes share it); returns the port."""
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> int:
+        """Listen on ``host:port``; returns the port. ``reuse_port`` (``SO_REUSEPORT``):
+        several gateway processes share it; without it a port that another server holds is
+        refused (ConfigError), not silently shared."""
         try:
             self._server = await self.loop.create_server(
                 lambda: GrpcProtocol(self),
@@ -863,7 +864,7 @@ class GrpcServer:
                 # a TLS handshake not done in time is a preface not come (asyncio's 60 s else)
                 ssl_handshake_timeout=None if self.ssl_context is None else self.handshake_s,
                 backlog=BACKLOG,
-                reuse_port=True,
+                reuse_port=reuse_port,
             )
         except OSError as exc:
             raise ConfigError(f"the gRPC front cannot listen on {host}:{port}: {exc}") from exc

@@ -64,6 +64,8 @@ from typing import Protocol, cast
 import httptools
 import orjson
 
+from plaza.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 16
@@ -602,23 +604,26 @@ class HttpServer:
         # one: asyncio's own default would hold it 60 s
         tls = self.ssl_context
         handshake_s = None if tls is None else self.keep_alive_s
-        if sock is not None:
-            self._server = await self.loop.create_server(
-                lambda: HttpProtocol(self),
-                sock=sock,
-                ssl=tls,
-                ssl_handshake_timeout=handshake_s,
-                backlog=BACKLOG,
-            )
-        else:
-            self._server = await self.loop.create_server(
-                lambda: HttpProtocol(self),
-                host,
-                port,
-                ssl=tls,
-                ssl_handshake_timeout=handshake_s,
-                backlog=BACKLOG,
-            )
+        try:
+            if sock is not None:
+                self._server = await self.loop.create_server(
+                    lambda: HttpProtocol(self),
+                    sock=sock,
+                    ssl=tls,
+                    ssl_handshake_timeout=handshake_s,
+                    backlog=BACKLOG,
+                )
+            else:
+                self._server = await self.loop.create_server(
+                    lambda: HttpProtocol(self),
+                    host,
+                    port,
+                    ssl=tls,
+                    ssl_handshake_timeout=handshake_s,
+                    backlog=BACKLOG,
+                )
+        except OSError as exc:  # the port taken, the host unknown or not this machine's
+            raise ConfigError(f"the HTTP front cannot listen on {host}:{port}: {exc}") from exc
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float) -> None:

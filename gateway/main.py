@@ -160,19 +160,31 @@ async def _serve_shared_port(settings: PlazaSettings) -> None:
                 await _until_signalled()
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` that other processes may bind as well."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
+def reuse_port_socket(host: str, port: int, front: str = "HTTP") -> socket.socket:
+    """A listening TCP socket on ``host:port`` that other processes may bind as well
+    (ConfigError, naming the ``front``, where it cannot)."""
+    sock: socket.socket | None = None
     try:
+        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = info
+        sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
         sock.listen(HTTP_BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"the HTTP front cannot listen on {host}:{port}: {exc}") from exc
+    except OSError as exc:  # the port taken, the host unknown or not this machine's
+        if sock is not None:
+            sock.close()
+        raise ConfigError(f"the {front} front cannot listen on {host}:{port}: {exc}") from exc
     return sock
+
+
+def _check_ports(settings: PlazaSettings) -> None:
+    """ConfigError, once, before any gateway process starts, where the shared ports cannot
+    be bound (each process would report it)."""
+    gw = settings.gateway
+    for front, port in (("HTTP", gw.http_port), ("gRPC", gw.grpc_port)):
+        reuse_port_socket(gw.host, port, front).close()
 
 
 def process_settings(settings: PlazaSettings, index: int) -> PlazaSettings:
@@ -202,9 +214,12 @@ def _pinned_ports(settings: PlazaSettings) -> PlazaSettings:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError as exc:
+        raise ConfigError(f"the gateway cannot listen on {host}: {exc}") from exc
 
 
 def _gateway_process(settings: PlazaSettings) -> None:
@@ -230,6 +245,7 @@ def run_gateway_processes(settings: PlazaSettings) -> int:
     ``EXIT_RETRIABLE`` when every process that failed did so for a reason that may pass (as
     one gateway process would), else 1."""
     settings = _pinned_ports(settings)
+    _check_ports(settings)
     ctx = multiprocessing.get_context("spawn")
     stopping = threading.Event()
     procs: list[BaseProcess] = []

@@ -115,10 +115,25 @@ def _is_set(value: object) -> bool:
     return value is not None and value != ""
 
 
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+"""The URL schemes redis-py connects with (``redis.from_url``)."""
+
+
 class RedisSettings(_Section):
     """How to reach Redis and how long results live there."""
 
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (rediss:// for TLS)")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        """A URL redis-py connects with: any other would fail only at the first
+        connection. The URL is not quoted back: it may hold a password."""
+        if not value.lower().startswith(REDIS_URL_SCHEMES):
+            schemes = ", ".join(REDIS_URL_SCHEMES)
+            raise ValueError(f"a Redis URL starts with one of {schemes}")
+        return value
+
     cluster: bool = Field(
         False, description="Redis Cluster: url names any one node (db 0); see docs/deploy.md"
     )

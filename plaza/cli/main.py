@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from pydantic import ValidationError
-from pydantic_settings import CliSettingsSource
+from pydantic_settings import CliSettingsSource, SettingsError
 
 from plaza.errors import EXIT_RETRIABLE, PlazaError
 from plaza.settings import PlazaSettings
@@ -85,8 +85,18 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(part) for part in problem["loc"])
             print(f"plaza {command}: error: {where}: {problem['msg']}", file=sys.stderr)
         return 2
+    except SettingsError as exc:  # a section flag or variable that is not JSON
+        print(f"plaza {command}: error: {_settings_problem(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _settings_problem(exc: SettingsError) -> str:
+    """pydantic-settings' message (it names the setting and its source) with its cause
+    (what was wrong with the value)."""
+    cause = exc.__cause__
+    return str(exc) if cause is None else f"{exc}: {cause}"
 
 
 def _dispatch(args: list[str]) -> int:
