@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
@@ -20,8 +19,9 @@ from typing import Any, TypeVar
 
 from plaza import event_loop, gc_tuning
 from plaza.batching import BatchingPolicy
-from plaza.errors import PlazaError
+from plaza.errors import EXIT_RETRIABLE, PlazaError
 from plaza.event_loop import LOOPS, LoopName
+from plaza.loadgen import report_json
 from plaza.loadgen.arrivals import DISTRIBUTIONS, ArrivalProcess
 from plaza.loadgen.inputs import input_pool
 from plaza.loadgen.latency import LatencyModel, LinearLatency, ProfileLatency
@@ -33,7 +33,7 @@ from plaza.loadgen.profiler import (
     write_profile,
 )
 from plaza.loadgen.progress import WindowProgress
-from plaza.loadgen.simulator import MAX_EVENTS, SimConfig, SimResult, simulate
+from plaza.loadgen.simulator import MAX_EVENTS, Routing, SimConfig, SimResult, simulate
 from plaza.loadgen.sweep import (
     SweepError,
     format_table,
@@ -42,6 +42,7 @@ from plaza.loadgen.sweep import (
     write_reports,
 )
 from plaza.loadgen.targets import TARGET_KINDS, Target, make_target
+from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
 
@@ -173,6 +174,20 @@ def _window_config(args: argparse.Namespace) -> WindowConfig:
     )
 
 
+def _check_batch_size(rows: int, spec: ModelSpec) -> None:
+    """ValueError for ``--batch-size`` rows the model does not take in one request: more
+    than its ``max_batch_size``, or more than 1 when it does not batch (its inputs have no
+    batch dim: a request is one set of inputs)."""
+    top = spec.max_batch_size
+    if top > 0 and rows > top:
+        raise ValueError(f"--batch-size {rows} is above {spec.name}'s max_batch_size ({top})")
+    if top == 0 and rows != 1:
+        raise ValueError(
+            f"--batch-size {rows}: {spec.name} does not batch (max_batch_size 0), "
+            "a request is one set of its inputs: give 1"
+        )
+
+
 def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
     args = loadgen_parser().parse_args(argv)
     kinds = [k.strip() for k in args.target.split(",") if k.strip()]
@@ -186,6 +201,7 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
         spec = ModelRepository(args.repository).spec(args.model)
         loads = _loads(args)
         cfg = _window_config(args)
+        _check_batch_size(args.batch_size, spec)
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -232,7 +248,8 @@ def _sweep_and_report(
             points = run_load(run_sweep(targets, loads, cfg, bar), args.loop)
         except SweepError as exc:  # report and write what was measured before it
             points, failure = exc.points, exc
-    print(format_table(points))
+    if points or failure is None:
+        print(format_table(points))
     if args.out:
         meta = {
             "model": args.model,
@@ -245,13 +262,24 @@ def _sweep_and_report(
         for path in write_reports(points, args.out, meta, plot=not args.no_plot):
             print(f"wrote {path}")
     if failure is not None:
-        print(f"error: the sweep stopped at {failure}", file=sys.stderr)
-        return 1
+        return _sweep_failed(failure)
     empty = [f"{p.target} {p.load.label}" for p in points if p.completed == 0]
     if empty:
         print(f"error: no successful request at: {', '.join(empty)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sweep_failed(failure: SweepError) -> int:
+    """Say why the sweep stopped; the exit status: ``EXIT_RETRIABLE`` when a target did not
+    start for a reason that may pass (Kafka or Redis not answering), else 1."""
+    cause = failure.cause
+    if failure.started:
+        print(f"error: the sweep stopped at {failure}", file=sys.stderr)
+        return 1
+    message = cause.message if isinstance(cause, PlazaError) else f"{type(cause).__name__}: {cause}"
+    print(f"error: {failure.label}: {message}", file=sys.stderr)
+    return EXIT_RETRIABLE if isinstance(cause, PlazaError) and cause.retriable else 1
 
 
 # -- profile --------------------------------------------------------------------------------
@@ -338,9 +366,21 @@ def simulate_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="round trip outside the worker (closed loop re-send delay)",
     )
-    p.add_argument("--instances", type=int, help="worker processes (default: instance_group)")
+    p.add_argument(
+        "--instances",
+        type=int,
+        help="model instances (default: the model's instance_group count, which one worker "
+        "runs: one batcher feeding them, shared routing); given, each is a worker process of "
+        "its own unless --routing shared",
+    )
     p.add_argument("--partitions", type=int, default=4)
-    p.add_argument("--routing", choices=("partitioned", "shared"), default="partitioned")
+    p.add_argument(
+        "--routing",
+        choices=("partitioned", "shared"),
+        help="partitioned: a batcher per instance, each owning some partitions; shared: one "
+        "batcher for all (default: shared when the count is the model's instance_group, "
+        "else partitioned)",
+    )
     p.add_argument("--max-pending", type=int, default=1024)
     p.add_argument("--rows", type=int, default=1, help="rows per request")
     p.add_argument("--duration-s", type=float, default=30.0)
@@ -357,7 +397,10 @@ def simulate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _sim_policy_and_latency(args: argparse.Namespace) -> tuple[BatchingPolicy, LatencyModel, int]:
+def _sim_policy_and_latency(
+    args: argparse.Namespace,
+) -> tuple[BatchingPolicy, LatencyModel, int, Routing]:
+    """The policy, latency model, instance count and routing a simulation runs with."""
     policy, instances = BatchingPolicy(max_batch_size=32), 1
     latency: LatencyModel | None = None
     if args.model:
@@ -378,17 +421,26 @@ def _sim_policy_and_latency(args: argparse.Namespace) -> tuple[BatchingPolicy, L
         latency = LinearLatency(args.latency_a_us, args.latency_b_us)
     if latency is None:
         raise ValueError("give --model (a plaza_simulated one), --profile or --latency-a-us")
-    return policy, latency, instances if args.instances is None else args.instances
+    return policy, latency, *_sim_instances(args, instances)
+
+
+def _sim_instances(args: argparse.Namespace, group_count: int) -> tuple[int, Routing]:
+    """``--instances`` and ``--routing`` as given; without ``--instances``, the model's
+    instance_group count (1 without a model), which one worker runs: one batcher feeding
+    every instance, so shared routing unless ``--routing`` says otherwise."""
+    if args.instances is not None:
+        return args.instances, args.routing or "partitioned"
+    return group_count, args.routing or ("shared" if args.model else "partitioned")
 
 
 def sim_configs(args: argparse.Namespace) -> list[SimConfig]:
-    policy, latency, instances = _sim_policy_and_latency(args)
+    policy, latency, instances, routing = _sim_policy_and_latency(args)
     common: dict[str, Any] = dict(
         policy=policy,
         latency=latency,
         instances=instances,
         partitions=args.partitions,
-        routing=args.routing,
+        routing=routing,
         max_pending=args.max_pending,
         rows_per_request=args.rows,
         duration_s=args.duration_s,
@@ -474,7 +526,7 @@ def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
             "instances": first.instances,
             "partitions": first.partitions,
         }
-        path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2, default=str) + "\n")
+        path.write_text(report_json.dumps({"meta": meta, "runs": runs}) + "\n")
         print(f"wrote {path}")
     return 1 if truncated else 0
 

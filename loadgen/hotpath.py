@@ -17,7 +17,6 @@ stage and the sum; ``--json PATH`` writes them.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from aiokafka.structs import TopicPartition
 from plaza.batching import BatchingPolicy, DynamicBatcher
 from plaza.codec import encode_request, encode_result
 from plaza.contract import InferRequest, ReplyTo
+from plaza.loadgen import report_json
 from plaza.loadgen.inputs import input_pool
 from plaza.model_control import model_spec
 from plaza.naming import Names
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, us in out.items():
         print(f"{name:14s} {us:7.2f} us/request")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2), encoding="utf-8")
+        args.json.write_text(report_json.dumps(out), encoding="utf-8")
 
 
 if __name__ == "__main__":

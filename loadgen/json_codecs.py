@@ -14,13 +14,14 @@ numpy support, so it gets ``tolist()``). Prints microseconds a call and msgspec 
 from __future__ import annotations
 
 import argparse
-import json
 import timeit
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+
+from plaza.loadgen import report_json
 
 
 def _body(values: int, rng: np.random.Generator) -> bytes:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
             f"({r['write_msgspec_over_orjson']:.2f}x)"
         )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2), encoding="utf-8")
+        args.json.write_text(report_json.dumps(rows), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ A model that does not batch (``max_batch_size`` 0) runs each request alone: no p
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from plaza.loadgen import report_json
 from plaza.loadgen.inputs import model_inputs
 from plaza.loadgen.raw_backend import WORKER_DEFAULT_THREADS
 from plaza.modelconfig import ModelSpec
@@ -273,7 +273,7 @@ def write_profile(profile: Profile, out: Path) -> list[Path]:
     """``out``.json and ``out``.csv (the curve)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = out.with_suffix(".json"), out.with_suffix(".csv")
-    json_path.write_text(json.dumps(profile.as_dict(), indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(report_json.dumps(profile.as_dict()) + "\n", encoding="utf-8")
     fields = list(CurvePoint.__dataclass_fields__)
     lines = [",".join(fields)]
     lines += [",".join(str(getattr(p, f)) for f in fields) for p in profile.curve]

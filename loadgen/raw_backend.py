@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from plaza.errors import PlazaError
+from plaza.loadgen import report_json
 from plaza.loadgen.inputs import InputSet, model_inputs
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository, ModelVersion
@@ -179,7 +180,7 @@ def write_results(path: Path, runs: dict[str, Any]) -> None:
             existing = {}
     merged = {**existing.get("runs", {}), **runs}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"runs": merged}, indent=2, sort_keys=True) + "\n", "utf-8")
+    path.write_text(report_json.dumps({"runs": merged}, sort_keys=True) + "\n", "utf-8")
 
 
 def _environment(mv: ModelVersion, backend: Backend, config: BenchConfig) -> dict[str, Any]:

@@ -9,7 +9,11 @@ owning some of the topic's ``partitions`` (partition ``p`` goes to instance ``p 
 each request lands on a partition at random (its key is a random correlation id). A worker
 holds at most ``max_pending`` requests; the rest wait in Kafka and count as consumer lag
 (the batcher's ``backlog``). ``routing="shared"`` instead feeds every instance from one
-batcher, as Triton schedules instances of one model.
+batcher, as Triton schedules instances of one model (and a worker its ``instance_group``
+count). A priority level with a ``max_queue_size`` is bounded as in a worker: the batcher
+never refuses a request (``bounded=False``), the worker just fetches no more of a full
+level, so its requests stay in Kafka (lag) until the level has room. The simulated load
+names no priority: every request runs at the policy's default level.
 
 Load is open (an ``ArrivalProcess``: constant, Poisson, bursts) or closed (``concurrency``
 clients, each sending again as soon as its answer is back, ``overhead_s`` being the round
@@ -171,9 +175,13 @@ class Simulator:
         shared = config.routing == "shared"
         lanes = 1 if shared else config.instances
         per_lane = config.instances if shared else 1
+        # unbounded, as a worker's: a full level is not fetched (``_room``), never refused
         self.lanes = [
-            _Lane(DynamicBatcher(config.policy, clock=self.clock), per_lane) for _ in range(lanes)
+            _Lane(DynamicBatcher(config.policy, clock=self.clock, bounded=False), per_lane)
+            for _ in range(lanes)
         ]
+        self._level = config.policy.level_of(0)
+        """The level every request runs at: the load names no priority (the default)."""
         self._owner = [p % lanes for p in range(config.partitions)]
         self._rng = np.random.default_rng(config.seed)
         self._events: list[tuple[float, int, int, int, Any]] = []
@@ -253,10 +261,8 @@ class Simulator:
         lane = self.lanes[self._owner[partition]]
         self._waiting += 1
         self._note_depth()
-        if len(lane.batcher) + lane.in_flight < self.cfg.max_pending:
-            lane.batcher.add(rid, size=self.cfg.rows_per_request)
-        else:
-            lane.lag.append(rid)
+        lane.lag.append(rid)  # in Kafka until the worker fetches it, in order
+        self._refill(lane)
         lane.dirty = True
 
     def _on_done(self, data: tuple[_Lane, list[int], float]) -> None:
@@ -284,13 +290,24 @@ class Simulator:
                 self._push(again, _ISSUE, None)
 
     # -- the worker ----------------------------------------------------------------------
-    def _refill(self, lane: _Lane) -> None:
-        while lane.lag_len and len(lane.batcher) + lane.in_flight < self.cfg.max_pending:
+    def _room(self, lane: _Lane) -> bool:
+        """Whether the worker fetches another request: it holds fewer than ``max_pending``
+        and the requests' level is below its ``max_queue_size`` (``level_room``)."""
+        if len(lane.batcher) + lane.in_flight >= self.cfg.max_pending:
+            return False
+        return lane.batcher.level_room(self._level) != 0
+
+    def _refill(self, lane: _Lane) -> bool:
+        """Fetch from the lane's lag while the worker has room; whether any was fetched."""
+        head = lane.lag_head
+        while lane.lag_len and self._room(lane):
             lane.batcher.add(lane.lag[lane.lag_head], size=self.cfg.rows_per_request)
             lane.lag_head += 1
+        fetched = lane.lag_head > head
         if lane.lag_head > 4096 and lane.lag_head * 2 > len(lane.lag):
             del lane.lag[: lane.lag_head]
             lane.lag_head = 0
+        return fetched
 
     def _dispatch(self, lane: _Lane) -> None:
         now = self.clock.now
@@ -304,6 +321,8 @@ class Simulator:
             if decision.batch:
                 self._start(lane, decision.batch)
                 continue
+            if decision.expired and self._refill(lane):
+                continue  # the expired ones made room: decide again with what was fetched
             if decision.wake_at is not None:
                 lane.wake_token += 1
                 self._push(max(decision.wake_at, now + 1e-9), _WAKE, (lane, lane.wake_token))

@@ -6,8 +6,8 @@ the next point, so a slow drift of a shared machine touches them alike.
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import json
 import math
 import platform
 import sys
@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plaza.loadgen import report_json
 from plaza.loadgen.measure import Load, PointResult, WindowConfig, WindowResult, measure
 from plaza.loadgen.targets import Target
 
@@ -28,10 +29,15 @@ class SweepError(RuntimeError):
     """A load point failed; the sweep stopped there. ``points`` are those measured before
     it, for the caller to report and write (nothing measured is lost)."""
 
-    def __init__(self, label: str, cause: Exception, points: list[PointResult]) -> None:
+    def __init__(
+        self, label: str, cause: Exception, points: list[PointResult], *, started: bool = True
+    ) -> None:
         super().__init__(f"{label}: {cause}")
         self.label = label
+        self.cause = cause
         self.points = points
+        self.started = started
+        """False: a target did not start (``label`` names it), nothing was measured."""
 
 
 def parse_range(text: str) -> list[float]:
@@ -94,12 +100,18 @@ async def run_sweep(
     cfg: WindowConfig,
     progress: Progress | None = None,
 ) -> list[PointResult]:
-    """Every load on every target, targets interleaved per load. Targets are started here.
-    A point that fails stops the sweep with SweepError, which carries the points before it."""
-    for target in targets:
-        await target.start()
+    """Every load on every target, targets interleaved per load. Targets are started here,
+    and every one started is stopped at the end, however it ends. A target that does not
+    start, or a point that fails, stops the sweep with SweepError, which carries the points
+    before it."""
     results: list[PointResult] = []
-    try:
+    async with contextlib.AsyncExitStack() as started:
+        for target in targets:
+            try:
+                await target.start()
+            except Exception as exc:
+                raise SweepError(target.label, exc, results, started=False) from exc
+            started.push_async_callback(target.stop)
         for load in loads:
             for target in targets:
                 label = f"{target.label} {load.label}"
@@ -108,9 +120,6 @@ async def run_sweep(
                     results.append(await measure(target, load, cfg, hook))
                 except Exception as exc:
                     raise SweepError(label, exc, results) from exc
-    finally:
-        for target in targets:
-            await target.stop()
     return results
 
 
@@ -166,7 +175,7 @@ def write_reports(
         writer.writeheader()
         writer.writerows(rows)
     doc = {"meta": {**meta, "environment": environment()}, "points": [p.as_dict() for p in points]}
-    json_path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    json_path.write_text(report_json.dumps(doc) + "\n", encoding="utf-8")
     written = [csv_path, json_path]
     if plot and points:
         from plaza.loadgen.plots import latency_vs_throughput

@@ -180,8 +180,9 @@ class KafkaTarget:
     async def start(self) -> None:
         from plaza.client import PlazaClient
 
-        self._client = PlazaClient(self._settings)
-        await self._client.start()
+        client = PlazaClient(self._settings)
+        await client.start()  # a start that fails closes what it opened: nothing to stop
+        self._client = client
         self._redis = redis_client(self._settings.redis)
         self._stats_keys = self._statistics_keys()
 
@@ -206,7 +207,8 @@ class KafkaTarget:
         except Exception as exc:  # Unavailable, DeadlineExceeded
             return Outcome(False, error=f"{type(exc).__name__}: {exc}")
         if result.error is not None:
-            return Outcome(False, result.timing_us, result.worker, result.error.code)
+            error = f"{result.error.code}: {result.error.message}"  # the code alone hides why
+            return Outcome(False, result.timing_us, result.worker, error)
         return Outcome(True, result.timing_us, result.worker)
 
     async def stats(self) -> StatsSnapshot | None:

@@ -111,6 +111,8 @@ async def _round(
 
 
 async def ensemble_streaming(ctx: Context) -> Report:
+    """The decoupled ensemble ``tokens_post`` against ``tokens`` alone (responses/s, CPU
+    per response of the serving processes)."""
     dep = _deployment(ctx)
     rounds: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
     n = 0

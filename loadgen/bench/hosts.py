@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import shutil
 import statistics
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from plaza.loadgen import report_json
 from plaza.loadgen.bench.context import (
     Context,
     measure_logged,
@@ -353,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         procs.stop_all()
     path = args.out_dir / "hosts.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    path.write_text(report_json.dumps(report) + "\n", encoding="utf-8")
     print(f"wrote {path}")
     shutil.rmtree(work, ignore_errors=True)
     return 0

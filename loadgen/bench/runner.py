@@ -15,14 +15,14 @@ is reported and the others still run (exit status 1).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from plaza.loadgen import report_json
 from plaza.loadgen.bench.cases import BENCHMARKS
 from plaza.loadgen.bench.context import Context
 from plaza.loadgen.cli import add_loop_argument, run_load
@@ -85,18 +85,24 @@ async def _run_all(ctx: Context, names: list[str]) -> dict[str, Any]:
             benchmark=name, seconds=round(elapsed, 1), environment=environment(), quick=ctx.quick
         )
         path = ctx.out_dir / f"{name}.json"
-        path.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        path.write_text(report_json.dumps(report) + "\n", encoding="utf-8")
         _print_ratios(name, report)
         print(f"   ({elapsed:.0f} s; {path})", flush=True)
         summary[name] = report.get("ratios", {})
     return summary
 
 
+def describe(fn: Callable[..., Any]) -> str:
+    """The first line of a benchmark's docstring, or "(no description)"."""
+    lines = (fn.__doc__ or "").strip().splitlines()
+    return lines[0] if lines else "(no description)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     if args.list:
         for name, fn in BENCHMARKS.items():
-            print(f"{name:<14} {(fn.__doc__ or '').strip().splitlines()[0]}")
+            print(f"{name:<14} {describe(fn)}")
         return 0
     names = _selected(args.only)
     work = fresh_dir(args.work_dir)
@@ -117,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         procs.stop_all()
     summary_path = args.out_dir / "summary.json"
     doc = {"environment": environment(), "quick": args.quick, "notes": ctx.notes, **summary}
-    summary_path.write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    summary_path.write_text(report_json.dumps(doc) + "\n", encoding="utf-8")
     print(f"wrote {summary_path}")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

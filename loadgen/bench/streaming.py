@@ -150,6 +150,8 @@ async def _read_finals(client: PlazaClient, stream: str, expected: int, tally: _
 
 
 async def streaming(ctx: Context) -> Report:
+    """Decoupled ``tokens`` through a worker: the writer's batched Redis calls against one
+    call per response (responses/s, CPU per response)."""
     dep = _deployment(ctx)
     rounds: dict[str, list[dict[str, float]]] = {label: [] for label in VARIANTS}
     n = 0
