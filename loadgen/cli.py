@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import urllib.parse
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from plaza import event_loop, gc_tuning
 from plaza.batching import BatchingPolicy
@@ -38,13 +41,14 @@ from plaza.loadgen.sweep import (
     SweepError,
     format_table,
     parse_range,
+    prepare_out,
     run_sweep,
     write_reports,
 )
 from plaza.loadgen.targets import TARGET_KINDS, Target, make_target
 from plaza.modelconfig import ModelSpec
 from plaza.repository import ModelRepository
-from plaza.settings import PlazaSettings
+from plaza.settings import KafkaSettings, PlazaSettings, RedisSettings
 
 DEFAULT_REPOSITORY = Path("model_repository")
 T = TypeVar("T")
@@ -59,6 +63,17 @@ def _ints(text: str) -> list[int]:
     if not all(v.is_integer() for v in values):
         raise argparse.ArgumentTypeError(f"bad range {text!r}: whole numbers only")
     return [int(v) for v in values]
+
+
+def _http_url(text: str) -> str:
+    """An http:// or https:// URL with a host (an argparse type: any other is a usage
+    error, where it would otherwise fail every request at once)."""
+    parts = urllib.parse.urlsplit(text)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)"
+        )
+    return text
 
 
 # -- loadgen --------------------------------------------------------------------------------
@@ -96,7 +111,12 @@ def loadgen_parser() -> argparse.ArgumentParser:
         default="http-binary",
         help=f"comma-separated, measured side by side: {', '.join(TARGET_KINDS)}",
     )
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the gateway (HTTP targets)")
+    p.add_argument(
+        "--url",
+        type=_http_url,
+        default="http://127.0.0.1:8000",
+        help="the gateway (HTTP targets): an http:// or https:// URL",
+    )
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", help="e.g. 16, 1:64:x2, 1,8,64 (default 1)")
     load.add_argument("--request-rate", help="requests/s, e.g. 100:400:100")
@@ -134,18 +154,34 @@ def loadgen_parser() -> argparse.ArgumentParser:
     return p
 
 
+_KAFKA_FLAGS = {"bootstrap_servers": "--bootstrap-servers", "topic_prefix": "--topic-prefix"}
+_REDIS_FLAGS = {"url": "--redis-url", "key_prefix": "--key-prefix"}
+
+
 def kafka_settings(args: argparse.Namespace) -> PlazaSettings:
-    """PLAZA_* settings from the environment, overridden by the flags that were given."""
+    """PLAZA_* settings from the environment, overridden by the flags that were given, each
+    section validated again with them: ValueError in one line naming a flag refused."""
     base = PlazaSettings()
-    kafka = {"bootstrap_servers": args.bootstrap_servers, "topic_prefix": args.topic_prefix}
-    redis = {"url": args.redis_url, "key_prefix": args.key_prefix}
-    return base.model_copy(
-        update={
-            "repository": args.repository,
-            "kafka": base.kafka.model_copy(update={k: v for k, v in kafka.items() if v}),
-            "redis": base.redis.model_copy(update={k: v for k, v in redis.items() if v}),
-        }
-    )
+    kafka = _section(KafkaSettings, base.kafka, _KAFKA_FLAGS, args)
+    redis = _section(RedisSettings, base.redis, _REDIS_FLAGS, args)
+    return base.model_copy(update={"repository": args.repository, "kafka": kafka, "redis": redis})
+
+
+S = TypeVar("S", KafkaSettings, RedisSettings)
+
+
+def _section(cls: type[S], base: S, flags: dict[str, str], args: argparse.Namespace) -> S:
+    """``base`` with the fields whose flags were given, validated as a new section (a
+    model_copy would skip the validators)."""
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for field, flag in flags.items()}
+    update = {field: value for field, value in given.items() if value}
+    try:
+        return cls.model_validate({**base.model_dump(), **update})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{flags.get(field, field)}: {message}") from None
 
 
 def _loads(args: argparse.Namespace) -> list[Load]:
@@ -202,6 +238,9 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
         loads = _loads(args)
         cfg = _window_config(args)
         _check_batch_size(args.batch_size, spec)
+        settings = kafka_settings(args) if "kafka" in kinds else None
+        if args.out:
+            prepare_out(args.out)
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -214,7 +253,6 @@ def run_loadgen_cli(argv: Sequence[str] | None = None) -> int:
     # a stateful model's load is sequences: each concurrent client runs one at a time
     sequence_length = args.sequence_length if spec.sequence.enabled else 0
     pool = input_pool(spec, rows=args.batch_size, seq_len=args.seq_len, seed=args.seed)
-    settings = kafka_settings(args) if "kafka" in kinds else None
     conns = int(max((ld.value for ld in loads), default=1)) if not args.request_rate else 1024
     targets: list[Target] = [
         make_target(
@@ -304,6 +342,8 @@ def run_profile_cli(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         _check_profile_args(args)
+        out = args.out or Path("results/profile") / args.model
+        prepare_out(out)
         prof = profile_model(
             args.repository,
             args.model,
@@ -322,7 +362,7 @@ def run_profile_cli(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_profile(prof))
-    for path in write_profile(prof, args.out or Path("results/profile") / args.model):
+    for path in write_profile(prof, out):
         print(f"wrote {path}")
     return 0
 
@@ -492,6 +532,8 @@ def run_simulate_cli(argv: Sequence[str] | None = None) -> int:
     args = simulate_parser().parse_args(argv)
     try:
         configs = sim_configs(args)
+        if args.out:
+            prepare_out(args.out)
     except (PlazaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,10 @@ a point is shown instead by its ``late_sends`` and its achieved ``send_rate`` ag
 offered rate, both over the measured windows.
 
 Every loop is bounded: the load stops when measuring stops, requests carry the target's
-timeout, and what is still in flight after ``drain_s`` is cancelled.
+timeout, and what is still in flight after ``drain_s`` is cancelled. A closed-loop client
+yields to the event loop after every failure, so a target that fails without waiting (a
+refused URL) cannot starve the window timer or Ctrl-C. Only successes are kept one by one
+(each waited for its answer); failures are a count and a few distinct messages.
 """
 
 from __future__ import annotations
@@ -135,6 +138,7 @@ class PointResult:
     """Sends per second over the measured windows: in rate mode, what the schedule
     (``offered_rate``) could actually be kept to."""
     error_examples: list[str] = field(default_factory=list)
+    """The run's first few distinct error messages (warm-up included), sorted."""
 
     @property
     def mean_batch(self) -> float:
@@ -195,14 +199,27 @@ class PointResult:
 
 
 class _Recorder:
+    """A run's requests: each success as a sample (its latency is measured), failures as a
+    count and the first ``MAX_ERROR_EXAMPLES`` distinct messages, so a target failing as
+    fast as the loop turns does not grow the run's memory."""
+
     def __init__(self) -> None:
         self.samples: list[Sample] = []
+        """Successful requests, in completion order."""
+        self.errors = 0
+        self.error_examples: list[str] = []
         self.sends = 0
         self.late = 0
 
     def add(self, sent: float, outcome: Outcome) -> None:
         done = time.monotonic()
-        self.samples.append(Sample(done, done - sent, outcome))
+        if outcome.ok:
+            self.samples.append(Sample(done, done - sent, outcome))
+            return
+        self.errors += 1
+        examples = self.error_examples
+        if len(examples) < MAX_ERROR_EXAMPLES and outcome.error not in examples:
+            examples.append(outcome.error)
 
 
 async def _closed_loop(target: Target, clients: int, rec: _Recorder, stop: asyncio.Event) -> None:
@@ -210,7 +227,12 @@ async def _closed_loop(target: Target, clients: int, rec: _Recorder, stop: async
         while not stop.is_set():
             sent = time.monotonic()
             rec.sends += 1
-            rec.add(sent, await target.send())
+            outcome = await target.send()
+            rec.add(sent, outcome)
+            if not outcome.ok:
+                # a failure may have come back without awaiting anything: let the loop run
+                # (the window timer, the stop event, Ctrl-C) before sending again
+                await asyncio.sleep(0)
 
     await asyncio.gather(*(client() for _ in range(clients)))
 
@@ -263,18 +285,19 @@ class _Mark:
     stats: StatsSnapshot | None
     sends: int
     late: int
+    errors: int
 
 
 async def _mark(target: Target, rec: _Recorder) -> _Mark:
-    index, sends, late, at = len(rec.samples), rec.sends, rec.late, time.monotonic()
-    return _Mark(index, at, await target.stats(), sends, late)
+    index, sends, late, errors = len(rec.samples), rec.sends, rec.late, rec.errors
+    at = time.monotonic()
+    return _Mark(index, at, await target.stats(), sends, late, errors)
 
 
-def _window(samples: list[Sample], duration: float) -> WindowResult:
-    ok = [s.latency_s for s in samples if s.outcome.ok]
-    return WindowResult(
-        duration, len(ok), len(samples) - len(ok), len(ok) / duration, summarize(ok)
-    )
+def _window(rec: _Recorder, m0: _Mark, m1: _Mark) -> WindowResult:
+    ok = [s.latency_s for s in rec.samples[m0.index : m1.index]]
+    duration = m1.at - m0.at
+    return WindowResult(duration, len(ok), m1.errors - m0.errors, len(ok) / duration, summarize(ok))
 
 
 async def measure(
@@ -298,7 +321,7 @@ async def measure(
             await asyncio.sleep(cfg.window_s)
             marks.append(await _mark(target, rec))
             m0, m1 = marks[-2], marks[-1]
-            windows.append(_window(rec.samples[m0.index : m1.index], m1.at - m0.at))
+            windows.append(_window(rec, m0, m1))
             if on_window is not None:
                 on_window(windows[-1])
             if driver.done() or is_stable(
@@ -327,15 +350,13 @@ def _point(
     k = min(cfg.stable_count, len(windows))
     m0, m1 = marks[-k - 1], marks[-1]
     (t0, s0), (t1, s1) = (m0.at, m0.stats), (m1.at, m1.stats)
-    chosen = rec.samples[m0.index : m1.index]
-    ok = [s for s in chosen if s.outcome.ok]
+    ok = rec.samples[m0.index : m1.index]
     timings = [s.outcome.timing_us for s in ok if s.outcome.timing_us]
     split = server_split(timings) if timings else split_between(s0, s1)
     batches, source = batches_between(s0, s1), "stats"
     if not batches:
         estimate = estimate_batch_sizes((s.done, s.outcome.worker, s.outcome.timing_us) for s in ok)
         batches, source = size_histogram(estimate), "estimate" if estimate else ""
-    errors = [s.outcome.error for s in chosen if not s.outcome.ok]
     return PointResult(
         target=label,
         load=load,
@@ -348,14 +369,14 @@ def _point(
         ),
         throughput=len(ok) / (t1 - t0),
         completed=len(ok),
-        errors=len(errors),
+        errors=m1.errors - m0.errors,
         latency=summarize([s.latency_s for s in ok]),
         server=split,
         batch_sizes=batches,
         batch_source=source,
         model_busy=(s1.busy_ns - s0.busy_ns) / 1e9 / (t1 - t0) if s0 and s1 else float("nan"),
-        total_ok=sum(1 for s in rec.samples if s.outcome.ok),
+        total_ok=len(rec.samples),
         late_sends=m1.late - m0.late,
         send_rate=(m1.sends - m0.sends) / (t1 - t0),
-        error_examples=sorted(set(errors))[:MAX_ERROR_EXAMPLES],
+        error_examples=sorted(rec.error_examples),
     )

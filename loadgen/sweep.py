@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import math
+import os
 import platform
 import sys
 import time
@@ -161,6 +162,20 @@ def environment() -> dict[str, Any]:
         "load_average": list(os.getloadavg()),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def prepare_out(out: Path) -> None:
+    """Make the folder of ``out`` (a report's path less its suffix) and check that it takes
+    files, before any work is done: ValueError in one line. A run that measured for minutes
+    must not lose its results to a path it could never write."""
+    folder = out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission, a read-only disk
+        reason = exc.strerror or type(exc).__name__
+        raise ValueError(f"--out {out}: cannot make the folder {folder}: {reason}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: the folder {folder} is not writable")
 
 
 def write_reports(
