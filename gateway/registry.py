@@ -214,7 +214,9 @@ class ModelRegistry:
             if desired is None or not desired.loaded:
                 folder = folder_fingerprint(self.repo, name)
                 explicit = name not in self._along
-                desired = await self._control.table.load(name, explicit=explicit, folder=folder)
+                desired = await self._control.table.load(
+                    name, explicit=explicit, folder=folder, model=self.models[name]
+                )  # pinned as read: a unit started later serves what this gateway read
             if desired.config == "":  # as read from the repository just now
                 self._followed(name, desired.generation)
         if self.mode == "poll":

@@ -38,7 +38,11 @@ A load's entry also keeps the configs its previous generations were served with
 (``DesiredModel.previous``, the latest ``MAX_PREVIOUS``: the table stays bounded), so that a
 gateway started after the hosts refused the new one serves the config their workers still
 run: that of the newest of them a live worker names (a generation superseded before any
-worker ran it, by a quick second reload, is among them but runs nowhere).
+worker ran it, by a quick second reload, is among them but runs nowhere). It also records
+what its own load read (``DesiredModel.pinned``: the complete config and the versions
+selected), which every unit of that generation starts from however late (``unit_config``),
+and which readiness (``ModelControl.ready``) reads with the versions live workers report,
+never the folder as it is now.
 """
 
 from __future__ import annotations
@@ -108,6 +112,15 @@ class ServedConfig:
     def encode(self) -> dict[str, Any]:
         return {"generation": self.generation, "config": self.config, "versions": self.versions}
 
+    def unit_config(self) -> str:
+        """The config a unit of this generation starts from: complete, its version policy
+        narrowed to ``versions`` (when known), whatever the model's folder holds now."""
+        if not self.versions:
+            return self.config
+        doc = json.loads(self.config)
+        doc["version_policy"] = {"specific": {"versions": list(self.versions)}}
+        return json.dumps(doc)
+
     @classmethod
     def decode_all(cls, doc: Mapping[str, Any]) -> tuple[ServedConfig, ...]:
         """An entry's previous configs (its ``previous`` list of ``encode``'s; one entry
@@ -124,6 +137,12 @@ class ServedConfig:
         if not isinstance(generation, int) or not doc.get("config"):
             return None
         return cls(generation, str(doc["config"]), tuple(int(v) for v in doc.get("versions", ())))
+
+
+def pin(generation: int, model: LoadedModel) -> ServedConfig:
+    """The record of what a load of ``generation`` read (``DesiredModel.pinned``): its
+    complete config and the versions it selected."""
+    return ServedConfig(generation, json.dumps(model.spec.config_json()), model.versions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +170,11 @@ class DesiredModel:
     first, at most ``MAX_PREVIOUS`` (a load records them, ``previous_served``): their
     workers may still run while this one is refused or not up yet, and a gateway that never
     read them serves the newest one a live worker names. (): unknown."""
+    pinned: ServedConfig | None = None
+    """What the load of this generation read (``pin``): its complete config and versions.
+    Every unit of the generation starts from it (``unit_config``), however late (a lazy
+    model, one evicted and back on demand), not from the folder as it is then. None:
+    unknown (an entry written without a read, as a gateway's start writes)."""
 
     def encode(self) -> str:
         doc: dict[str, Any] = {
@@ -161,8 +185,11 @@ class DesiredModel:
             "folder": self.folder,
             "failed": self.failed,
         }
-        if self.previous:  # after the generation: the table's script reads the first
+        # after the generation: the table's script reads the first
+        if self.previous:
             doc["previous"] = [served.encode() for served in self.previous]
+        if self.pinned is not None:
+            doc["pinned"] = self.pinned.encode()
         return json.dumps(doc)
 
     @classmethod
@@ -177,6 +204,7 @@ class DesiredModel:
             str(doc.get("folder", "")),
             str(doc.get("failed", "")),
             ServedConfig.decode_all(doc),
+            ServedConfig._decode(doc["pinned"]) if isinstance(doc.get("pinned"), dict) else None,
         )
 
     def same_load(self, config: str, folder: str) -> bool:
@@ -202,11 +230,33 @@ def previous_served(
         return seen.previous
     own: tuple[ServedConfig, ...] = ()
     if served is not None:
-        config = json.dumps(served.spec.config_json())
-        own = (ServedConfig(seen.generation, config, served.versions),)
+        own = (pin(seen.generation, served),)
+    elif seen.pinned is not None:
+        own = (seen.pinned,)
     elif seen.config:
         own = (ServedConfig(seen.generation, seen.config),)
     return (own + seen.previous)[:MAX_PREVIOUS]
+
+
+def unit_config(repo: ModelRepository, desired: DesiredModel) -> str:
+    """The config a unit of ``desired``'s generation starts from: its load's record
+    (``DesiredModel.pinned``, ``ServedConfig.unit_config``) when there is one, else the
+    entry's override ("" : the folder's config.pbtxt). ConfigError when a version the load
+    served is gone from the repository (a load failure, never a switch to another
+    version); ModelNotFound for a model gone."""
+    if desired.pinned is None:
+        return desired.config
+    gone = sorted(set(desired.pinned.versions) - set(repo.available_versions(desired.name)))
+    if gone:
+        folder = repo.root / desired.name
+        raise ConfigError(
+            f"{folder}: version folder(s) {', '.join(map(str, gone))} of model "
+            f"'{desired.name}' are gone, but its generation {desired.generation} was loaded "
+            "with them (load the model again to serve what the folder holds now)",
+            file=str(folder),
+            model=desired.name,
+        )
+    return desired.pinned.unit_config()
 
 
 def model_spec(repo: ModelRepository, name: str, config: str = "") -> ModelSpec:
@@ -435,6 +485,36 @@ async def _named_generations(
     return [_generation_of(raw) for raw in infos if raw is not None]
 
 
+async def _entries(
+    redis: aioredis.Redis, names: Names, members: Sequence[object]
+) -> list[dict[str, Any]]:
+    """The entries (``worker_info_key``) of the workers ``members`` (a registry's), for
+    those still there and readable."""
+    if not members:
+        return []
+    ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+    pipe = redis.pipeline(transaction=False)  # one GET per key: see _named_generations
+    for each in ids:
+        pipe.get(names.worker_info_key(each))
+    found = []
+    for raw in await pipe.execute():
+        try:
+            doc = json.loads(raw) if raw is not None else None
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            found.append(doc)
+    return found
+
+
+def _records(desired: DesiredModel) -> dict[int, ServedConfig]:
+    """Per generation, the records ``desired``'s entry keeps (its own and its previous)."""
+    records = {served.generation: served for served in desired.previous}
+    if desired.pinned is not None:
+        records[desired.generation] = desired.pinned
+    return records
+
+
 def dependents(names: str | Collection[str], specs: Mapping[str, ModelSpec]) -> list[str]:
     """The ensembles among ``specs`` (the loaded models) that run one of ``names`` in a step,
     or run one that does, directly or through other ensembles: those an unload of ``names``
@@ -571,12 +651,20 @@ class ModelTable:
         return {name: m for name, m in (await self.read()).items() if m.loaded}
 
     async def load(
-        self, name: str, config: str = "", *, explicit: bool = True, folder: str = ""
+        self,
+        name: str,
+        config: str = "",
+        *,
+        explicit: bool = True,
+        folder: str = "",
+        model: LoadedModel | None = None,
     ) -> DesiredModel:
         """Mark ``name`` loaded, with a new generation (its workers restart if running);
         ``explicit`` False: only along with an ensemble that runs it; ``folder``: the model
-        folder's fingerprint."""
-        desired = DesiredModel(name, True, time.time_ns(), config, explicit, folder)
+        folder's fingerprint; ``model``: what the load read (pinned in the entry), if it did."""
+        generation = time.time_ns()
+        pinned = None if model is None else pin(generation, model)
+        desired = DesiredModel(name, True, generation, config, explicit, folder, pinned=pinned)
         await self._redis.hset(self._key, name, desired.encode())
         return desired
 
@@ -589,19 +677,28 @@ class ModelTable:
         explicit: bool = True,
         folder: str = "",
         served: LoadedModel | None = None,
+        model: LoadedModel | None = None,
     ) -> DesiredModel | None:
         """``load``, in one atomic step with the check that the table still holds ``seen``
         for ``name`` (its generation; None: nothing yet). None, and nothing written, when a
         load or unload of ``name`` came in between. A load of what ``seen`` loads already
         (``DesiredModel.same_load``) keeps its generation, so hosts keep its workers (only
         ``explicit`` is raised on it). A new generation keeps ``seen``'s config as its
-        previous one (``previous_served``; ``served``: the config served at ``seen``'s)."""
+        previous one (``previous_served``; ``served``: the config served at ``seen``'s).
+        ``model``: what this load read, pinned in a new generation's entry
+        (``DesiredModel.pinned``; kept by a load of the same)."""
         if seen is not None and seen.same_load(config, folder):
-            desired = dataclasses.replace(seen, explicit=seen.explicit or explicit)
+            pinned = seen.pinned
+            if pinned is None and model is not None:  # the folder is as it was read then
+                pinned = pin(seen.generation, model)
+            explicit = seen.explicit or explicit
+            desired = dataclasses.replace(seen, explicit=explicit, pinned=pinned)
         else:
             previous = previous_served(seen, served)
+            generation = time.time_ns()
+            pinned = None if model is None else pin(generation, model)
             desired = DesiredModel(
-                name, True, time.time_ns(), config, explicit, folder, previous=previous
+                name, True, generation, config, explicit, folder, previous=previous, pinned=pinned
             )
         return desired if await self._write_if(seen, desired) else None
 
@@ -731,7 +828,7 @@ class ModelControl:
         marked = await self._mark_steps(name, model.spec, chain)
         folder = await asyncio.to_thread(folder_fingerprint, self.repo, name)
         desired = await self.table.load_if_unchanged(
-            name, seen, config, explicit=explicit, folder=folder, served=served
+            name, seen, config, explicit=explicit, folder=folder, served=served, model=model
         )
         if desired is None:
             desired = await self._superseded(name, config)
@@ -840,23 +937,62 @@ class ModelControl:
 
     async def ready(self, name: str, version: int | None = None, *, mode: ControlMode) -> bool:
         """Whether ``name`` (``version``; None: any it serves) is ready, read from the
-        deployment: loaded (mode none: in the repository; else in the table), readable,
-        and served by a live worker (an ensemble: a runner, and a worker of each step)."""
-        config = ""
+        deployment as the gateway's index reads it, never from the folder as it is now (a
+        config mid-edit, a version folder renamed: the live workers serve on): loaded (mode
+        none: in the repository; else in the table) and served by a live worker (an
+        ensemble: a runner, and a worker of each step), one that serves ``version`` (the
+        versions live workers report; a standby entry's, its generation's record)."""
+        desired = await self.table.get(name)
         if mode == "none":
             if name not in self.repo.model_names():
                 return False
-        else:
-            desired = await self.table.get(name)
-            if desired is None or not desired.loaded:
-                return False
-            config = desired.config
+        elif desired is None or not desired.loaded:
+            return False
+        spec = await asyncio.to_thread(self._recorded_spec, name, desired)
+        group = await asyncio.to_thread(serving_models, name, spec, repository_specs(self.repo))
+        if (await live_workers(self._redis, self._names, [group]))[0] < 1:
+            return False
+        if version is None:
+            return True
+        return version in await self._live_versions(name, desired)
+
+    def _recorded_spec(self, name: str, desired: DesiredModel | None) -> ModelSpec | None:
+        """``name``'s spec as its load read it (its record, not completed again), else the
+        repository's; None where neither reads (it serves alone then, as a non-ensemble)."""
+        source = f"the model table's record of '{name}'"
         try:
-            model = await asyncio.to_thread(read_model, self.repo, name, config)
+            if desired is not None and desired.pinned is not None:
+                config = desired.pinned.config
+                return parse_model_config_json(config, source=source, default_name=name)
+            return model_spec(self.repo, name, desired.config if desired is not None else "")
         except PlazaError:
-            return False
-        if version is not None and version not in model.versions:
-            return False
-        specs = repository_specs(self.repo)
-        group = await asyncio.to_thread(serving_models, name, model.spec, specs)
-        return (await live_workers(self._redis, self._names, [group]))[0] >= 1
+            return None
+
+    async def _live_versions(self, name: str, desired: DesiredModel | None) -> set[int]:
+        """The versions ``name``'s live workers serve: those each reports in its entry; for
+        an entry that reports none (a standby entry), its generation's record, else the
+        repository's selection (an entry with no record)."""
+        members = await self._redis.zrangebyscore(
+            self._names.worker_registry_key(name), time.time(), "+inf"
+        )
+        infos = await _entries(self._redis, self._names, members)
+        records = {} if desired is None else _records(desired)
+        found: set[int] = set()
+        for info in infos:
+            reported = info.get("versions")
+            if isinstance(reported, list) and reported:
+                found.update(v for v in reported if isinstance(v, int))
+                continue
+            generation = info.get("generation")
+            record = records.get(generation) if isinstance(generation, int) else None
+            if record is not None and record.versions:
+                found.update(record.versions)
+            elif desired is not None:
+                found.update(await asyncio.to_thread(self._folder_versions, name, desired))
+        return found
+
+    def _folder_versions(self, name: str, desired: DesiredModel) -> tuple[int, ...]:
+        try:
+            return read_model(self.repo, name, desired.config).versions
+        except PlazaError:
+            return ()

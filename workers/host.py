@@ -112,11 +112,13 @@ class Host:
         """Per model, the reloads whose unit started beside the one serving."""
 
     def make_unit(self, model: str, config: str = "") -> Unit:
-        """A unit for ``model`` (following the table: with the load's config override), its
-        worker id ``<host id>.<model>``. A reload's unit, made while the model's unit still
-        serves (the hand-over, ``workers/model_watch.py``), takes an id of its own,
-        ``<host id>.<model>~<n>``, and under it its own device-scheduler entry: the two
-        share the model's consumer group, never a registry entry."""
+        """A unit for ``model`` (following the table: with ``config``, what its generation's
+        load pinned, ``plaza.model_control.unit_config``, so a unit started late serves what
+        the load read, not the folder as it is then), its worker id ``<host id>.<model>``.
+        A reload's unit, made while the model's unit still serves (the hand-over,
+        ``workers/model_watch.py``), takes an id of its own, ``<host id>.<model>~<n>``, and
+        under it its own device-scheduler entry: the two share the model's consumer group,
+        never a registry entry."""
         unit_id, device_key = f"{self.id}.{model}", None
         if self.follower is not None and model in self.follower.state.running:
             self._handovers[model] = n = self._handovers.get(model, 0) + 1

@@ -15,13 +15,19 @@ of the repository). Every ``host.follow_interval_s`` one round (:meth:`ModelFoll
   the old unit stops, answering what it holds. A new generation that fails to start
   leaves the old unit serving (the failure is reported as any load's, below). When the
   memory budget has no room for both without evicting anything, the old unit stops first
-  and the new one then loads as any model (meanwhile requests wait in Kafka; a failure
-  leaves the model with no unit);
+  and the new one then loads as any model (meanwhile requests wait in Kafka; a refusal
+  gives it up, and the generation before it starts again, below);
 - a model loaded and not running: its unit starts, unless the model is *lazy* (config
   parameter ``lazy: "true"``) or was evicted: then it starts once requests wait in its
   topics (their consumer group's lag), and those requests are answered when it is up,
   each within its own deadline. Meanwhile the host keeps the model in its worker registry
   as a *standby* entry, so the gateway counts it ready (it is servable).
+
+Every unit of a generation starts from what its load read (``DesiredModel.pinned``,
+``plaza.model_control.unit_config``), never from the folder as it is when the unit starts;
+a version of it gone is a refusal. While the table's generation is given up, the one whose
+unit served last here (``FollowerState.served``) is the one started again (back on demand
+after an eviction, or after its unit failed), its failures retried after the back-off.
 
 Memory budget (``host.memory_budget_bytes``, ``workers/memory_budget.py``): before a load
 the model's estimated bytes are reserved; when they do not fit, the least recently used
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -58,7 +65,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from plaza.errors import ConfigError, PlazaError
-from plaza.model_control import DesiredModel, ModelTable, model_spec
+from plaza.model_control import (
+    DesiredModel,
+    ModelTable,
+    ServedConfig,
+    model_spec,
+    unit_config,
+)
 from plaza.modelconfig import ModelSpec
 from plaza.queueing import BacklogProbe
 from plaza.repository import ModelRepository
@@ -92,6 +105,19 @@ class Running:
     task: asyncio.Task[None]
     stop: asyncio.Event
     executions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a unit of one generation starts from (``ModelFollower._plan``)."""
+
+    desired: DesiredModel
+    """The generation, its record pinned (``DesiredModel.pinned``; read now if it had none)."""
+    spec: ModelSpec
+    need: int
+    """The bytes it is expected to take."""
+    config: str
+    """The config its unit starts with (``plaza.model_control.unit_config``)."""
 
 
 @dataclass(slots=True)
@@ -130,6 +156,10 @@ class FollowerState:
     retrying: dict[str, Retry] = field(default_factory=dict)
     """Models whose load failed or found no room in time: tried again later."""
     waiting: dict[str, _Waiting] = field(default_factory=dict)
+    served: dict[str, DesiredModel] = field(default_factory=dict)
+    """Per model, the generation its unit served last here, with its record pinned: while
+    the table's generation is given up, the one started again (evicted and back on demand,
+    or its unit failed), as the old unit serves on after a refused reload."""
 
 
 class ModelFollower:
@@ -160,6 +190,8 @@ class ModelFollower:
         self._standby: set[str] = set()
         self._draining: dict[str, _Drain] = {}
         """Units of unloaded models serving their queues before they stop."""
+        self._now: dict[str, DesiredModel] = {}
+        """The table as the current round read it."""
         self._failures: dict[str, tuple[DesiredModel, str]] = {}
         """Generations given up this round, with why: reported in the model table."""
         self.memory_samples: list[int] = []
@@ -172,6 +204,7 @@ class ModelFollower:
             for n, d in (await self._table.read()).items()
             if self._scope is None or n in self._scope
         }
+        self._now = table
         running = self.state.running
         for name, item in list(running.items()):
             desired = table.get(name)
@@ -192,10 +225,11 @@ class ModelFollower:
             elif reloaded:
                 assert desired is not None  # reloaded says so
                 await self._try(name, desired, self._reload)
-        for name in [*self.state.evicted, *self.state.retrying]:
+        for name in [*self.state.evicted, *self.state.retrying, *self.state.served]:
             if name not in table or not table[name].loaded:
                 self.state.evicted.discard(name)
                 self.state.retrying.pop(name, None)
+                self.state.served.pop(name, None)
         self._touch_used()
         for name, drain in list(self._draining.items()):
             if drain.task.done():
@@ -203,10 +237,23 @@ class ModelFollower:
         for name, desired in sorted(table.items()):
             if not desired.loaded or name in running or name in self._draining:
                 continue
-            await self._try(name, desired, self._consider)
+            await self._try(name, self._target(name, desired), self._consider)
         await self._report_failures()
         await self._beat_standby(table)
         self.metrics.memory_bytes = self.budget.total
+
+    def _target(self, name: str, desired: DesiredModel) -> DesiredModel:
+        """The generation to run for ``name``: the table's (``desired``), unless that one
+        is given up: then the one its unit served last here, if any (``FollowerState.served``)."""
+        served = self.state.served.get(name)
+        if self.state.given_up.get(name) != desired.generation or served is None:
+            return desired
+        return served
+
+    def _fallback(self, name: str, desired: DesiredModel) -> bool:
+        """Whether ``desired`` is an older generation run while the table's is given up."""
+        now = self._now.get(name)
+        return now is not None and now.generation != desired.generation
 
     async def _report_failures(self) -> None:
         """Tell a load waiting for a generation given up this round why it failed
@@ -247,8 +294,10 @@ class ModelFollower:
 
     def _failed(self, name: str, desired: DesiredModel, exc: Exception) -> None:
         """A load that raised: a bad config gives the model up until its next load; any
-        other error (Kafka restarting, ...) is tried again after a back-off."""
-        if isinstance(exc, PlazaError) and exc.code == ConfigError.code:
+        other error (Kafka restarting, ...) is tried again after a back-off, and so is any
+        failure of an older generation run while the table's is given up (``_target``)."""
+        refused = isinstance(exc, PlazaError) and exc.code == ConfigError.code
+        if isinstance(exc, PlazaError) and refused and not self._fallback(name, desired):
             log.error(
                 "host: model %s given up until its next load (generation %d): %s",
                 name,
@@ -276,17 +325,25 @@ class ModelFollower:
             "host: model %s not loaded (try %d): %s; next try in %.1f s", name, tries, why, delay
         )
 
-    def _sized_spec(self, name: str, config: str) -> tuple[ModelSpec, int]:
-        """The model's config and the memory it is expected to take."""
+    def _plan(self, name: str, desired: DesiredModel) -> _Plan:
+        """What a unit of ``desired`` starts from: its load's record (``unit_config``: not
+        the folder as it is now; ConfigError for a version of it gone), or for an entry with
+        none, the folder now, pinned from here on (``FollowerState.served``)."""
+        config = unit_config(self._repo, desired)
         spec = model_spec(self._repo, name, config)
-        return spec, estimate_bytes(self._repo, spec)
+        if desired.pinned is None:
+            versions = tuple(v.version for v in self._repo.served_versions(name, spec))
+            pinned = ServedConfig(desired.generation, json.dumps(spec.config_json()), versions)
+            desired = dataclasses.replace(desired, pinned=pinned)
+        return _Plan(desired, spec, estimate_bytes(self._repo, spec), config)
 
     async def _consider(self, name: str, desired: DesiredModel) -> None:
         try:  # on a thread: a Python model's auto_complete_config runs in a child process
-            spec, need = await asyncio.to_thread(self._sized_spec, name, desired.config)
+            plan = await asyncio.to_thread(self._plan, name, desired)
         except PlazaError as exc:
             self._failed(name, desired, exc)
             return
+        spec, need = plan.spec, plan.need
         if not self._fits_at_all(name, desired, need):  # lazy or not: it could never load
             return
         on_demand = is_lazy(spec) or name in self.state.evicted
@@ -301,21 +358,22 @@ class ModelFollower:
         for victim in victims:
             await self._retire(victim, drain=True, why="evicted")
         self.state.waiting.pop(name, None)
-        await self._load(name, desired, spec, need)
+        await self._load(name, plan)
 
     async def _reload(self, name: str, desired: DesiredModel) -> None:
         """A running model's new generation: loaded beside the unit serving, which stops once
         the new one serves (``_load``); with no room for both, the old unit stops first and
         the round loads the new generation as any model (``_consider``)."""
         try:  # a bad config (or, below, one too big): given up, the old unit serves on
-            spec, need = await asyncio.to_thread(self._sized_spec, name, desired.config)
+            plan = await asyncio.to_thread(self._plan, name, desired)
         except PlazaError as exc:
             self._failed(name, desired, exc)
             return
+        need = plan.need
         if not self._fits_at_all(name, desired, need):
             return
         if self.budget.fits_now(need):
-            await self._load(name, desired, spec, need)
+            await self._load(name, plan)
             return
         log.info(
             "host: no room in the memory budget for both generations of %s (%d more bytes, "
@@ -328,9 +386,13 @@ class ModelFollower:
         await self._retire(name, drain=False, why="reloaded")
 
     def _fits_at_all(self, name: str, desired: DesiredModel, need: int) -> bool:
-        """Whether ``need`` bytes could ever fit; if not, the generation is given up."""
+        """Whether ``need`` bytes could ever fit; if not, the generation is given up (an
+        older one run while the table's is given up: tried again after a back-off)."""
         if self.budget.fits_alone(need):
             return True
+        if self._fallback(name, desired):
+            self._back_off(name, desired, f"it needs {need} bytes, more than the budget")
+            return False
         log.error(
             "host: model %s given up until its next load: it needs %d bytes, more than "
             "the whole memory budget (%d)",
@@ -368,16 +430,18 @@ class ModelFollower:
             self._back_off(name, desired, why)
 
     # -- load and unload -------------------------------------------------------------------
-    async def _load(self, name: str, desired: DesiredModel, spec: ModelSpec, need: int) -> None:
-        """Start the model's unit; a reload's (``_reload``) beside the one serving, which
-        stops once the new one serves (a new one that fails leaves it serving)."""
+    async def _load(self, name: str, plan: _Plan) -> None:
+        """Start the model's unit from ``plan``; a reload's (``_reload``) beside the one
+        serving, which stops once the new one serves (a new one that fails leaves it
+        serving)."""
+        desired, spec, need = plan.desired, plan.spec, plan.need
         serving = self.state.running.get(name)
         account = name if serving is None else f"{name}{RELOAD_SUFFIX}"
         self.budget.add(account, need)  # reserved while it loads
         self._sample()
         before = await asyncio.to_thread(self._meter.used)  # RSS scans /proc: off the loop
         try:
-            unit = self._host.make_unit(name, desired.config)
+            unit = self._host.make_unit(name, plan.config)
             # its registry entry names the generation it serves (a worker or a runner)
             unit.generation = desired.generation
             await unit.start()  # returns once it serves: its registry entry is written
@@ -393,6 +457,7 @@ class ModelFollower:
         # Both before the measuring below yields: the started unit may answer meanwhile.
         HostMetrics.count(self.metrics.loads, name)
         self.state.running[name] = Running(desired, spec, unit, task, stop, self._executions(unit))
+        self.state.served[name] = desired
         self.state.evicted.discard(name)
         after = await asyncio.to_thread(self._meter.used)  # before the old unit frees its own
         if serving is not None:  # the new generation serves: the old unit goes
@@ -587,11 +652,11 @@ class ModelFollower:
         """Keep a registry entry for each model this host would load on demand (so the
         gateway counts it ready), and drop those of models it no longer would."""
         given_up = self.state.given_up
+        targets = {n: self._target(n, d) for n, d in table.items() if d.loaded}
         waiting = {
             n
-            for n, d in table.items()
-            if d.loaded
-            and n not in self.state.running
+            for n, d in targets.items()
+            if n not in self.state.running
             and given_up.get(n) != d.generation
             and not self._backing_off(n, d)
         }
@@ -610,7 +675,7 @@ class ModelFollower:
             pipe.expire(key, int(ttl) + 1)
             info = {
                 "model": name,
-                "generation": table[name].generation,
+                "generation": targets[name].generation,
                 "standby": True,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
