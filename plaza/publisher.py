@@ -4,11 +4,14 @@ decides what goes to which topic)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.cluster import ClusterMetadata
+from aiokafka.errors import UnknownTopicOrPartitionError
 from aiokafka.partitioner import murmur2
 
 from plaza.codec import encode_request
@@ -25,6 +28,8 @@ from plaza.naming import (
 from plaza.sequence_batching import PARAM_ID
 from plaza.settings import KafkaSettings
 from plaza.single_flight import SingleFlight
+
+log = logging.getLogger(__name__)
 
 
 def request_headers(req: InferRequest) -> list[tuple[str, bytes]]:
@@ -44,12 +49,18 @@ class RequestPublisher:
         self._producer: AIOKafkaProducer | None = None
         self._known_topics: set[str] = set()
         self._creating: SingleFlight[str, None] = SingleFlight()
+        self._in_metadata: set[str] = set()
+        self._remaking: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._producer = kafka_producer(self._kafka)
+        self._producer.client.cluster.add_listener(self._metadata_updated)
         await self._producer.start()
 
     async def stop(self) -> None:
+        for task in self._remaking:
+            task.cancel()
+        await asyncio.gather(*self._remaking, return_exceptions=True)
         await self._creating.close()
         if self._producer is not None:
             await self._producer.stop()
@@ -128,18 +139,30 @@ class RequestPublisher:
         if self._producer is None:
             raise Unavailable("publisher is not started")
         try:
-            if topic not in self._known_topics:
-                await self._ensure_topic(topic)
-            partition = await self._sequence_partition(req, topic)
-            fut: asyncio.Future[Any] = await self._producer.send(
-                topic,
-                value=value,
-                key=req.id.encode(),
-                headers=request_headers(req),
-                partition=partition,
-            )
+            try:
+                return await self._send_value(req, topic, value)
+            except UnknownTopicOrPartitionError:
+                # Deleted after the check in _send_value: nothing was queued (aiokafka
+                # raises it before taking the record), so one more try cannot duplicate it.
+                self._known_topics.discard(topic)
+                return await self._send_value(req, topic, value)
         except Exception as exc:
             raise Unavailable(f"Kafka did not take the request: {exc}") from exc
+
+    async def _send_value(self, req: InferRequest, topic: str, value: bytes) -> asyncio.Future[Any]:
+        """Queue ``value`` to ``topic``, making the topic first when it is new to this
+        publisher (or was deleted since: ``_metadata_updated``)."""
+        assert self._producer is not None
+        if topic not in self._known_topics:
+            await self._ensure_topic(topic)
+        partition = await self._sequence_partition(req, topic)
+        fut: asyncio.Future[Any] = await self._producer.send(
+            topic,
+            value=value,
+            key=req.id.encode(),
+            headers=request_headers(req),
+            partition=partition,
+        )
         return fut
 
     def topics_made(self, topics: list[str]) -> None:
@@ -158,6 +181,28 @@ class RequestPublisher:
             self._known_topics.add(topic)
 
         await self._creating.run(topic, create)
+
+    def _metadata_updated(self, cluster: ClusterMetadata) -> None:
+        """A topic that left the producer's metadata was deleted (an operator purging a
+        backlog): make it again at once, with the configured partitions and replication,
+        so that the records waiting for it in the producer (aiokafka retries them, never
+        twice) and the sends after them go through. The producer learns of it at its next
+        metadata refresh (``kafka.metadata_max_age_ms``) or when a send to it is refused."""
+        present = cluster.topics()
+        lost = (self._in_metadata - present) & self._known_topics
+        self._in_metadata = present
+        for topic in lost:
+            log.warning("topic %s was deleted; making it again", topic)
+            self._known_topics.discard(topic)
+            task = asyncio.get_running_loop().create_task(self._remake(topic))
+            self._remaking.add(task)
+            task.add_done_callback(self._remaking.discard)
+
+    async def _remake(self, topic: str) -> None:
+        try:
+            await self._ensure_topic(topic)
+        except PlazaError as exc:  # the next send to it tries again
+            log.warning("topic %s could not be made again: %s", topic, exc)
 
     async def _sequence_partition(self, req: InferRequest, topic: str) -> int | None:
         """A request of a sequence (its ``sequence_id`` parameter) goes to the partition its

@@ -1,12 +1,13 @@
 """Queue admission before publishing: ``max_queue_size`` per priority level.
 
 The queue of a model is its Kafka backlog: records its worker group has not committed yet
-(end offset minus committed offset, per partition of the level's topic). The producer core
+(end offset minus committed offset, or minus the log start offset where retention deleted
+records the group had not reached, per partition of the level's topic). The producer core
 (``plaza.producer``, for the gateway and the SDK) measures it here, cached for a moment, and
 refuses a request with QueueFull at once when the level's ``max_queue_size`` is reached,
 instead of letting the backlog grow without bound. When the cached figure has expired, the
 requests that come while it is measured again wait for that one measurement
-(``plaza.single_flight``) instead of each making its own three round trips.
+(``plaza.single_flight``) instead of each making its own three round trips (made at once).
 """
 
 from __future__ import annotations
@@ -90,15 +91,19 @@ class BacklogProbe:
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         if not tps:
             return 0
-        ends: dict[TopicPartition, int] = await self._consumer.end_offsets(tps)
-        starts: dict[TopicPartition, int] = await self._consumer.beginning_offsets(tps)
-        committed = await self._committed(model, tps)
+        ends, starts, committed = await asyncio.gather(
+            self._consumer.end_offsets(tps),
+            self._consumer.beginning_offsets(tps),
+            self._committed(model, tps),
+        )
         if committed is None:
             return 0  # the group coordinator is away: do not refuse work on a guess
         total = 0
         for tp in tps:
             meta = committed.get(tp)
-            done = meta.offset if meta is not None and meta.offset >= 0 else starts[tp]
+            # Records below the log start are gone (retention, delete_records): not a
+            # backlog, though the group (no worker running) has not committed past them.
+            done = max(meta.offset if meta is not None else -1, starts[tp])
             total += max(0, ends[tp] - done)
         return total
 
