@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import shutil
 import socket
@@ -149,6 +150,30 @@ async def phase(name: str, limit_s: float) -> AsyncIterator[None]:
         pytest.fail(f"{name} did not finish in {limit_s:g} s (task stacks in the captured output)")
     finally:
         dump.cancel()
+
+
+KILLED_SESSION_TIMEOUT_MS = 3000
+"""The consumer group session timeout of the worker processes a test kills. A killed
+worker holds its partitions until its session times out (the group cannot tell a dead
+member from a slow one sooner), so this is a wait every such test makes. 3 s: the least
+Plaza allows (``kafka.session_timeout_ms``; the dev and CI brokers allow 1 s), still
+three of a live member's heartbeats (one a second)."""
+
+
+class _ShortSessionDeployment(Deployment):
+    """A deployment whose worker processes (and ensemble runners) join their groups with
+    ``KILLED_SESSION_TIMEOUT_MS``; a variable the caller sets wins."""
+
+    def env(self, **extra: str) -> dict[str, str]:
+        session = {"PLAZA_KAFKA__SESSION_TIMEOUT_MS": str(KILLED_SESSION_TIMEOUT_MS)}
+        return super().env(**{**session, **extra})
+
+
+def short_session(deployment: Deployment) -> Deployment:
+    """``deployment``, its processes with a short group session (``KILLED_SESSION_TIMEOUT_MS``):
+    for a test that kills a worker and waits for the group to hand its partitions on."""
+    fields = {f.name: getattr(deployment, f.name) for f in dataclasses.fields(deployment)}
+    return _ShortSessionDeployment(**fields)
 
 
 def sim_deployment(

@@ -24,7 +24,7 @@ from plaza.contract import InferResult
 from plaza.stack import Deployment, wait_assignment
 from tests.faults.processes import FaultProcesses
 from tests.python_models import write_model
-from tests.support import wait_for
+from tests.support import short_session, wait_for
 
 REQUESTS, LENGTH, HALT_AFTER = 4, 6, 3
 """Requests in the batch, responses each before its final one, and how many of the first
@@ -79,7 +79,7 @@ async def test_a_decoupled_request_half_answered_by_a_killed_worker_is_answered_
 ) -> None:
     repository = write_model(tmp_path / "repository", "trickle", CONFIG, MODEL)
     marker = repository / "trickle" / "halted"
-    deployment = deployments(repository=repository)
+    deployment = short_session(deployments(repository=repository))
     victim = processes.worker(deployment, "a", model="trickle")
     await victim.wait_registered()
     await wait_assignment([victim], deployment.partitions)

@@ -40,6 +40,7 @@ from tests.faults.processes import WORKER_ENV, FaultProcesses
 from tests.faults.test_worker_kill import slow_identity_repository
 from tests.faults.traffic import Load, ResultTail
 from tests.integration.test_ensemble import CHAIN  # the same two-step chain
+from tests.support import short_session
 
 ENSEMBLE = "chain"
 REQUESTS = 600
@@ -171,7 +172,8 @@ async def test_ensemble_runner_killed_mid_load(
     record_fault: Callable[[FaultReport], None],
     tmp_path: Path,
 ) -> None:
-    deployment = deployments(repository=ensemble_repository(tmp_path / "repository"))
+    repository = ensemble_repository(tmp_path / "repository")
+    deployment = short_session(deployments(repository=repository))
     worker = processes.worker(deployment, "identity")
     victim = processes.start(
         runner_process(deployment, processes.log_dir, f"{deployment.prefix}-a")
@@ -202,7 +204,8 @@ async def test_ensemble_step_worker_killed_mid_load(
 ) -> None:
     """The other half: a step model's worker dies; its group replays the step requests to
     the surviving worker, whose answers reach the (living) runner: nothing is lost."""
-    deployment = deployments(repository=ensemble_repository(tmp_path / "repository"))
+    repository = ensemble_repository(tmp_path / "repository")
+    deployment = short_session(deployments(repository=repository))
     victim, survivor = processes.worker(deployment, "a"), processes.worker(deployment, "b")
     runner = processes.start(
         runner_process(deployment, processes.log_dir, f"{deployment.prefix}-r")

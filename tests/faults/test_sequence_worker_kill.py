@@ -28,7 +28,7 @@ from plaza.client import PlazaClient
 from plaza.contract import InferResult
 from plaza.stack import Deployment, wait_assignment
 from tests.faults.processes import FaultProcesses
-from tests.support import REPOSITORY
+from tests.support import REPOSITORY, short_session
 
 SEQUENCES, STEPS, KILL_AT = 16, 6, 3
 """Sequences side by side, their length, and the step in flight when the worker dies."""
@@ -52,7 +52,7 @@ async def test_sequences_outlive_their_worker_killed_mid_flight(
 ) -> None:
     repository = tmp_path / "repository"
     shutil.copytree(REPOSITORY / "accumulate", repository / "accumulate")
-    deployment = deployments(repository=repository)
+    deployment = short_session(deployments(repository=repository))
     victim = processes.worker(deployment, "a", model="accumulate")
     await victim.wait_registered()
     await wait_assignment([victim], deployment.partitions)

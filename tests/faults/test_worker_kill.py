@@ -21,6 +21,7 @@ from plaza.stack import Deployment, wait_assignment
 from tests.faults.audit import FaultReport
 from tests.faults.processes import FaultProcesses
 from tests.faults.under_load import FaultRun, run_fault_under_load
+from tests.support import short_session
 
 REQUESTS = 3000
 SLOW_IDENTITY = """
@@ -70,7 +71,8 @@ async def test_worker_killed_mid_flight(
     record_fault: Callable[[FaultReport], None],
     tmp_path: Path,
 ) -> None:
-    deployment = deployments(repository=slow_identity_repository(tmp_path / "repository"))
+    repository = slow_identity_repository(tmp_path / "repository")
+    deployment = short_session(deployments(repository=repository))
     victim, survivor = processes.worker(deployment, "a"), processes.worker(deployment, "b")
     await asyncio.gather(victim.wait_registered(), survivor.wait_registered())
     await wait_assignment([victim, survivor], deployment.partitions)

@@ -33,7 +33,14 @@ from plaza.results import ResultStore
 from plaza.settings import PlazaSettings
 from plaza.workers.ensemble import EnsembleRunner
 from tests.python_models import write_repository
-from tests.support import gateway_fronts, make_settings, running_worker, wait_for, with_model
+from tests.support import (
+    gateway_fronts,
+    make_settings,
+    running_worker,
+    running_workers,
+    wait_for,
+    with_model,
+)
 
 COPY = """
 name: "NAME"
@@ -294,8 +301,7 @@ async def test_a_runner_that_stops_mid_stream_leaves_the_rest_to_the_next(
     the step's responses on their keys as the step's first run goes on writing them, and
     the caller gets every response once, in order. The step is not cancelled by a's stop."""
     async with AsyncExitStack() as stack:
-        for model in ("endless", "post"):
-            await stack.enter_async_context(running_worker(settings, model))
+        await stack.enter_async_context(running_workers(settings, "endless", "post"))
         first = EnsembleRunner(with_model(settings, "forever", worker_id="runner-a"))
         await first.start()
         client = await stack.enter_async_context(PlazaClient(settings))

@@ -29,7 +29,7 @@ from plaza.client import PlazaClient, make_request, new_correlation_id
 from plaza.codec import decode_result
 from plaza.repository import ModelRepository
 from plaza.settings import PlazaSettings
-from plaza.workers.backends import create_backend
+from plaza.workers.backends import create_backend, python_backend
 from plaza.workers.backends.python_backend import PythonBackend
 from plaza.workers.device import CPU
 from plaza.workers.worker import Worker
@@ -336,8 +336,14 @@ async def test_a_helper_a_python_model_forked_ends_when_its_process_is_killed(
 
 
 async def test_a_helper_that_ignores_sigterm_is_killed_once_its_model_is_unloaded(
-    settings: PlazaSettings, helpers: Helpers
+    settings: PlazaSettings,
+    helpers: Helpers,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    # The helper's grace after SIGTERM is FINALIZE_TIMEOUT_S (10 s): what is proved is the
+    # SIGKILL after it (the warning below), not its length.
+    monkeypatch.setattr(python_backend, "FINALIZE_TIMEOUT_S", 2.0)
     mv = ModelRepository(settings.repository).served_versions("stubborn_forking")[0]
     backend = create_backend(mv, CPU)
     assert isinstance(backend, PythonBackend)
@@ -348,12 +354,14 @@ async def test_a_helper_that_ignores_sigterm_is_killed_once_its_model_is_unloade
     finally:
         backend.unload()  # its SIGTERM ignored: SIGKILL after FINALIZE_TIMEOUT_S
     await _helper_ends(helper)
+    assert "a process model.py forked outlived SIGTERM: killing it" in caplog.text
 
 
 WORKER_SCRIPT = """
 import sys
 from plaza.repository import ModelRepository
 from plaza.workers.backends import create_backend
+from plaza.workers.backends import python_backend
 from plaza.workers.device import CPU
 
 backend = create_backend(ModelRepository(sys.argv[1]).served_versions("forking")[0], CPU)

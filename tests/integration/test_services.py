@@ -51,7 +51,9 @@ async def test_kafka_broker_killed_and_restarted_keeps_records(
     kafka_cluster_factory: Callable[..., KafkaCluster],
 ) -> None:
     """SIGKILL a (private) broker and start it again: an acknowledged record is still there."""
-    cluster = kafka_cluster_factory(nodes=1)
+    # The restarted node serves once the controller has let its killed self's registration
+    # go: after broker.session.timeout.ms (6 s in plaza's clusters), cut here to 2 s.
+    cluster = kafka_cluster_factory(nodes=1, config={"broker.session.timeout.ms": 2000})
     bootstrap = cluster.bootstrap_servers
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()

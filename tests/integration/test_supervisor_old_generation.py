@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from plaza.model_control import ModelTable
 from plaza.stack import Deployment
 from tests.integration.test_model_control import plaza_with_control
-from tests.support import wait_for
+from tests.support import short_session, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,7 +41,8 @@ def deployment(
     kafka_bootstrap: str, redis_url: str, unique_id: str, make_repository: Callable[..., Path]
 ) -> Deployment:
     repository = make_repository(MODEL)
-    return Deployment(kafka_bootstrap, redis_url, repository, prefix=unique_id, partitions=2)
+    made = Deployment(kafka_bootstrap, redis_url, repository, prefix=unique_id, partitions=2)
+    return short_session(made)  # the killed worker's partitions move on sooner
 
 
 async def answers_with_version_1(http: httpx.AsyncClient) -> bool:

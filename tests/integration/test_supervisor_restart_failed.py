@@ -24,7 +24,7 @@ from plaza.model_control import ModelTable, live_generations
 from plaza.stack import Deployment
 from tests.integration.test_model_control import plaza_with_control
 from tests.integration.test_refused_reload_gateway import http_body
-from tests.support import sim_deployment, wait_for
+from tests.support import short_session, sim_deployment, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,7 +33,8 @@ MODEL = "sim"
 
 @pytest.fixture
 def deployment(kafka_bootstrap: str, redis_url: str, unique_id: str, tmp_path: Path) -> Deployment:
-    return sim_deployment(kafka_bootstrap, redis_url, unique_id, tmp_path)
+    made = sim_deployment(kafka_bootstrap, redis_url, unique_id, tmp_path)
+    return short_session(made)  # the killed worker's partitions move on sooner
 
 
 def set_latency(deployment: Deployment, latency_a_us: str) -> None:

@@ -28,7 +28,7 @@ from plaza.naming import Names
 from plaza.settings import PlazaSettings
 from plaza.stack import Deployment, ProcessGroup, WorkerProcess, wait_for
 from plaza.workers.deliveries import DeliveryCounter
-from tests.support import running_worker
+from tests.support import running_worker, short_session
 
 MODEL = "victim"
 REQUESTS = 64
@@ -57,7 +57,7 @@ async def test_only_the_batch_running_at_a_kill_runs_alone_after_it(
     tmp_path: Path,
 ) -> None:
     slow = repository(tmp_path / "slow", 60_000_000)
-    dep = Deployment(kafka_bootstrap, redis_url, slow, unique_id, partitions=2)
+    dep = short_session(Deployment(kafka_bootstrap, redis_url, slow, unique_id, partitions=2))
     settings = dep.settings().model_copy(update={"repository": repository(tmp_path / "quick", 0)})
     counters = f"{dep.key_prefix}deliveries:*"
     procs = ProcessGroup(tmp_path / "logs")
