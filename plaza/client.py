@@ -52,6 +52,7 @@ from plaza.priority import check_priority
 from plaza.producer import Producer
 from plaza.repository import ModelRepository
 from plaza.results import JobStatus, ack_entry, consume_stream, raise_for_error
+from plaza.retry import redis_failure
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
@@ -59,6 +60,9 @@ from plaza.tensors import Tensor
 T = TypeVar("T")
 REDIS_ERRORS = (RedisError, RedisClusterException, OSError)
 """What redis-py raises when Redis does not answer (a cluster's errors are no RedisError)."""
+LAST_POLL_S = 0.1
+"""What ``result``'s poll at its deadline may still wait for Redis (a healthy one answers
+well within it), so that a pending job ends in DeadlineExceeded rather than Unavailable."""
 Inputs = Mapping[str, np.ndarray[Any, Any]] | Sequence[Tensor]
 
 
@@ -321,7 +325,8 @@ class PlazaClient:
 
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result; a decoupled model's job with every response,
-        ``JobStatus.responses``) or unknown."""
+        ``JobStatus.responses``) or unknown; Unavailable when Redis does not answer within
+        ``plaza.producer.POLL_TIMEOUT_S``."""
         return await self.producer.poll(job_id)
 
     async def result(
@@ -332,17 +337,22 @@ class PlazaClient:
         interval_s: float = 0.02,
         raise_on_error: bool = True,
     ) -> InferResult:
-        """Poll ``job_id`` until it is done (or raise DeadlineExceeded / JobNotFound)."""
+        """Poll ``job_id`` until it is done (or raise DeadlineExceeded / JobNotFound).
+
+        Each poll waits for Redis no longer than the time left (Unavailable past it, at the
+        deadline). A job this client submitted whose marker Redis did not take (out of
+        memory, no answer) is pending, not unknown, until its result is stored."""
         deadline = time.monotonic() + timeout_s
         while True:
-            status = await self.producer.poll(job_id)
+            left_s = deadline - time.monotonic()
+            status = await self.producer.poll(job_id, timeout_s=max(left_s, LAST_POLL_S))
             if status.result is not None:
                 return raise_for_error(status.result) if raise_on_error else status.result
-            if status.state == "unknown":
+            if status.state == "unknown" and job_id not in self.producer.unmarked:
                 raise JobNotFound(f"job {job_id} is not known (or its result expired)")
             if time.monotonic() >= deadline:
                 raise DeadlineExceeded(f"job {job_id} still pending after {timeout_s}s")
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(min(interval_s, max(deadline - time.monotonic(), 0.0)))
             interval_s = min(interval_s * 1.5, 0.5)
 
     def results_stream(self, name: str) -> str:
@@ -353,14 +363,16 @@ class PlazaClient:
         self, stream: str, group: str, consumer: str, **options: Any
     ) -> AsyncGenerator[tuple[bytes, list[InferResult]], None]:
         """Read a result stream as one consumer of a consumer group (XREADGROUP); ``ack``
-        each entry once processed. Unavailable when Redis does not answer."""
+        each entry once processed. Unavailable when Redis does not answer or refuses the
+        read; a group that is gone (Redis restarted empty, the stream expired or evicted)
+        is made again and read on (``consume_stream``)."""
         options.setdefault("keep_alive_s", self.settings.redis.reply_stream_ttl_s)
         entries = consume_stream(self._redis, stream, group, consumer, **options)
         try:
             async for entry in entries:
                 yield entry
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
+            raise Unavailable(redis_failure(exc)) from exc
         finally:
             await _aclose(entries)
 
@@ -370,7 +382,7 @@ class PlazaClient:
         try:
             await ack_entry(self._redis, stream, group, entry_id)
         except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
+            raise Unavailable(redis_failure(exc)) from exc
 
 
 class SyncPlazaClient:

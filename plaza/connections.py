@@ -6,7 +6,9 @@ every producer, consumer, admin client and Redis client of Plaza honours them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import random
 import ssl
 import zlib
@@ -51,6 +53,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from plaza.errors import ConfigError, PlazaError, Unavailable
 from plaza.settings import KafkaSettings, RedisSettings
+
+log = logging.getLogger(__name__)
 
 
 def kafka_security(k: KafkaSettings) -> dict[str, Any]:
@@ -288,6 +292,7 @@ async def redis_answers(redis: aioredis.Redis, r: RedisSettings) -> None:
     where = r.url.rsplit("@", 1)[-1]  # never echo a password given in the URL
     try:
         await redis.ping()
+        await warn_if_evicting(redis)
     except AuthenticationError as exc:
         raise ConfigError(
             f"Redis at {where} refused the credentials (redis.password or redis.url): {exc}"
@@ -300,6 +305,36 @@ async def redis_answers(redis: aioredis.Redis, r: RedisSettings) -> None:
         ) from exc
     except (RedisError, OSError) as exc:
         raise Unavailable(f"Redis did not answer at {where}: {exc}") from exc
+
+
+EVICTION_CHECK_S = 2.0
+"""How long the start-up look at Redis' eviction policy may take (then it is skipped)."""
+
+
+async def warn_if_evicting(redis: aioredis.Redis) -> None:
+    """Log a warning when Redis may evict any key at maxmemory (an
+    ``allkeys-*`` ``maxmemory-policy``): job markers and results then vanish (jobs poll as
+    unknown) and worker registrations too (models flap not ready). Plaza needs
+    ``noeviction`` or a ``volatile-*`` policy (docs/deploy.md). A Redis that refuses CONFIG
+    (a managed one) or does not answer is not checked."""
+    try:
+        async with asyncio.timeout(EVICTION_CHECK_S):
+            answer: dict[Any, Any] = await redis.config_get("maxmemory-policy")
+    except Exception as exc:  # CONFIG refused, Redis away: nothing to say
+        log.debug("could not read Redis' maxmemory-policy: %s", exc)
+        return
+    policy = _text_value(answer.get(b"maxmemory-policy", answer.get("maxmemory-policy")))
+    if policy.startswith("allkeys-"):
+        log.warning(
+            "Redis' maxmemory-policy is %s: at maxmemory it evicts any key, so job markers "
+            "and results vanish (jobs poll as unknown) and models flap not ready; set "
+            "noeviction (or a volatile-* policy), see docs/deploy.md",
+            policy,
+        )
+
+
+def _text_value(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
 
 
 class _ClusterPipeline(ClusterPipeline):

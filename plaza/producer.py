@@ -35,6 +35,7 @@ import redis.asyncio as aioredis
 from msgspec.structs import replace
 
 from plaza.codec import encode_result, join_results
+from plaza.connections import warn_if_evicting
 from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.errors import (
     CodecError,
@@ -53,6 +54,7 @@ from plaza.queueing import BacklogProbe, QueueGuard
 from plaza.replies import MAX_PENDING_RESPONSES, ReplyMux
 from plaza.response_cache import CacheObserver, CacheProbe, DefaultVersions, ResponseCache
 from plaza.results import JobStatus, JobView, ResultStore
+from plaza.retry import redis_failure
 from plaza.settings import PlazaSettings
 from plaza.validation import validate_request
 
@@ -61,6 +63,17 @@ log = logging.getLogger(__name__)
 MARK_TIMEOUT_S = 2.0
 """The longest a job marker write may take: Kafka holds the job already, and a Redis that
 hangs must not hold its caller (the marker is then missing, as when Redis refuses it)."""
+
+POLL_TIMEOUT_S = MARK_TIMEOUT_S
+"""The longest a job poll waits for Redis: a Redis that hangs gets the caller an
+Unavailable in this time, not after redis-py's read timeouts and retries (about a minute)."""
+
+MAX_MARKING = 1024
+"""Job marker writes in flight on tasks of their own (past a sync call's deadline); one
+more past this is not written (its job is remembered as unmarked)."""
+
+MAX_UNMARKED = 10_000
+"""The jobs remembered as published without a marker (``UnmarkedJobs``), newest kept."""
 
 DEADLINE_GRACE_S = 60.0
 """A job past its deadline is answered (timeout) when a worker next fetches it; this
@@ -151,6 +164,35 @@ class _Sends:
         )
 
 
+class UnmarkedJobs:
+    """The jobs this producer published whose marker is not (yet) written: Redis refused it
+    (out of memory), did not answer, or the write is still on its way. Kafka holds them,
+    so a poll that finds neither marker nor result calls them pending, not unknown, for as
+    long as their marker would have lived. Bounded: the oldest are forgotten first."""
+
+    def __init__(self, limit: int = MAX_UNMARKED) -> None:
+        self._limit = limit
+        self._until: dict[str, float] = {}  # id -> monotonic end of its marker's life
+
+    def add(self, job_id: str, ttl_s: float) -> None:
+        self._until.pop(job_id, None)
+        self._until[job_id] = time.monotonic() + ttl_s
+        while len(self._until) > self._limit:
+            del self._until[next(iter(self._until))]
+
+    def discard(self, job_id: str) -> None:
+        self._until.pop(job_id, None)
+
+    def __contains__(self, job_id: object) -> bool:
+        until = self._until.get(job_id) if isinstance(job_id, str) else None
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._until[job_id]  # type: ignore[arg-type]
+        return False
+
+
 class Producer:
     """Publishes requests for one deployment and answers them (sync) or marks them (jobs).
 
@@ -195,6 +237,12 @@ class Producer:
         """The requests published that wait here for their answer (sync and streamed),
         by model, then id: ``answer_held`` answers them when their model is not served."""
         self._cancelling: set[asyncio.Task[None]] = set()
+        self._marking: set[asyncio.Task[None]] = set()
+        self._writing_marks: set[str] = set()
+        """The jobs whose marker write is on its way (bounded by the writes in flight)."""
+        self.unmarked = UnmarkedJobs()
+        """Jobs published here whose marker Redis did not take (out of memory, no answer):
+        ``PlazaClient.result`` waits for them as pending."""
         self.cache = ResponseCache(
             redis,
             settings.response_cache,
@@ -211,13 +259,14 @@ class Producer:
         await self._publisher.start()
         await self.backlog.start()
         self.cache.start()
+        await warn_if_evicting(self._redis)
 
     async def stop(self) -> None:
         """Release what start() and the first sync call took; safe after a failed start.
         Each part gets ``producer.stop_timeout_s`` (a dead broker must not hang a stop)."""
         limit_s = self.settings.producer.stop_timeout_s
-        if self._cancelling:
-            await asyncio.wait(self._cancelling, timeout=limit_s)
+        if self._cancelling or self._marking:
+            await asyncio.wait(self._cancelling | self._marking, timeout=limit_s)
         await self.cache.stop()
         if self._mux is not None:
             await self._mux.stop()
@@ -469,25 +518,32 @@ class Producer:
                 sends.add(ready.req.id, await self._publisher.send(ready.req, ready.topic))
             await self._publisher.acknowledged(sends.take_unawaited())
 
-    async def poll(self, job_id: str) -> JobStatus:
-        """pending, done (with the result) or unknown; Unavailable when Redis is away, and
-        an internal error (not retriable: polling again reads the same bytes) when what is
-        stored for the job does not decode. A pending job of a model refused here (as
-        ``answer_held`` answers a waiting request's) is answered with the refusal's error
-        first, so it polls as done with it (``_answer_refused_job``)."""
+    async def poll(self, job_id: str, timeout_s: float = POLL_TIMEOUT_S) -> JobStatus:
+        """pending, done (with the result) or unknown; Unavailable when Redis is away (or
+        has not answered within ``timeout_s``), and an internal error (not retriable:
+        polling again reads the same bytes) when what is stored for the job does not
+        decode. A pending job of a model refused here (as ``answer_held`` answers a waiting
+        request's) is answered with the refusal's error first, so it polls as done with it
+        (``_answer_refused_job``). A job whose marker is still being written here (past a
+        sync call's deadline, ``_mark_later``) polls as pending, not unknown."""
         try:
-            status = await self._store.poll(job_id)
-            if status.state == "pending" and self._refused:
-                status = await self._answer_refused_job(job_id) or status
-            return status
+            async with asyncio.timeout(max(timeout_s, 0.0)):
+                status = await self._store.poll(job_id)
+                if status.state == "pending" and self._refused:
+                    status = await self._answer_refused_job(job_id) or status
         except CodecError as exc:
             raise PlazaError(
                 f"the stored result of job {job_id} does not decode: {exc}", job_id=job_id
             ) from exc
         except PlazaError:
             raise
+        except TimeoutError as exc:
+            raise Unavailable(f"Redis did not answer in {timeout_s:.3g} s") from exc
         except Exception as exc:
-            raise Unavailable(f"Redis did not answer: {exc}") from exc
+            raise Unavailable(redis_failure(exc)) from exc
+        if status.state == "unknown" and job_id in self._writing_marks:
+            return JobStatus("pending")
+        return status
 
     # -- the steps -----------------------------------------------------------------------
     def _prepare(self, req: InferRequest, spec: ModelSpec | None) -> _Prepared:
@@ -585,7 +641,7 @@ class Producer:
                 return await reply
         except TimeoutError:
             pass
-        await self._mark(ready, spec)  # published and acknowledged: the job is real
+        self._mark_later(ready, spec)  # published and acknowledged: the job is real
         raise DeadlineExceeded(
             f"no {what} within {timeout_s:g} s; poll job {ready.req.id} for it",
             job_id=ready.req.id,
@@ -689,6 +745,25 @@ class Producer:
         except Exception as exc:
             log.warning("could not mark %s cancelled (a worker will still run it): %s", req.id, exc)
 
+    def _mark_later(self, ready: _Prepared, spec: ModelSpec | None) -> None:
+        """Write the job's marker on a task of its own: the caller's deadline has passed
+        and must not wait for Redis too. Until it is written the job polls as pending
+        (``poll``); with ``MAX_MARKING`` writes in flight it is not written at all."""
+        if len(self._marking) >= MAX_MARKING:
+            ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
+            self.unmarked.add(ready.req.id, ttl_s)
+            log.warning(
+                "job %s: %d marker writes in flight already; not marked (it polls as "
+                "unknown until its result is stored)",
+                ready.req.id,
+                len(self._marking),
+            )
+            return
+        self._writing_marks.add(ready.req.id)  # pending from now, not once the task runs
+        task = asyncio.get_running_loop().create_task(self._mark(ready, spec))
+        self._marking.add(task)
+        task.add_done_callback(self._marking.discard)
+
     async def _mark(
         self, ready: _Prepared, spec: ModelSpec | None, view: JobView | None = None
     ) -> None:
@@ -698,6 +773,7 @@ class Producer:
         poll once it is stored (unknown until then, rendered without ``view``). The write
         waits ``MARK_TIMEOUT_S`` at most: a Redis that hangs does not hold the caller."""
         ttl_s = job_marker_ttl_s(ready.req, spec, ready.level, self.settings)
+        self._writing_marks.add(ready.req.id)
         try:
             async with asyncio.timeout(MARK_TIMEOUT_S):
                 await self._store.mark_submitted(
@@ -708,12 +784,21 @@ class Producer:
                     view=view,
                 )
         except Exception as exc:  # TimeoutError included
+            self.unmarked.add(ready.req.id, ttl_s)
+            reason = (
+                f"Redis did not answer in {MARK_TIMEOUT_S:g} s"
+                if isinstance(exc, TimeoutError)
+                else redis_failure(exc)
+            )
             log.warning(
                 "job %s was published but its marker was not written (%s): it polls as "
-                "unknown until its result is stored",
+                "unknown until its result is stored (PlazaClient.result of the client that "
+                "submitted it waits for it as pending)",
                 ready.req.id,
-                exc,
+                reason,
             )
+        finally:
+            self._writing_marks.discard(ready.req.id)
 
 
 def marker_model(marker: bytes | str | None) -> str | None:

@@ -267,11 +267,18 @@ async def consume_stream(
         if keep_alive_s is not None and now - renewed > keep_alive_s / 3:
             await redis.expire(stream, keep_alive_s)
             renewed = now
-        reply: Any = await keyed_command(
-            redis, stream,
-            "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
-            "STREAMS", stream, start,
-        )  # fmt: skip
+        try:
+            reply: Any = await keyed_command(
+                redis, stream,
+                "XREADGROUP", "GROUP", group, consumer, "COUNT", count, "BLOCK", block_ms,
+                "STREAMS", stream, start,
+            )  # fmt: skip
+        except ResponseError as exc:
+            if not str(exc).startswith("NOGROUP"):
+                raise
+            await _group_again(redis, stream, group)
+            start, renewed = "0", -math.inf
+            continue
         entries = reply[0][1] if reply else []
         if not entries:
             if start != ">":
@@ -286,6 +293,19 @@ async def consume_stream(
             results = await _entry_results(redis, stream, group, entry_id, fields)
             if results is not None:
                 yield entry_id, results
+
+
+async def _group_again(redis: aioredis.Redis, stream: str, group: str) -> None:
+    """Make ``group`` (and ``stream``) again: Redis lost them (restarted without its data,
+    the stream expired or was evicted). What the stream held then is gone from it."""
+    log.warning(
+        "result stream %s: consumer group %s is gone (Redis restarted empty, or the "
+        "stream expired or was evicted); made again. Entries written before may have "
+        "been lost with it (their results stay under their result keys if those survived)",
+        stream,
+        group,
+    )
+    await ensure_group(redis, stream, group)
 
 
 async def _entry_results(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -25,6 +26,9 @@ T = TypeVar("T")
 
 FIRST_DELAY_S = 0.05
 MAX_DELAY_S = 1.0
+OOM_LOG_EVERY_S = 10.0
+"""How often ``until_done`` says, at error level, that Redis is out of memory."""
+OUT_OF_MEMORY = "Redis is out of memory (maxmemory)"
 
 PASSING_CODES = frozenset(
     {
@@ -68,6 +72,43 @@ def refused_for_good(exc: BaseException) -> bool:
     return str(exc).split(" ", 1)[0] not in PASSING_CODES
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis' OOM reply (``maxmemory`` reached, nothing to evict)."""
+    if isinstance(exc, OutOfMemoryError):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith("OOM ")
+
+
+def redis_failure(exc: BaseException) -> str:
+    """A failed Redis call in words for its caller: out of memory, an error reply (Redis
+    answered: it refused), or no answer (a lost connection, a timeout)."""
+    if out_of_memory(exc):
+        return f"{OUT_OF_MEMORY}: {exc}"
+    if isinstance(exc, ResponseError):
+        return f"Redis refused the command: {exc}"
+    return f"Redis did not answer: {exc}"
+
+
+class _OomLog:
+    """At most one error line per ``OOM_LOG_EVERY_S`` for an out-of-memory Redis."""
+
+    last = -float("inf")
+
+    @classmethod
+    def note(cls, what: str, exc: BaseException) -> None:
+        now = time.monotonic()
+        if now - cls.last < OOM_LOG_EVERY_S:
+            return
+        cls.last = now
+        log.error(
+            "%s: %s is held until Redis takes writes again (free memory, raise maxmemory; "
+            "see docs/deploy.md on maxmemory-policy): %s",
+            OUT_OF_MEMORY,
+            what,
+            exc,
+        )
+
+
 async def until_done(
     call: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event | None = None
 ) -> T:
@@ -81,6 +122,8 @@ async def until_done(
         except Exception as exc:
             if stop is not None and stop.is_set():
                 raise
+            if out_of_memory(exc):
+                _OomLog.note(what, exc)
             log.warning("%s failed (%s); retrying in %.2fs", what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
