@@ -51,6 +51,7 @@ from plaza.gateway import grpc_codec, grpc_health
 from plaza.gateway.app import EXTENSIONS
 from plaza.gateway.errors import grpc_status
 from plaza.gateway.grpc_server import GrpcServer, alpn_h2, methods_of, ping_policy, tcp_keepalive
+from plaza.gateway.http_server import body_bound_s
 from plaza.gateway.requests import load_config
 from plaza.gateway.service import GatewayService
 from plaza.gateway.shared_memory import CUDA_UNSUPPORTED
@@ -557,6 +558,7 @@ async def start_server(
         methods,
         max_message_bytes=gw.max_body_bytes,
         max_buffered_bytes=gw.grpc_max_buffered_bytes or None,
+        max_message_s=body_bound_s(gw.max_body_s),
         ssl_context=alpn_h2(ssl_context(tls)),
         # it strikes a client's pings as grpc-core does, and sends none of its own: TCP
         # keepalive in their place

@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import ssl
 from collections import deque
@@ -88,9 +89,16 @@ STALL_S = 30.0
 not come whole this long after it began, is answered 408 and its connection closed (a dead
 or hostile client must not hold a connection for ever)."""
 
-MAX_BODY_S = 60.0
+MAX_BODY_S = 300.0
 """A request body not whole this long after its first bytes came is answered 408 and its
-connection closed, however steadily its bytes trickle in (each gap inside ``STALL_S``)."""
+connection closed, however steadily its bytes trickle in (each gap inside ``STALL_S``);
+the default of ``gateway.max_body_s``, where ``math.inf`` (its 0) sets no bound."""
+
+
+def body_bound_s(setting_s: float) -> float:
+    """``gateway.max_body_s`` as the servers take it: 0 (no bound) is ``math.inf``."""
+    return setting_s if setting_s > 0 else math.inf
+
 
 MAX_URL_BYTES = 65535
 """The longest request target httptools can split into path and query: a longer one is

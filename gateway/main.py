@@ -30,7 +30,7 @@ from plaza.errors import EXIT_RETRIABLE, ConfigError, PlazaError
 from plaza.gateway.app import api_key, create_app
 from plaza.gateway.grpc_front import start_server
 from plaza.gateway.http_front import HttpFront
-from plaza.gateway.http_server import HttpServer
+from plaza.gateway.http_server import HttpServer, body_bound_s
 from plaza.gateway.metrics import serve_metrics
 from plaza.gateway.service import GatewayService
 from plaza.gateway.tls import ssl_context, tls_files
@@ -82,7 +82,12 @@ async def serving(
     try:
         with kafka_answers(settings.kafka):  # the producer's or admin client's start
             await service.start()
-        http = HttpServer(front, max_body_bytes=gw.max_body_bytes, ssl_context=ssl_context(files))
+        http = HttpServer(
+            front,
+            max_body_bytes=gw.max_body_bytes,
+            max_body_s=body_bound_s(gw.max_body_s),
+            ssl_context=ssl_context(files),
+        )
         port = await http.start(gw.host, gw.http_port, http_socket)
         stops: list[Callable[[float], Awaitable[None]]] = [http.stop]
         try:

@@ -412,6 +412,13 @@ class GatewaySettings(_Section):
         ge=1024,
         description="request body limit (HTTP 413 beyond), and gRPC's max receive message size",
     )
+    max_body_s: float = Field(
+        300.0,
+        ge=0,
+        description="the longest one request body (a gRPC request message) may take to come "
+        "in, from its first bytes: a client slower than this (a 16 MiB body in 300 s is "
+        "about 56 KB/s) gets 408 (gRPC: DEADLINE_EXCEEDED); 0: no bound (Triton's)",
+    )
     grpc_max_buffered_bytes: int = Field(
         0,
         ge=0,
