@@ -5,14 +5,18 @@ JSON object. Each of the model's inputs is a top-level key of its own name, whos
 JSON scalar (a string for BYTES) or a list, nested or flat; ``parameters`` is an object of
 scalars; ``id`` is the client's label; any other top-level key with a scalar value is a
 parameter too (Triton: extra properties are "passed either as parameters or tensors based
-on model specification"). An input takes the model's dims: a nested list of that shape, or
-values that fill its fixed dims and at most one variable one; a batching model gets a batch
-of one. The answer is one object: ``model_name``, ``model_version``, ``id`` when given, the
-response's parameters (a Python model's ``InferenceResponse(parameters=...)``) by their
-names, as Triton's generate answers them, and each output by its name: its one value, or a
-flat list of its values (BYTES as text). Float values may be ``NaN``, ``Infinity`` or
-``-Infinity``, both ways, read and written by the infer body's own code
-(``plaza.gateway.kserve``: ``load_json_object``, ``non_finite_json``).
+on model specification"). An input takes the model's dims: a nested list of that shape
+(for a batching model, optionally with a leading batch dim of 1), or a scalar or flat list
+whose values fill its fixed dims and at most one variable one; a batching model gets a
+batch of one. A nested list of another shape, or a ragged one, is refused. The answer is
+one object: ``model_name``, ``model_version``, ``id`` when given, the response's
+parameters (a Python model's ``InferenceResponse(parameters=...)``) by their names, as
+Triton's generate answers them, and each output by its name: its one value, or a flat list
+of its values (BYTES as text); as in Triton, a field of the answer is never replaced by a
+later one of its name (an output named ``model_name``, or ``id`` beside the client's,
+is left out, and logged). Float values may be ``NaN``, ``Infinity`` or ``-Infinity``, both
+ways, read and written by the infer body's own code (``plaza.gateway.kserve``:
+``load_json_object``, ``non_finite_json``).
 
 ``generate_stream`` answers as server-sent events (``text/event-stream``). An ordinary
 model answers a request once: the stream holds that one answer as one ``data:`` event. A
@@ -29,6 +33,7 @@ refuses a decoupled model (``unsupported``, 400) and points to ``generate_stream
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -53,6 +58,8 @@ from plaza.gateway.requests import FrontRequest, refuse_unsupported
 from plaza.modelconfig import ModelSpec, TensorSpec
 from plaza.tasks import cancel_and_wait
 from plaza.tensors import Tensor
+
+log = logging.getLogger(__name__)
 
 CONTENT_TYPE_SSE = "text/event-stream; charset=utf-8"
 SSE_AHEAD = 1024
@@ -94,18 +101,30 @@ def decode_generate_request(doc: Any, spec: ModelSpec) -> tuple[FrontRequest, st
 
 
 def _input(spec: TensorSpec, value: Any, batched: bool) -> Tensor:
-    shape = _shape(spec, value)
+    shape = _shape(spec, value, batched)
     data = value if isinstance(value, list) else [value]
     return json_tensor(spec.name, spec.datatype, (1, *shape) if batched else shape, {"data": data})
 
 
-def _shape(spec: TensorSpec, value: Any) -> tuple[int, ...]:
-    """The shape ``value`` takes in ``spec``'s dims: its own nesting where that fits them,
-    else its element count spread over the dims (one variable dim takes the rest)."""
+def _shape(spec: TensorSpec, value: Any, batched: bool) -> tuple[int, ...]:
+    """The shape ``value`` takes in ``spec``'s dims (the batch dim left out). A scalar or a
+    flat list fills them: its values spread over the fixed dims, one variable dim taking
+    the rest. A nested list keeps its own shape, which must match the dims (``-1`` any
+    length; a batching model's input may also be nested with a leading batch of one):
+    spread, a 3x2 list would reach a ``[2, -1]`` input as a scrambled 2x3."""
     nested = _nesting(spec.name, value)
     dims = spec.dims
-    if len(nested) == len(dims) and all(d in (-1, n) for d, n in zip(dims, nested, strict=True)):
-        return nested
+    if len(nested) >= 2:
+        if _fits(nested, dims):
+            return nested
+        if batched and nested[0] == 1 and _fits(nested[1:], dims):
+            return nested[1:]
+        batch = f", or [1, {', '.join(map(str, dims))}] with the batch dim" if batched else ""
+        raise InvalidInput(
+            f"input {spec.name!r}: a nested list of shape {list(nested)} does not match its "
+            f"dims {list(dims)}{batch}: nest it as the dims, or send its values as a flat list",
+            tensor=spec.name,
+        )
     count = math.prod(nested)
     fixed = math.prod(d for d in dims if d != -1)
     free = sum(1 for d in dims if d == -1)
@@ -116,36 +135,85 @@ def _shape(spec: TensorSpec, value: Any) -> tuple[int, ...]:
     )
 
 
+def _fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
+    return len(shape) == len(dims) and all(d in (-1, n) for d, n in zip(dims, shape, strict=True))
+
+
 def _nesting(name: str, value: Any) -> tuple[int, ...]:
-    """The shape of nested lists, read down their first items (a scalar: ``()``); ragged
-    lists are found when the values are counted against it (``json_tensor``)."""
+    """The shape of nested lists (a scalar: ``()``), read down their first items and then
+    checked: every list at one depth has that depth's length, and holds lists exactly
+    down to the last depth."""
     shape: list[int] = []
-    while isinstance(value, list):
+    probe = value
+    while isinstance(probe, list):
         if len(shape) >= MAX_NESTING:
             raise InvalidInput(
                 f"input {name!r}: nested deeper than {MAX_NESTING} lists", tensor=name
             )
-        shape.append(len(value))
-        if not value:
+        shape.append(len(probe))
+        if not probe:
             break
-        value = value[0]
+        probe = probe[0]
+    if len(shape) >= 2:
+        _check_regular(name, value, shape)
     return tuple(shape)
+
+
+def _check_regular(name: str, value: list[Any], shape: list[int]) -> None:
+    """Refuses a ragged nested list, level by level (no recursion)."""
+    level: list[Any] = value
+    for depth, length in enumerate(shape[1:], start=1):
+        if not all(isinstance(item, list) and len(item) == length for item in level):
+            raise _ragged(name, shape, depth)
+        level = [item for sub in level for item in sub]
+    if any(isinstance(item, list) for item in level):
+        raise _ragged(name, shape, len(shape))
+
+
+def _ragged(name: str, shape: list[int], depth: int) -> InvalidInput:
+    want = f"a list of {shape[depth]}" if depth < len(shape) else "a value, not a list"
+    return InvalidInput(
+        f"input {name!r}: a ragged nested list: at depth {depth} each item must be {want} "
+        f"(its first items make its shape {shape}); nest it as a regular array",
+        tensor=name,
+    )
 
 
 def generate_response(result: InferResult, client_id: str | None) -> dict[str, Any]:
     """The answer's JSON object: the model, the response's parameters and each output by
-    name. As in Triton, a parameter never replaces ``model_name``, ``model_version`` or
-    ``id``, and an output never replaces a parameter of its name."""
+    name. As in Triton (whose answer keeps the first of a name: its own fields, then the
+    parameters, then the outputs), a parameter or an output never replaces
+    ``model_name``, ``model_version`` or ``id`` (the client's, when given), and an output
+    never replaces a parameter of its name; such an output is left out, and logged once."""
     doc: dict[str, Any] = {"model_name": result.model, "model_version": result.version}
     if client_id is not None:
         doc["id"] = client_id
-    params = result.parameters
-    for key, value in params.items():
+    for key, value in result.parameters.items():
         doc.setdefault(key, value)
     for tensor in result.outputs:
-        if tensor.name not in params:
+        if tensor.name in doc:
+            _log_hidden(result.model, tensor.name)
+        else:
             doc[tensor.name] = _value(tensor)
     return doc
+
+
+_HIDDEN_LOGGED: set[tuple[str, str]] = set()
+_HIDDEN_LOG_MAX = 1024
+"""(model, output) pairs already logged as left out of an answer, at most this many."""
+
+
+def _log_hidden(model: str, output: str) -> None:
+    key = (model, output)
+    if key in _HIDDEN_LOGGED or len(_HIDDEN_LOGGED) >= _HIDDEN_LOG_MAX:
+        return
+    _HIDDEN_LOGGED.add(key)
+    log.warning(
+        "model %r: output %r is left out of generate answers: the answer's field of that "
+        "name (the gateway's, or a response parameter) keeps its place, as in Triton",
+        model,
+        output,
+    )
 
 
 def _value(tensor: Tensor) -> Scalar | list[Any] | orjson.Fragment:

@@ -27,6 +27,7 @@ from plaza.gateway import kserve
 from plaza.gateway.app import Endpoints, decoded_body
 from plaza.gateway.errors import http_error
 from plaza.gateway.http_server import HttpRequest, HttpResponse
+from plaza.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ async def _relay(
 ) -> AsyncGenerator[bytes, None]:
     """A streamed response's parts as the app sends them, until its call ends; closed early
     (the client went away), it tells the app so (``done``: receive() says disconnect) and
-    stops the call."""
+    stops the call, and the wait for its next part (none is left pending)."""
+    part: asyncio.Future[bytes] | None = None
     try:
         while not (call.done() and parts.empty()):
             part = asyncio.ensure_future(parts.get())
@@ -166,9 +168,8 @@ async def _relay(
         await call  # re-raises a failure midway (the server then closes the connection)
     finally:
         done.set()
-        if not call.done():
-            call.cancel()
-            await asyncio.wait([call])
+        # Cancelled or closed while waiting, the get() of the next part is still pending.
+        await cancel_and_wait([f for f in (part, call) if f is not None and not f.done()])
 
 
 def _infer_route(request: HttpRequest) -> tuple[str, str] | None:
