@@ -13,7 +13,9 @@ backlog that ``max_queue_size`` counts for good).
 Only assigned partitions are tracked: a record taken in after its partition was revoked
 (the rest of a fetch, while a dead-letter send was in flight) is refused by ``started``, so
 a revoked partition never comes back into ``to_commit``. Kafka refuses a commit that names a
-partition the consumer does not own, and refuses the whole commit with it.
+partition the consumer does not own, and refuses the whole commit with it. A partition
+whose topic was deleted is never committed to either: its offsets are ``abandon``-ed
+(``plaza.workers.commit``).
 
 The worker and the ensemble runner consume alike, with two functions here: ``follow_positions``
 (what they call after each fetch taken in) and ``read_ahead`` (their consumer's fetch limits).
@@ -65,11 +67,17 @@ class OffsetTracker:
 
     def __init__(self) -> None:
         self._parts: dict[Hashable, _Partition] = {}
+        self.abandoned: dict[Hashable, int] = {}
+        """Per partition, the last offset ``abandon`` gave up (its topic or partition is
+        gone), until the partition is assigned again: at most one entry a partition."""
+        self.abandoned_count = 0
+        """How many partitions' commits ``abandon`` gave up, ever."""
 
     def assign(self, tps: Iterable[Hashable]) -> None:
         """Partitions now owned (a rebalance gave them); others already owned stay."""
         for tp in tps:
             self._parts.setdefault(tp, _Partition())
+            self.abandoned.pop(tp, None)
 
     def owns(self, tp: Hashable) -> bool:
         return tp in self._parts
@@ -119,6 +127,14 @@ class OffsetTracker:
             part = self._parts.get(tp)
             if part is not None:
                 part.committed = max(part.committed, offset)
+
+    def abandon(self, offsets: dict[Hashable, int]) -> None:
+        """Kafka can never take these commits (the partition's topic was deleted, or the
+        partition no longer exists): ``to_commit`` stops offering them, as if committed. Its
+        outstanding records stay tracked; a later offset of the partition is offered again."""
+        self.committed(offsets)
+        self.abandoned.update(offsets)
+        self.abandoned_count += len(offsets)
 
     def outstanding(self, tp: Hashable | None = None) -> int:
         """Records taken in and not yet done: of ``tp``, or of every owned partition."""

@@ -62,7 +62,7 @@ from plaza.model_control import model_spec
 from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import BACKEND_PYTHON, ModelSpec
 from plaza.repository import ModelRepository
-from plaza.retry import until_done
+from plaza.retry import FIRST_DELAY_S, MAX_DELAY_S, until_done
 from plaza.sequence_batching import SequenceKey
 from plaza.settings import PlazaSettings
 from plaza.tasks import cancel_and_wait
@@ -1203,21 +1203,31 @@ class Worker:
     async def _commit_loop(self) -> None:
         """Commit what became safe, one commit at a time, apart from the writer: the next
         batch's write does not wait for Kafka's answer, and the batches written meanwhile
-        (and for ``worker.commit_interval_ms`` after a commit) share the next one."""
+        (and for ``worker.commit_interval_ms`` after a commit) share the next one. A commit
+        that failed or did not finish is tried again after a pause that doubles up to
+        ``MAX_DELAY_S``, its offsets held meanwhile."""
         spacing_s = self.settings.worker.commit_interval_ms / 1000
+        backoff_s = FIRST_DELAY_S
         while True:
             await self._commit_due.wait()
             self._commit_due.clear()
-            await self._commit()
+            if await self._commit():
+                backoff_s = FIRST_DELAY_S
+            else:  # its offsets stay: try again, however idle the worker, without spinning
+                await asyncio.sleep(max(spacing_s, backoff_s))
+                backoff_s = min(MAX_DELAY_S, backoff_s * 2)
+                self._commit_due.set()
+                continue
             if spacing_s:
                 await asyncio.sleep(spacing_s)
 
-    async def _commit(self) -> None:
+    async def _commit(self) -> bool:
+        """Whether nothing is left to retry (``commit_owned``)."""
         async with self._commit_lock:
-            await self._commit_now()
+            return await self._commit_now()
 
-    async def _commit_now(self) -> None:
-        await commit_owned(self.consumer, self.offsets, self.id)
+    async def _commit_now(self) -> bool:
+        return await commit_owned(self.consumer, self.offsets, self.id)
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Finish and commit what is in flight; pending records go to the next owner."""
