@@ -39,6 +39,7 @@ PLATFORM_ENSEMBLE = "ensemble"
 """Runs no backend: an ensemble runner (``workers/ensemble.py``) calls its steps' models."""
 _BACKEND_PLATFORM = {"onnxruntime": PLATFORM_ONNX, "pytorch": PLATFORM_TORCH}
 """The backends Triton ties to a platform that Plaza serves (Triton checks the pair)."""
+_PLATFORM_BACKEND = {platform: backend for backend, platform in _BACKEND_PLATFORM.items()}
 DEFAULT_FILENAMES = {
     PLATFORM_ONNX: "model.onnx",
     PLATFORM_TORCH: "model.pt",
@@ -662,6 +663,21 @@ def _max_concurrency(config: mc.ModelConfig, source: str) -> int:
     return value
 
 
+def _fill_in(config: mc.ModelConfig, platform: str) -> None:
+    """Fill ``config`` (of a model of ``platform``, as ``_platform`` names it) in as Triton's
+    normalized config is, which its config endpoint answers: a platform's backend beside it
+    and the other way round (``onnxruntime_onnx`` and ``onnxruntime``, ``pytorch_libtorch``
+    and ``pytorch``), an ensemble's ``platform: "ensemble"`` with no backend, a Python
+    model's ``backend: "python"``, and the ``default_model_filename`` its backend loads."""
+    if platform in _PLATFORM_BACKEND:
+        config.platform = platform
+        config.backend = _PLATFORM_BACKEND[platform]
+    elif platform == BACKEND_PYTHON:
+        config.backend = BACKEND_PYTHON
+    if not config.default_model_filename:
+        config.default_model_filename = DEFAULT_FILENAMES.get(platform, "")
+
+
 def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str) -> ModelSpec:
     name = config.name or default_name
     if config.name and config.name != default_name:
@@ -674,6 +690,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     if config.max_batch_size < 0:
         raise _fail(source, "max_batch_size", "must be >= 0")
     platform = _platform(config, source)
+    _fill_in(config, platform)
     _refuse_unbuilt(config, platform, source)
     batching = config.max_batch_size > 0
     groups = _instance_groups(config, source)

@@ -271,7 +271,11 @@ class WorkerSettings(_Section):
     )
     # ONNX Runtime session options (docs/benchmarks.md, "ONNX Runtime settings", has the
     # measurements that chose these defaults).
-    intra_op_threads: int = Field(0, ge=0, description="0: the model's config, else all cores")
+    intra_op_threads: int = Field(
+        0,
+        ge=0,
+        description="a model's intra_op_thread_count parameter wins when > 0; 0: all cores",
+    )
     ort_intra_op_spinning: bool = Field(
         False,
         description="ONNX Runtime session.intra_op.allow_spinning: intra-op threads busy-wait "

@@ -6,19 +6,22 @@ optimised on its first runs); warmup spends that time before the worker takes re
 the first clients do not. A worker counts as ready (its heartbeat in the model's registry)
 only once every sample has run, as Triton shows a model ready only after its warmup.
 
-Each ``model_warmup`` entry is a request of ``batch_size`` rows (one, for a model that does
-not batch) with its inputs made of zeros (``zero_data``), random values (``random_data``,
-from a fixed seed), or the raw bytes of ``<model>/warmup/<input_data_file>``. As in Triton,
-that file holds one batch-1 element, which every row repeats: its first ``dims``' worth of
-bytes (C order; a longer file is accepted, a shorter one refused), or for BYTES exactly
-``dims``' count of Triton's length-prefixed strings. It is validated as a request is, runs
-``count`` times (at least once) on every instance of every served version, through the same
-runner (so ``reshape`` applies), and is not counted in the model's statistics. A stateful
-model's sample is, as Triton's, ``batch_size`` requests of one row each (the sample's rows in
-turn), each a sequence of its own (``sequence_id`` 1, 2, ..., START and END, zero state: the
-worker adds the control and state inputs), run together as one batch. Its sample may name
-those inputs, as Triton's may (there they override the sequence batcher's): they are left
-out, since the worker adds its own. A sample that cannot be made is a ``bad_config`` naming
+Each ``model_warmup`` entry is a request of ``batch_size`` rows (for a model that does not
+batch, as in Triton, ``batch_size`` requests of the sample, run one by one, at most
+``MAX_UNBATCHED_REQUESTS``) with its inputs made of zeros (``zero_data``), random values
+(``random_data``, from a fixed seed), or the raw bytes of ``<model>/warmup/<input_data_file>``.
+As in Triton, that file holds one batch-1 element, which every row repeats: its first
+``dims``' worth of bytes (C order; a longer file is accepted, a shorter one refused), or for
+BYTES exactly ``dims``' count of Triton's length-prefixed strings. It is validated as a
+request is, runs ``count`` times (at least once) on every instance of every served version,
+through the same runner (so ``reshape`` applies), and is not counted in the model's
+statistics. A sample of ``batch_size`` 0 (left out) is skipped with an info line, as Triton
+skips it. A stateful model's sample is, as Triton's, ``batch_size`` requests of one row
+each (the sample's rows in turn), each a sequence of its own (``sequence_id`` 1, 2, ...,
+START and END, zero state: the worker adds the control and state inputs), run together as
+one batch (one by one for a model that does not batch). Its sample may name those inputs,
+as Triton's may (there they override the sequence batcher's): they are left out, since the
+worker adds its own. A sample that cannot be made is a ``bad_config`` naming
 it; one that fails to run fails the load, as in Triton.
 """
 
@@ -35,7 +38,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from plaza.client import make_request
-from plaza.contract import InferRequest
+from plaza.contract import InferRequest, InferResult
 from plaza.datatypes import from_config_type, itemsize, to_numpy_dtype
 from plaza.errors import ConfigError, ModelExecutionError, PlazaError
 from plaza.modelconfig import ModelSpec
@@ -52,6 +55,10 @@ WARMUP_DIR = "warmup"
 SEED = 0
 """``random_data`` comes from this seed: the same warmup every load."""
 
+MAX_UNBATCHED_REQUESTS = 1024
+"""The most requests a sample sends a model that does not batch (its ``batch_size``): a
+bound on what a config can make a worker hold and run before it is ready."""
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -60,10 +67,13 @@ class Sample:
     name: str
     requests: tuple[InferRequest, ...]
     """What one run of it sends, as one batch: one request of ``batch_size`` rows, or a
-    stateful model's ``batch_size`` requests of one row, each a sequence of its own."""
+    stateful model's ``batch_size`` requests of one row, each a sequence of its own; for a
+    model that does not batch, ``batch_size`` requests run one by one."""
     rows: int
     """The rows of each of its requests."""
     count: int
+    together: bool = True
+    """Its requests run as one batch (False: one by one, a model that does not batch)."""
 
     @property
     def request(self) -> InferRequest:
@@ -77,6 +87,9 @@ def samples(spec: ModelSpec, model_dir: Path) -> list[Sample]:
     made = []
     for i, entry in enumerate(spec.config.model_warmup):
         where = f"{model_dir / 'config.pbtxt'}: model_warmup[{i}] {entry.name!r}"
+        if entry.batch_size == 0:  # Triton's "Skipping batch 0 warmup sample"
+            log.info("%s: skipping warmup sample %r of batch_size 0", spec.name, entry.name)
+            continue
         try:
             made.append(_sample(spec, entry, model_dir, rng))
         except PlazaError as exc:
@@ -87,18 +100,22 @@ def samples(spec: ModelSpec, model_dir: Path) -> list[Sample]:
 def _sample(spec: ModelSpec, entry: Any, model_dir: Path, rng: np.random.Generator) -> Sample:
     batching = spec.max_batch_size > 0
     rows = int(entry.batch_size)
-    if batching and not 1 <= rows <= spec.max_batch_size:
-        raise ConfigError(f"batch_size {rows} is outside 1..{spec.max_batch_size}")
+    limit = spec.max_batch_size if batching else MAX_UNBATCHED_REQUESTS
+    if not 1 <= rows <= limit:
+        raise ConfigError(f"batch_size {rows} is outside 1..{limit}")
     if not entry.inputs:
         raise ConfigError("has no inputs")
     per_row = rows if batching else None
     arrays = _arrays(spec, entry, per_row, model_dir, rng)
     count = max(1, int(entry.count))
     if spec.sequence.enabled:
-        return Sample(entry.name, _sequences(spec, entry.name, arrays, per_row), 1, count)
+        made = _sequences(spec, entry.name, arrays, per_row, rows)
+        return Sample(entry.name, made, 1, count, together=batching)
     request = make_request(spec.name, arrays, correlation_id=f"warmup-{entry.name}")
     validate_request(request, spec)  # InvalidInput: the sample does not fit the model
-    return Sample(entry.name, (request,), rows if batching else 1, count)
+    if batching:
+        return Sample(entry.name, (request,), rows, count)
+    return Sample(entry.name, (request,) * rows, 1, count, together=False)
 
 
 def _arrays(
@@ -133,13 +150,16 @@ def _arrays(
 
 
 def _sequences(
-    spec: ModelSpec, name: str, arrays: dict[str, np.ndarray[Any, Any]], rows: int | None
+    spec: ModelSpec,
+    name: str,
+    arrays: dict[str, np.ndarray[Any, Any]],
+    rows: int | None,
+    count: int,
 ) -> tuple[InferRequest, ...]:
-    """A stateful model's sample: each of the ``rows`` rows of ``arrays`` (``arrays`` whole
-    where None: a model that does not batch) a request of its own, a sequence of one (START
-    and END; the worker adds what it controls) with its own ``sequence_id``, 1 up, as
-    Triton's warmup sends ``batch_size`` requests of batch 1."""
-    count = 1 if rows is None else rows
+    """A stateful model's sample: ``count`` requests, each of the ``rows`` rows of ``arrays``
+    in turn (``arrays`` whole where None: a model that does not batch), a sequence of one
+    (START and END; the worker adds what it controls) with its own ``sequence_id``, 1 up,
+    as Triton's warmup sends ``batch_size`` requests of batch 1."""
     requests = []
     for i in range(count):
         row = arrays if rows is None else {k: a[i : i + 1] for k, a in arrays.items()}
@@ -227,14 +247,11 @@ def run(
         items = [WorkItem(request=r, rows=sample.rows, version=version) for r in sample.requests]
         if prepare is not None:
             items = [prepare(item) for item in items]
+        groups = [items] if sample.together else [[item] for item in items]
         started = time.monotonic()
         for _ in range(sample.count):
-            for result in runner.run_group(items):
-                if result.error is not None:
-                    raise ModelExecutionError(
-                        f"model {runner.spec.name!r} version {version}: warmup sample "
-                        f"{sample.name!r} failed: {result.error.message}"
-                    )
+            for group in groups:
+                _check(runner, version, sample, runner.run_group(group))
         log.info(
             "%s v%d: warmup sample %r ran %d time(s) in %.1f ms",
             runner.spec.name,
@@ -243,3 +260,13 @@ def run(
             sample.count,
             (time.monotonic() - started) * 1e3,
         )
+
+
+def _check(runner: BatchRunner, version: int, sample: Sample, results: list[InferResult]) -> None:
+    """ModelExecutionError when one of a sample's results is an error."""
+    for result in results:
+        if result.error is not None:
+            raise ModelExecutionError(
+                f"model {runner.spec.name!r} version {version}: warmup sample "
+                f"{sample.name!r} failed: {result.error.message}"
+            )

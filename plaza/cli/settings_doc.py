@@ -26,7 +26,7 @@ Security pass-through: Kafka SASL/TLS (`kafka.security_protocol`, `kafka.sasl_me
 client (`plaza/connections.py`). `gateway.api_key` turns on bearer-token auth.
 
 ONNX Runtime in a worker: `worker.intra_op_threads` (the config's `intra_op_thread_count`
-parameter wins), `worker.ort_intra_op_spinning` and `worker.ort_inter_op_spinning`
+parameter wins when above 0), `worker.ort_intra_op_spinning` and `worker.ort_inter_op_spinning`
 (`session.intra_op.allow_spinning` / `session.inter_op.allow_spinning`). Spinning is off by
 default: measured side by side (`python -m plaza.loadgen.bench --only ort_spinning`,
 docs/benchmarks.md), spinning threads took the cores the gateway, Kafka and Redis need.

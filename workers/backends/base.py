@@ -107,16 +107,19 @@ def takes_requests(backend: object) -> TypeGuard[RequestBackend]:
 
 def thread_count(mv: ModelVersion, configured: int) -> int:
     """Intra-op threads: the config's ``intra_op_thread_count`` parameter, else the
-    worker setting, else every core."""
+    worker setting, else every core. A parameter of 0 or less counts as left out, as in
+    Triton's ONNX Runtime backend (there it means the runtime's own default)."""
     param = mv.spec.parameters.get("intra_op_thread_count", "")
     if param:
         try:
-            return max(1, int(param))
+            count = int(param)
         except ValueError:
             raise ConfigError(
                 f"{mv.spec.name}: parameter intra_op_thread_count={param!r} is not an integer",
                 field="parameters.intra_op_thread_count",
             ) from None
+        if count > 0:
+            return count
     return configured or (os.cpu_count() or 1)
 
 

@@ -126,8 +126,10 @@ class OnnxBackend:
     def _check_signature(self) -> None:
         """The config's tensors against the model's, as Triton checks them at load: each
         name there, of the same type, of a shape the model takes (``reshape``'s where the
-        config has one), with a free first dimension where the config batches. A mismatch
-        is a ``bad_config`` now, not a failure of every request later."""
+        config has one), with a free first dimension where the config batches. As in
+        Triton, an ``optional`` input may also be an overridable initializer of the model
+        (a request that sends it overrides it; one that does not gets its value). A
+        mismatch is a ``bad_config`` now, not a failure of every request later."""
         assert self._session is not None
         spec = self.mv.spec
         seq = spec.sequence
@@ -135,20 +137,41 @@ class OnnxBackend:
         controls = [TensorSpec(c.name, c.datatype, (1,)) for c in seq.controls]
         states_in = [TensorSpec(s.input_name, s.datatype, s.dims) for s in seq.states]
         states_out = [TensorSpec(s.output_name, s.datatype, s.dims) for s in seq.states]
-        for kind, specs, args in (
-            ("input", [*spec.inputs, *controls, *states_in], self._session.get_inputs()),
-            ("output", [*spec.outputs, *states_out], self._session.get_outputs()),
+        initializers = {a.name: a for a in self._session.get_overridable_initializers()}
+        for kind, specs, args, spare in (
+            (
+                "input",
+                [*spec.inputs, *controls, *states_in],
+                self._session.get_inputs(),
+                initializers,
+            ),
+            ("output", [*spec.outputs, *states_out], self._session.get_outputs(), {}),
         ):
             graph = {a.name: a for a in args}
             for tensor in specs:
                 arg = graph.get(tensor.name)
                 if arg is None:
-                    self._mismatch(
-                        kind, tensor.name, f"is not in the model (it has {sorted(graph)})"
-                    )
+                    arg = self._stand_in(kind, tensor, spare, sorted(graph))
                 why = _disagreement(arg.type, arg.shape, tensor, spec.max_batch_size > 0)
                 if why:
                     self._mismatch(kind, tensor.name, why)
+
+    def _stand_in(
+        self, kind: str, tensor: TensorSpec, initializers: dict[str, Any], names: list[str]
+    ) -> Any:
+        """The overridable initializer that ``tensor``, which is not among the model's
+        ``names``, stands for: only an ``optional`` input may be one."""
+        arg = initializers.get(tensor.name)
+        if arg is None:
+            self._mismatch(kind, tensor.name, f"is not in the model (it has {names})")
+        if not tensor.optional:
+            self._mismatch(
+                kind,
+                tensor.name,
+                "is only an overridable initializer of the model, which has a value of its "
+                "own: mark the input optional: true to let requests override it",
+            )
+        return arg
 
     def _mismatch(self, kind: str, name: str, why: str) -> NoReturn:
         raise ConfigError(
