@@ -117,6 +117,15 @@ def key_partition(key: bytes | None, all_partitions: list[int], available: list[
     return all_partitions[zlib.crc32(key) % len(all_partitions)]
 
 
+RETRY_BACKOFF_MS = 500
+"""How long every aiokafka client Plaza builds waits before it retries a failed request,
+connection or metadata update (aiokafka's default: 100 ms). While a broker is down each
+retry loop (metadata, fetch, group coordinator, producer) logs an error a round: 500 ms
+makes that a fifth, and adds at most half a second to the recovery once the broker is
+back. (aiokafka 0.14 has no ``reconnect_backoff_ms``: its connection retries are paced by
+this setting too.)"""
+
+
 def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
     """An idempotent producer with acks=all: no duplicates or reordering from retries.
     It publishes to partitions added to a topic once its metadata is refreshed (every
@@ -131,6 +140,7 @@ def kafka_producer(k: KafkaSettings) -> AIOKafkaProducer:
         max_request_size=k.max_request_bytes + 64 * 1024,
         max_batch_size=max(16384, min(k.max_request_bytes, 1024 * 1024)),
         request_timeout_ms=k.request_timeout_ms,
+        retry_backoff_ms=RETRY_BACKOFF_MS,
         metadata_max_age_ms=k.metadata_max_age_ms,
         **kafka_security(k),
     )
@@ -151,6 +161,7 @@ def kafka_consumer(k: KafkaSettings, group_id: str | None, **overrides: Any) -> 
         "fetch_max_bytes": max(52428800, k.max_request_bytes * 2),
         "max_partition_fetch_bytes": max(1048576, k.max_request_bytes + 64 * 1024),
         "request_timeout_ms": k.request_timeout_ms,
+        "retry_backoff_ms": RETRY_BACKOFF_MS,
         "metadata_max_age_ms": k.metadata_max_age_ms,
         "session_timeout_ms": k.session_timeout_ms,
         "heartbeat_interval_ms": 1_000,
@@ -166,6 +177,7 @@ def kafka_admin(k: KafkaSettings) -> AIOKafkaAdminClient:
         bootstrap_servers=k.bootstrap_servers,
         client_id=f"{k.client_id}-admin",
         request_timeout_ms=k.request_timeout_ms,
+        retry_backoff_ms=RETRY_BACKOFF_MS,
         **kafka_security(k),
     )
 

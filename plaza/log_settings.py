@@ -35,7 +35,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -157,10 +158,61 @@ class PlazaFormatter(logging.Formatter):
 
 
 def configure_logging(level: str) -> None:
-    """A Plaza process's logging: its ``log_level``, one line a record on standard error."""
+    """A Plaza process's logging: its ``log_level``, one line a record on standard error,
+    aiokafka's repeated warnings and errors thinned out (``RepeatThrottle``)."""
     handler = logging.StreamHandler()
     handler.setFormatter(PlazaFormatter())
+    handler.addFilter(RepeatThrottle())
     logging.basicConfig(level=level, handlers=[handler])
+
+
+class RepeatThrottle(logging.Filter):
+    """Thins out the warnings and errors of the ``aiokafka`` loggers: while Kafka is down
+    its retry loops log the same few lines hundreds of times a second. Of each message
+    template (``record.msg``, before its arguments are filled in) the first record passes,
+    then at most one each ``period_s``, ending in how many were dropped since the last one
+    passed ("(37 more like this in the last 10 s)"). Records of other loggers, and
+    aiokafka's below WARNING, pass untouched.
+
+    It sits on the handler, not on the ``aiokafka`` logger: a logger's filters do not see
+    its children's records (``aiokafka.client``, ``aiokafka.consumer.fetcher``, ...).
+    At most ``max_templates`` templates are tracked, the one seen least recently forgotten
+    first (its dropped count with it)."""
+
+    def __init__(
+        self,
+        period_s: float = 10.0,
+        max_templates: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        prefix: str = "aiokafka",
+    ) -> None:
+        super().__init__()
+        self.period_s = period_s
+        self.max_templates = max_templates
+        self.clock = clock
+        self.prefix = prefix
+        self._seen: OrderedDict[str, tuple[float, int]] = OrderedDict()
+        """Per template: when one last passed, and how many were dropped since."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not self._throttled(record.name):
+            return True
+        template = str(record.msg)
+        now = self.clock()
+        last = self._seen.pop(template, None)
+        if last is not None and now - last[0] < self.period_s:
+            self._seen[template] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            since = now - last[0]
+            record.msg = f"{template} ({last[1]} more like this in the last {since:.0f} s)"
+        self._seen[template] = (now, 0)
+        while len(self._seen) > self.max_templates:
+            self._seen.popitem(last=False)
+        return True
+
+    def _throttled(self, name: str) -> bool:
+        return name == self.prefix or name.startswith(self.prefix + ".")
 
 
 def apply(settings: LogSettings, root: logging.Logger | None = None) -> None:

@@ -7,8 +7,9 @@ model), and the gateway; in model control modes explicit and poll the host (or, 
 ``--process-per-model``, a supervisor starting a worker per model and generation) follows
 the model table (loads, reloads, drains and unloads as the gateway's lifecycle API says);
 waits until the gateway is ready; prints where
-to send requests; on Ctrl-C or SIGTERM stops everything it started, workers and gateway
-first (they drain and commit), services last.
+to send requests; starts Kafka or Redis again if one exits (``ServiceRestarts``); on
+Ctrl-C or SIGTERM stops everything it started, workers and gateway first (they drain and
+commit), services last.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import importlib.util
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 import redis.asyncio
 
@@ -36,7 +39,9 @@ from plaza.stack import (
     Deployment,
     GatewayProcess,
     HostProcess,
+    KafkaCluster,
     ProcessGroup,
+    RedisServer,
     Services,
     WorkerProcess,
     http_ok,
@@ -64,6 +69,15 @@ PER_PROCESS = (
     "PLAZA_WORKER__GENERATION",
 )
 """Settings plaza up gives each worker process its own value of (its id, its models)."""
+RESTART_FIRST_S = 1.0
+"""The back-off before Kafka or Redis, exited unasked, is started again; it doubles with
+each further failed start up to ``RESTART_MAX_S``."""
+RESTART_MAX_S = 30.0
+"""The longest back-off, and how long a restarted service must run for its start to count
+as a success (the back-off starts at ``RESTART_FIRST_S`` again after that)."""
+RESTART_TRIES = 5
+"""Failed starts in a row (a start that raises, or exits within ``RESTART_MAX_S``) after
+which plaza up gives up and stops everything."""
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -400,13 +414,131 @@ async def _supervise(supervisor: ModelSupervisor, stopping: threading.Event) -> 
         await asyncio.sleep(HANDOVER_S if supervisor.starting else WATCH_S)
 
 
+class Restartable(Protocol):
+    """A service plaza up started: ``check`` raises ServiceError once it exited unasked,
+    ``restart`` starts it again on the same config and data dir."""
+
+    name: str
+
+    def check(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+
+class _Redis:
+    def __init__(self, redis: RedisServer) -> None:
+        self.name = "Redis"
+        self.redis = redis
+
+    def check(self) -> None:
+        self.redis.check()
+
+    def restart(self) -> None:
+        self.redis.kill()  # forgets the exited process
+        self.redis.start()
+
+
+class _Kafka:
+    def __init__(self, kafka: KafkaCluster) -> None:
+        self.name = "Kafka"
+        self.kafka = kafka
+
+    def check(self) -> None:
+        self.kafka.check()
+
+    def restart(self) -> None:
+        for node in self.kafka.node_ids:
+            if not self.kafka.is_running(node):
+                self.kafka.kill(node)  # forgets the exited process
+                self.kafka.start_node(node)
+
+
+class ServiceRestarts:
+    """Starts ``service`` again when it exits unasked, after a back-off (``RESTART_FIRST_S``
+    doubling to ``RESTART_MAX_S``); the workers and the gateway ride the gap out, as they
+    ride out a Redis or Kafka restarted by its own supervisor. After ``RESTART_TRIES``
+    failed starts in a row :meth:`watch` raises the ServiceError that ends plaza up."""
+
+    def __init__(
+        self,
+        service: Restartable,
+        clock: Callable[[], float] = time.monotonic,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.service = service
+        self.clock = clock
+        self.say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.failures = 0
+        """Failed starts in a row."""
+        self.due: float | None = None
+        """When to start it again; None while it runs."""
+        self.started: float | None = None
+        """When it was last started again; None once it counts as up."""
+
+    def watch(self) -> None:
+        """Look once (plaza up's watch loop calls it every ``WATCH_S``)."""
+        now = self.clock()
+        if self.due is not None:
+            if now >= self.due:
+                self._restart(now)
+            return
+        try:
+            self.service.check()
+        except ServiceError as exc:
+            if self.started is not None:  # exited soon after a restart: a failed start
+                self._failed(now, exc.message)
+            else:
+                self.say(f"plaza up: {exc.message}")
+                self._schedule(now)
+            return
+        if self.started is not None and now - self.started >= RESTART_MAX_S:
+            self.failures, self.started = 0, None
+
+    def _restart(self, now: float) -> None:
+        try:
+            self.service.restart()
+        except (PlazaError, OSError) as exc:
+            self._failed(now, str(getattr(exc, "message", exc)))
+            return
+        self.due, self.started = None, now
+        self.say(f"plaza up: {self.service.name} started again")
+
+    def _failed(self, now: float, why: str) -> None:
+        self.failures += 1
+        if self.failures >= RESTART_TRIES:
+            raise ServiceError(
+                f"{self.service.name} failed to start {self.failures} times in a row, "
+                f"giving up: {why}"
+            )
+        self.say(f"plaza up: {self.service.name} failed to start again: {why}")
+        self._schedule(now)
+
+    def _schedule(self, now: float) -> None:
+        delay = min(RESTART_FIRST_S * 2**self.failures, RESTART_MAX_S)
+        self.due, self.started = now + delay, None
+        self.say(f"plaza up: restarting {self.service.name} in {delay:g} s")
+
+
+def _restarts(services: Services) -> list[ServiceRestarts]:
+    """A :class:`ServiceRestarts` for each service started here."""
+    parts: list[Restartable] = []
+    if services.redis is not None:
+        parts.append(_Redis(services.redis))
+    if services.kafka is not None:
+        parts.append(_Kafka(services.kafka))
+    return [ServiceRestarts(part) for part in parts]
+
+
 async def _watch(group: ProcessGroup, services: Services, stopping: threading.Event) -> int:
-    """Until a stop signal (0) or until a process or service exits unasked (1: its exit
-    code and log tail printed)."""
+    """Until a stop signal (0) or until a process exits unasked, or a service that exited
+    fails to start again ``RESTART_TRIES`` times in a row (1: its exit code and log tail
+    printed). A service that exited is started again after a back-off (ServiceRestarts)."""
+    restarts = _restarts(services)
     while not stopping.is_set():
         try:
             group.check()
-            services.check()
+            for each in restarts:
+                each.watch()
         except ServiceError as exc:
             print(f"plaza up: error: {exc.message}", file=sys.stderr, flush=True)
             print("stopping everything", flush=True)
