@@ -286,3 +286,15 @@ def gated(worker: Worker) -> GatedBackend:
     gate = GatedBackend(worker.runner.backends[1])
     worker.runner.backends[1] = gate
     return gate
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """The command's exit status (argparse's usage errors included), stdout and stderr."""
+    from plaza.cli.main import main
+
+    try:
+        rc = main(list(argv))
+    except SystemExit as exc:
+        rc = int(exc.code or 0)
+    out = capsys.readouterr()
+    return rc, out.out, out.err

@@ -26,23 +26,12 @@ from plaza.loadgen.profiler import CurvePoint, checked_sizes, profile_model, rec
 from plaza.loadgen.simulator import SimConfig, Simulator, simulate
 from plaza.loadgen.sweep import SweepError, format_table, parse_range, run_sweep, write_reports
 from plaza.loadgen.targets import Outcome, StatsSnapshot, Target
+from tests.support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = BatchingPolicy(max_batch_size=32)
 FAST = LinearLatency(a_us=10, b_us=100)
 ONE_WINDOW = WindowConfig(window_s=0.05, warmup_s=0.02, stable_count=1, max_windows=1, drain_s=5)
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """The command's exit status (argparse's usage errors included), stdout and stderr."""
-    from plaza.cli.main import main
-
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def sim_cli(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:

@@ -14,23 +14,12 @@ import pytest
 from plaza.loadgen.cli import kafka_settings, loadgen_parser
 from plaza.loadgen.measure import Load, WindowConfig, _Recorder, measure
 from plaza.loadgen.targets import Outcome, StatsSnapshot, Target
+from tests.support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = WindowConfig(window_s=0.05, warmup_s=0.02, stable_count=2, max_windows=2, drain_s=2)
 STARVED_AFTER = 10_000
 """Sends in a row without the event loop running anything else: a starved loop."""
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """The command's exit status (argparse's usage errors included), stdout and stderr."""
-    from plaza.cli.main import main
-
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 class InstantFailure:

@@ -25,21 +25,11 @@ from plaza.loadgen.sweep import SweepError, run_sweep, write_reports
 from plaza.loadgen.targets import KafkaTarget, Outcome, StatsSnapshot
 from plaza.modelconfig import QueuePolicy
 from plaza.settings import PlazaSettings
+from tests.support import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATED = (ROOT / "model_repository" / "simulated" / "config.pbtxt").read_text()
 ONE_WINDOW = WindowConfig(window_s=0.05, warmup_s=0.02, stable_count=1, max_windows=1, drain_s=5)
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from plaza.cli.main import main
-
-    try:
-        rc = main(list(argv))
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def repository(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
