@@ -32,7 +32,7 @@ from plaza.workers.gpu_metrics import GpuCollector
 from plaza.workers.metrics import WorkerMetrics
 from plaza.workers.runner import WorkItem
 from tests.metrics_support import named, samples, value
-from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker
+from tests.support import REPOSITORY, gateway_fronts, make_settings, running_worker, wait_for
 
 N = 12
 MODEL = "identity"
@@ -78,6 +78,11 @@ async def test_stats_and_metrics_after_requests_through_a_real_worker(
             fresh = make_request(MODEL, {"INPUT0": rows[0]}, timeout_s=600)
             past = msgspec.structs.replace(fresh, deadline_ms=fresh.created_ms - 60_000)
             [late] = await sdk.publish_many([past])
+
+            async def answered() -> bool:  # publish_many writes no job marker: unknown first
+                return (await sdk.poll(late)).state == "done"
+
+            await wait_for(answered, 30, "the expired request's answer")
             expired = await sdk.result(late, raise_on_error=False)
             assert expired.error is not None and expired.error.code == "timeout"
 
