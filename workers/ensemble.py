@@ -49,8 +49,10 @@ replay, whose answer went to its stream then): ``AnsweredCheck.stored_answers``,
 Bounds: at most ``worker.max_pending`` ensemble requests (and ``worker.max_pending_bytes``
 of their records) are in flight, and the consumer reads ahead a quarter of that byte budget
 over the topics' partitions, as a worker's (``read_ahead``); a step waits at most until the
-request's deadline (plus ``DEADLINE_GRACE_S``) or ``STEP_WAIT_S`` without one. Step answers
-live under their result keys for ``redis.result_ttl_s``, like any answer.
+request's deadline (plus ``DEADLINE_GRACE_S``) or ``STEP_WAIT_S`` without one, and a place
+among a step's requests in flight (``max_inflight_requests``) until that deadline too, and
+only while the request has no answer (a caller that left cancelled it). Step answers live
+under their result keys for ``redis.result_ttl_s``, like any answer.
 
 Liveness: the runner heartbeats in the ensemble's worker registry (``worker_registry_key``;
 a runner that a model host started names there the model table's generation it serves, as
@@ -76,7 +78,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeAlias
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -491,6 +493,8 @@ class EnsembleRunner:
         started = time.monotonic()
         try:
             outputs = self._outputs(req, await self._run_graph(req, priority))
+        except AnsweredMeanwhile:
+            return None  # cancelled by its caller while it waited: the answer is stored
         except Exception as exc:
             return self._failed(req, version, exc)
         result = InferResult(req.id, self.model, version, outputs, worker=self.id)
@@ -607,7 +611,7 @@ class EnsembleRunner:
         sreq = step_request(req, step, fed, reply_stream=self.reply_stream, priority=priority)
         spec = self.step_specs.get(step.model_name)
         responses = self.step_responses.read(req.id, sreq, step, spec, self._waits(sreq))
-        reading = _holding(self._room(step), responses)
+        reading = _holding(self._room(step, req), responses)
 
         async def branch(response: InferResult) -> dict[str, Tensor] | None:
             have = await asyncio.shield(before)  # every step beside the decoupled one
@@ -718,14 +722,14 @@ class EnsembleRunner:
         sreq = step_request(
             req, step, have, reply_stream=self.reply_stream, priority=priority, branch=branch
         )
-        return step_outputs(step, await self._call(sreq, step))
+        return step_outputs(step, await self._call(req, sreq, step))
 
-    async def _call(self, sreq: InferRequest, step: EnsembleStep) -> InferResult:
+    async def _call(self, req: InferRequest, sreq: InferRequest, step: EnsembleStep) -> InferResult:
         """The step's answer: stored already (a replay), or published and awaited."""
         stored = await self.lookup.get(sreq.id)
         if stored is not None:
             return stored
-        async with self._room(step):
+        async with self._room(step, req):
             mux = await self.producer.replies()
             fut = mux.expect(sreq.id)  # before publishing: the reply may beat the ack
             try:
@@ -739,10 +743,54 @@ class EnsembleRunner:
             finally:
                 mux.forget(sreq.id)
 
-    def _room(self, step: EnsembleStep) -> contextlib.AbstractAsyncContextManager[Any]:
+    @contextlib.asynccontextmanager
+    async def _room(self, step: EnsembleStep, req: InferRequest) -> AsyncIterator[None]:
         """A place among the step's requests in flight (``max_inflight_requests``; none
-        needed without it)."""
-        return self._step_room.get(step.index) or contextlib.nullcontext()
+        needed without it), held for the body, for ensemble request ``req``."""
+        room = self._step_room.get(step.index)
+        if room is None:
+            yield
+            return
+        await self._take_room(room, step, req)
+        try:
+            yield
+        finally:
+            room.release()
+
+    async def _take_room(
+        self, room: asyncio.Semaphore, step: EnsembleStep, req: InferRequest
+    ) -> None:
+        """Wait for a place in ``room``, in turn, until the request's deadline (plus
+        ``DEADLINE_GRACE_S``; without one, as long as it takes), looking at the request's
+        own answer every ``RESULT_POLL_S``: StepFailed (timeout) past the deadline,
+        AnsweredMeanwhile once its caller cancelled it."""
+        until = None
+        if req.deadline_ms is not None:
+            left_s = max(0.0, req.deadline_ms / 1000 - time.time()) + DEADLINE_GRACE_S
+            until = time.monotonic() + left_s
+        taking = asyncio.ensure_future(room.acquire())  # one place in the queue, kept
+        try:
+            while True:
+                wait_s = RESULT_POLL_S
+                if until is not None:
+                    wait_s = min(wait_s, max(0.0, until - time.monotonic()))
+                done, _ = await asyncio.wait({taking}, timeout=wait_s)
+                if done:
+                    return
+                if await self.lookup.get(req.id) is not None:
+                    raise AnsweredMeanwhile(req.id)
+                if until is not None and time.monotonic() >= until:
+                    message = (
+                        f"{step.label}: no place among its {self.spec.max_inflight_requests} "
+                        "requests in flight (max_inflight_requests) before the deadline"
+                    )
+                    raise StepFailed(ErrorInfo(DeadlineExceeded.code, message))
+        except BaseException:
+            # a place that came as the wait ended is given back, even should this task
+            # be cancelled again meanwhile (a cancelled acquire holds none)
+            taking.add_done_callback(lambda t: _release_taken(room, t))
+            taking.cancel()
+            raise
 
     async def _await_step(
         self, fut: asyncio.Future[InferResult], sreq: InferRequest, step: EnsembleStep
@@ -875,6 +923,12 @@ def _check_step_versions(
                 f"served (its version policy serves {served})",
                 field=f"ensemble_scheduling.step[{step.index}].model_version",
             )
+
+
+def _release_taken(room: asyncio.Semaphore, taking: asyncio.Future[Any]) -> None:
+    """Give back the place in ``room`` that ``taking`` (its ``acquire``) got, if any."""
+    if not taking.cancelled() and taking.exception() is None:
+        room.release()
 
 
 async def _holding(

@@ -13,8 +13,11 @@ one, from wherever they are:
   answered before this runner asked (a replayed ensemble request: the step's worker skips
   an answered request, so nothing comes on the stream), or when a response is missing from
   the stream (a step request run twice: its second run adds to the stream only the
-  responses its first run did not write). A gap in the indices, or a final answer found on
-  the result key while the stream is silent, is filled from those keys in one ``MGET``.
+  responses its first run did not write), or when the runner read too slowly (its
+  branches all busy while the step streams on: the stream, past ``MAX_PENDING_RESPONSES``
+  waiting, ends with QueueFull, and the runner reads on from a new one). A gap in the
+  indices, or a final answer found on the result key while the stream is silent, is filled
+  from those keys, ``STORED_CHUNK`` a ``MGET``.
 
 ``ordered`` runs the branches, at most ``BRANCH_WINDOW`` at once for one ensemble request,
 and hands their results out in the order of the step's responses (a branch that finishes
@@ -37,7 +40,7 @@ import redis.asyncio as aioredis
 from plaza.codec import decode_result
 from plaza.contract import ErrorInfo, InferRequest, InferResult
 from plaza.ensembles import EnsembleStep
-from plaza.errors import DeadlineExceeded, PlazaError
+from plaza.errors import DeadlineExceeded, PlazaError, QueueFull
 from plaza.modelconfig import ModelSpec
 from plaza.naming import Names
 from plaza.producer import Producer
@@ -50,7 +53,11 @@ T = TypeVar("T")
 
 BRANCH_WINDOW = 16
 """Branches of one ensemble request running at once; the step's next responses wait on the
-reply stream (at most ``MAX_PENDING_RESPONSES``) until one finishes."""
+reply stream (at most ``MAX_PENDING_RESPONSES``; past that, under their response keys)
+until one finishes."""
+STORED_CHUNK = 256
+"""Responses read from their response keys by one ``MGET`` (a long gap, a chunk at a
+time, so that the runner never holds more of them)."""
 
 
 class StepFailed(Exception):
@@ -117,17 +124,21 @@ class StepResponses:
         to the next one): ``cancel`` does."""
         stored = await self._lookup.get(sreq.id)
         if stored is not None:  # answered before this runner asked: a replay
-            for result in await self._stored(sreq.id, 0, stored, step):
+            async for result in self._stored(sreq.id, 0, stored, step):
                 yield result
             return
         mux = await self._producer.replies()
-        stream = mux.expect_responses(sreq.id, MAX_PENDING_RESPONSES)  # before publishing
+
+        def listen() -> ResponseStream:
+            return mux.expect_responses(sreq.id, MAX_PENDING_RESPONSES)
+
+        stream = listen()  # before publishing
         try:
             try:
                 await self._producer.publish_many([(sreq, spec)])
             except PlazaError as exc:
                 raise StepFailed(ErrorInfo(exc.code, f"{step.label}: {exc.message}")) from exc
-            async for result in self._follow(owner, sreq, step, stream, waits):
+            async for result in self._follow(owner, sreq, step, (stream, listen), waits):
                 yield result
         finally:
             mux.forget(sreq.id)
@@ -143,9 +154,12 @@ class StepResponses:
         owner: str,
         sreq: InferRequest,
         step: EnsembleStep,
-        stream: ResponseStream,
+        streams: tuple[ResponseStream, Callable[[], ResponseStream]],
         waits: Waits,
     ) -> AsyncIterator[InferResult]:
+        """The responses from ``streams`` (the first one, and how to listen anew), in
+        order, each once: what a stream missed comes from the response keys."""
+        stream, listen = streams
         nxt = 0
         getter: asyncio.Task[InferResult] | None = None
         give_up = waits.give_up()
@@ -160,7 +174,11 @@ class StepResponses:
                         result = getter.result()
                     except StopAsyncIteration:  # only after a final one, which ends us first
                         return
-                    except PlazaError as exc:  # the stream overflowed, or the reader stopped
+                    except QueueFull:  # this runner read too slowly: the step streamed on
+                        # (into its response keys); listen anew, the gap is read from those
+                        getter, stream = None, listen()
+                        continue
+                    except PlazaError as exc:  # the reply reader stopped
                         error = ErrorInfo(exc.code, f"{step.label}: {exc.message}")
                         raise StepFailed(error) from exc
                     getter = None
@@ -169,7 +187,7 @@ class StepResponses:
                         look_at_owner = time.monotonic() + waits.poll_s
                     if result.index < nxt:
                         continue
-                    for earlier in await self._stored_range(sreq.id, nxt, result.index, step):
+                    async for earlier in self._from_keys(sreq.id, nxt, result.index, step):
                         yield earlier
                     yield result
                     if result.final:
@@ -181,7 +199,7 @@ class StepResponses:
                 look_at_owner = time.monotonic() + waits.poll_s
                 stored = await self._lookup.get(sreq.id)
                 if stored is not None:  # answered on its keys only (its worker skipped it)
-                    for result in await self._stored(sreq.id, nxt, stored, step):
+                    async for result in self._stored(sreq.id, nxt, stored, step):
                         yield result
                     return
                 if time.monotonic() > give_up:
@@ -199,13 +217,25 @@ class StepResponses:
 
     async def _stored(
         self, rid: str, start: int, final: InferResult, step: EnsembleStep
-    ) -> list[InferResult]:
+    ) -> AsyncIterator[InferResult]:
         """Responses ``start``.. of a request whose final answer is ``final``. A final
         answer numbered before ``start`` (a ``cancelled`` stored by someone else while the
         step streamed) comes alone: it ends the reading with its error."""
-        if final.index < start:
-            return [final]
-        return [*await self._stored_range(rid, start, final.index, step), final]
+        if final.index >= start:
+            async for result in self._from_keys(rid, start, final.index, step):
+                yield result
+        yield final
+
+    async def _from_keys(
+        self, rid: str, start: int, stop: int, step: EnsembleStep
+    ) -> AsyncIterator[InferResult]:
+        """Responses ``start`` to ``stop - 1`` from their response keys, ``STORED_CHUNK``
+        a round trip, each chunk read once the ones before it are taken."""
+        for first in range(start, stop, STORED_CHUNK):
+            for result in await self._stored_range(
+                rid, first, min(stop, first + STORED_CHUNK), step
+            ):
+                yield result
 
     async def _stored_range(
         self, rid: str, start: int, stop: int, step: EnsembleStep
