@@ -14,23 +14,26 @@ contract of docs/protocol.md and need only Kafka and Redis (no gateway).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import numbers
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
     Coroutine,
     Generator,
     Iterable,
+    Iterator,
     Mapping,
     Sequence,
 )
 from concurrent.futures import CancelledError
 from concurrent.futures import Future as ConcurrentFuture
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -134,6 +137,23 @@ def _deadline_ms(timeout_s: float | None, now_ms: int) -> int | None:
     return deadline
 
 
+def _wait_s(value: float, name: str) -> float:
+    """A call's wait (``timeout_s``, ``interval_s``) as seconds: InvalidInput, before
+    anything is published or polled, for a bool, a non-number, NaN, an infinite one or one
+    <= 0 (a call that may not wait cannot be answered; NaN would never time out)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInput(
+            f"{name} must be a number of seconds, not a {type(value).__name__} ({repr(value)[:80]})"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInput(f"{name} must be a finite number > 0, got {repr(value)[:80]}")
+    return seconds
+
+
 def _tensors(inputs: Inputs) -> tuple[Tensor, ...]:
     """The request's input tensors: ``inputs`` maps names to numpy arrays, or is a
     sequence of ``Tensor``; InvalidInput for anything else (a Python list or number is
@@ -195,6 +215,15 @@ class PlazaClient:
         self._specs: dict[str, ModelSpec] = {}
         self._unread: dict[str, float] = {}
         """Models of the repository whose config did not read: when it last failed."""
+        self._stopped = False
+        self._calls: dict[asyncio.Task[Any], asyncio.Future[None]] = {}
+        """The tasks polling Redis in a call (``result``, ``poll``, ``consume``, ``ack``),
+        each with the future its call sets once it has ended: ``stop`` cancels them."""
+        self._ended: set[asyncio.Task[Any]] = set()
+        """The tasks of ``_calls`` that ``stop`` cancelled (they end in Unavailable)."""
+        self._waiting: set[str] = set()
+        """The correlation ids of this client's ``infer`` and ``infer_stream`` calls in
+        flight: their answers are told apart by id alone."""
 
     async def start(self) -> None:
         """Connect; a start that fails closes what it opened (its producer, its Redis pool).
@@ -207,8 +236,55 @@ class PlazaClient:
             raise
 
     async def stop(self) -> None:
+        """Stop: a call polling Redis is cancelled and waited for (it raises Unavailable),
+        as are the ``infer`` and ``infer_stream`` calls still waiting; a call after it
+        raises Unavailable at once."""
+        self._stopped = True
+        current = asyncio.current_task()
+        ends = [end for task, end in self._calls.items() if task is not current]
+        for task in self._calls:
+            if task is not current:
+                self._ended.add(task)
+                task.cancel()
+        if ends:
+            await asyncio.wait(ends, timeout=self.settings.producer.stop_timeout_s)
         await self.producer.stop()
         await self._redis.aclose()
+
+    def _check_open(self) -> None:
+        if self._stopped:
+            raise Unavailable("the client is stopped")
+
+    @asynccontextmanager
+    async def _call(self) -> AsyncIterator[None]:
+        """Run a call that reads Redis as one ``stop`` may end: Unavailable once stopped,
+        and when ``stop`` cancels it (a cancellation of its own is not absorbed)."""
+        self._check_open()
+        task = asyncio.current_task()
+        if task is None or task in self._calls:  # no task, or a call within a call
+            yield
+            return
+        end: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._calls[task] = end
+        try:
+            yield
+        except asyncio.CancelledError:
+            if task not in self._ended or task.uncancel() > 0:
+                raise
+            raise Unavailable("the client was stopped before the call ended") from None
+        except Unavailable:
+            if task in self._ended and task.cancelling():
+                task.uncancel()  # stop's cancel, absorbed below (redis-py may)
+            raise
+        else:
+            if task in self._ended:  # stop's cancel came, and was absorbed below
+                if task.cancelling():
+                    task.uncancel()
+                raise Unavailable("the client was stopped before the call ended")
+        finally:
+            del self._calls[task]
+            self._ended.discard(task)
+            end.set_result(None)
 
     async def __aenter__(self) -> PlazaClient:
         await self.start()
@@ -256,10 +332,32 @@ class PlazaClient:
     ) -> InferResult:
         """Publish one request and wait for its answer on this client's reply stream.
 
-        On timeout raises DeadlineExceeded with ``details["job_id"]`` (poll it)."""
-        req = make_request(model, inputs, **options)
-        result = await self.producer.infer(req, await self._spec(model), timeout_s)
+        ``timeout_s`` (a finite number > 0) bounds the wait and is the request's deadline
+        (``deadline_ms``): a worker that takes it later answers it ``timeout`` rather than
+        run it. On timeout raises DeadlineExceeded with ``details["job_id"]`` (poll it).
+        InvalidInput for a ``correlation_id`` that a call of this client still waits on."""
+        self._check_open()
+        wait_s = _wait_s(timeout_s, "timeout_s")
+        req = make_request(model, inputs, timeout_s=wait_s, **options)
+        with self._awaiting(req.id):
+            result = await self.producer.infer(req, await self._spec(model), wait_s)
         return raise_for_error(result) if raise_on_error else result
+
+    @contextlib.contextmanager
+    def _awaiting(self, correlation_id: str) -> Iterator[None]:
+        """Hold ``correlation_id`` for a call awaiting its answer; InvalidInput when
+        another call of this client holds it (one of the two would wait in vain)."""
+        if correlation_id in self._waiting:
+            raise InvalidInput(
+                f"correlation_id {correlation_id[:200]!r} is already in flight on this "
+                "client: give each concurrent call its own",
+                correlation_id=correlation_id[:200],
+            )
+        self._waiting.add(correlation_id)
+        try:
+            yield
+        finally:
+            self._waiting.discard(correlation_id)
 
     async def infer_stream(
         self,
@@ -279,17 +377,23 @@ class PlazaClient:
         its responses). ``raise_on_error``: a response that carries an error is raised,
         ending the stream. Leaving the stream early (``break``; close it with
         ``contextlib.aclosing`` so that this happens at once) stores a ``cancelled`` answer
-        for the request, as a cancelled ``infer`` does."""
+        for the request, as a cancelled ``infer`` does. ``timeout_s`` is a finite number
+        > 0; it is no deadline of the request (a stream may outlast it). InvalidInput for a
+        ``correlation_id`` that a call of this client still waits on."""
+        self._check_open()
+        wait_s = _wait_s(timeout_s, "timeout_s")
         req = make_request(model, inputs, **options)
-        responses = self.producer.infer_stream(req, await self._spec(model), timeout_s)
-        async with aclosing(responses):
-            async for result in responses:
-                if result.empty:
-                    continue
-                yield raise_for_error(result) if raise_on_error else result
+        with self._awaiting(req.id):
+            responses = self.producer.infer_stream(req, await self._spec(model), wait_s)
+            async with aclosing(responses):
+                async for result in responses:
+                    if result.empty:
+                        continue
+                    yield raise_for_error(result) if raise_on_error else result
 
     async def submit(self, model: str, inputs: Inputs, **options: Any) -> str:
         """Publish an async job; returns its id (poll it with ``poll`` or ``result``)."""
+        self._check_open()
         req = make_request(model, inputs, **options)
         return await self.producer.submit(req, await self._spec(model))
 
@@ -303,6 +407,7 @@ class PlazaClient:
         repository does not hold, PayloadTooLarge, QueueFull for a queue without room for
         the batch (``Producer.publish_many``); each time nothing of the batch is sent. A
         failure after the first send carries ``details["published_ids"]``."""
+        self._check_open()
         batch = list(requests)
         for req in batch:
             self._check_reply_stream(req)
@@ -326,8 +431,9 @@ class PlazaClient:
     async def poll(self, job_id: str) -> JobStatus:
         """pending, done (with the result; a decoupled model's job with every response,
         ``JobStatus.responses``) or unknown; Unavailable when Redis does not answer within
-        ``plaza.producer.POLL_TIMEOUT_S``."""
-        return await self.producer.poll(job_id)
+        ``plaza.producer.POLL_TIMEOUT_S``, or once the client is stopped."""
+        async with self._call():
+            return await self.producer.poll(job_id)
 
     async def result(
         self,
@@ -341,9 +447,20 @@ class PlazaClient:
 
         Each poll waits for Redis no longer than the time left (Unavailable past it, at the
         deadline). A job this client submitted whose marker Redis did not take (out of
-        memory, no answer) is pending, not unknown, until its result is stored."""
+        memory, no answer) is pending, not unknown, until its result is stored.
+        InvalidInput for a ``timeout_s`` or ``interval_s`` that is not a finite number > 0;
+        Unavailable once the client is stopped (``stop`` ends a call in flight)."""
+        timeout_s = _wait_s(timeout_s, "timeout_s")
+        interval_s = _wait_s(interval_s, "interval_s")
+        async with self._call():
+            return await self._result(job_id, timeout_s, interval_s, raise_on_error)
+
+    async def _result(
+        self, job_id: str, timeout_s: float, interval_s: float, raise_on_error: bool
+    ) -> InferResult:
         deadline = time.monotonic() + timeout_s
         while True:
+            self._check_open()  # a cancellation by stop may be absorbed below
             left_s = deadline - time.monotonic()
             status = await self.producer.poll(job_id, timeout_s=max(left_s, LAST_POLL_S))
             if status.result is not None:
@@ -366,10 +483,16 @@ class PlazaClient:
         each entry once processed. Unavailable when Redis does not answer or refuses the
         read; a group that is gone (Redis restarted empty, the stream expired or evicted)
         is made again and read on (``consume_stream``)."""
+        self._check_open()
         options.setdefault("keep_alive_s", self.settings.redis.reply_stream_ttl_s)
         entries = consume_stream(self._redis, stream, group, consumer, **options)
         try:
-            async for entry in entries:
+            while True:
+                async with self._call():
+                    try:
+                        entry = await anext(entries)
+                    except StopAsyncIteration:
+                        return
                 yield entry
         except REDIS_ERRORS as exc:
             raise Unavailable(redis_failure(exc)) from exc
@@ -380,7 +503,8 @@ class PlazaClient:
         """Acknowledge a processed entry of ``stream`` (XACK); Unavailable when Redis
         does not answer."""
         try:
-            await ack_entry(self._redis, stream, group, entry_id)
+            async with self._call():
+                await ack_entry(self._redis, stream, group, entry_id)
         except REDIS_ERRORS as exc:
             raise Unavailable(redis_failure(exc)) from exc
 
@@ -389,7 +513,8 @@ class SyncPlazaClient:
     """A blocking wrapper: the async client runs on a private event loop thread.
 
     Its calls may come from several threads. ``close`` ends the calls still waiting, in any
-    thread, with Unavailable; a call after it raises Unavailable at once."""
+    thread, with Unavailable; a call after it raises Unavailable at once. A client dropped
+    without ``close`` is closed when it is garbage collected (its loop thread ends)."""
 
     def __init__(self, settings: PlazaSettings | None = None) -> None:
         self._closed = False
@@ -404,6 +529,7 @@ class SyncPlazaClient:
         except BaseException:  # no loop thread left behind by a client that did not start
             self._stop_loop()
             raise
+        self._finalizer = weakref.finalize(self, _shut_down, self._client, self._loop, self._thread)
 
     @staticmethod
     async def _make(settings: PlazaSettings | None) -> PlazaClient:
@@ -465,22 +591,39 @@ class SyncPlazaClient:
         """Stop the client: the calls still waiting end (Unavailable), then its loop."""
         if self._closed:
             return
-        stop = self._client.stop()
         self._closed = True  # from here on, a call is refused
-        asyncio.run_coroutine_threadsafe(_stop_all(stop), self._loop).result()
-        self._stop_loop()
+        self._finalizer()
 
     def _stop_loop(self) -> None:
         self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        _end_loop(self._loop, self._thread)
 
     def __enter__(self) -> SyncPlazaClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _shut_down(
+    client: PlazaClient, loop: asyncio.AbstractEventLoop, thread: threading.Thread
+) -> None:
+    """Stop a ``SyncPlazaClient``'s client and its loop thread (``close``, or its garbage
+    collection); where the collection runs on the loop thread itself, the loop is only
+    told to stop (waiting on it there would wait for ever)."""
+    if loop.is_closed():
+        return
+    if threading.current_thread() is thread:
+        loop.stop()
+        return
+    asyncio.run_coroutine_threadsafe(_stop_all(client.stop()), loop).result()
+    _end_loop(loop, thread)
+
+
+def _end_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=5)
+    loop.close()
 
 
 async def _stop_all(stop: Coroutine[Any, Any, None]) -> None:
