@@ -678,6 +678,27 @@ def _fill_in(config: mc.ModelConfig, platform: str) -> None:
         config.default_model_filename = DEFAULT_FILENAMES.get(platform, "")
 
 
+def _fill_instance_groups(config: mc.ModelConfig, platform: str) -> None:
+    """Fill ``config``'s instance groups in as Triton's normalized config shows them, after
+    they are read (``_instance_groups``: the spec keeps them as written, a negative count
+    already refused): one group where there is none, and each group's ``name`` (by default
+    ``<model>_<group index>``, the prefix of its Python instances' names), ``kind`` and
+    ``count``. ``KIND_AUTO`` (also a kind left out: proto3 cannot tell them apart) is shown
+    as ``KIND_CPU``: the gateway does not know the worker's device, and a worker runs on its
+    own (``worker.device``) whatever the kind. A count left out is Plaza's 1 (Triton's
+    default is 2 for onnxruntime on the CPU). An ensemble has no instances: none is added."""
+    if platform == PLATFORM_ENSEMBLE:
+        return
+    if not config.instance_group:
+        config.instance_group.add()
+    for i, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{i}"
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+        group.count = max(1, group.count)
+
+
 def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str) -> ModelSpec:
     name = config.name or default_name
     if config.name and config.name != default_name:
@@ -694,6 +715,7 @@ def _spec_from_config(config: mc.ModelConfig, *, source: str, default_name: str)
     _refuse_unbuilt(config, platform, source)
     batching = config.max_batch_size > 0
     groups = _instance_groups(config, source)
+    _fill_instance_groups(config, platform)
     inputs = _tensor_specs(config.input, "input", source, batching)
     outputs = _tensor_specs(config.output, "output", source, batching)
     return ModelSpec(

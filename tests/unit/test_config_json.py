@@ -125,7 +125,9 @@ def test_fields_at_their_default_are_printed() -> None:
     assert config["input"][0]["format"] == "FORMAT_NONE"
     assert config["input"][0]["optional"] is False
     assert config["output"][0]["label_filename"] == ""
-    assert config["instance_group"] == [] and config["parameters"] == {}
+    assert config["parameters"] == {}
+    [group] = config["instance_group"]  # filled, as Triton's normalized config shows it
+    assert (group["kind"], group["count"]) == ("KIND_CPU", 1)
     assert "dynamic_batching" not in config  # a block not set stays out, as in Triton
 
 
