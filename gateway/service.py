@@ -235,11 +235,21 @@ class GatewayService:
 
     async def _follow(self) -> None:
         before = set(self.models)
+        served = self._request_topics()
         await self.registry.follow()
+        self._forget_topics(served)
         if set(self.models) - before:
             topics = self._request_topics()
             await ensure_topics(self.settings.kafka, topics)
             self._require(self._producer).topics_made(topics)
+
+    def _forget_topics(self, served: list[str]) -> None:
+        """Of ``served`` (the request topics before a change), those of models no longer
+        served: this gateway's publisher stops making them again when they are deleted
+        (an operator retiring an unloaded model's topics)."""
+        gone = set(served).difference(self._request_topics())
+        if gone and self._producer is not None:
+            self._producer.forget_topics(gone)
 
     def _refused(self, name: str) -> None:
         """``name`` is no longer served: the hosts refused its load and no worker of it
@@ -354,7 +364,11 @@ class GatewayService:
         """Triton's unload: stop accepting requests for ``name`` (and, with ``dependents``,
         for the ensembles that call it); their workers answer what is already queued, then
         stop (whoever runs them watches the model table)."""
-        await self.registry.unload(name, dependents)
+        served = self._request_topics()
+        try:
+            await self.registry.unload(name, dependents)
+        finally:
+            self._forget_topics(served)
 
     async def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         """Triton's repository index: every model of the repository, with its state."""

@@ -280,6 +280,11 @@ class Producer:
         as models load): requests to them are published without making them again."""
         self._publisher.topics_made(topics)
 
+    def forget_topics(self, topics: set[str]) -> None:
+        """Request topics of models no longer served: deleted, they are not made again
+        (a later publish to one makes it again)."""
+        self._publisher.forget_topics(topics)
+
     async def replies(self) -> ReplyMux:
         """The reply multiplexer, started on first use (clients that only submit jobs
         never create a reply stream)."""

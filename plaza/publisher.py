@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -48,7 +48,16 @@ class RequestPublisher:
         self._names = names
         self._producer: AIOKafkaProducer | None = None
         self._known_topics: set[str] = set()
+        """The topics this publisher keeps: made again when deleted (``forget_topics``)."""
+        self._made: set[str] = set()
+        """Topics this publisher made that the producer's metadata has not held since: a
+        send to one waits for the producer to fetch their metadata, without making them
+        again (``_make_if_missing``)."""
+        self._tracked: set[str] = set()
+        """Topics sent to: the producer's metadata refreshes ask for these only (for every
+        topic before the first send), so only these can leave it by being deleted."""
         self._creating: SingleFlight[str, None] = SingleFlight()
+        self._asking: SingleFlight[str, bool] = SingleFlight()
         self._in_metadata: set[str] = set()
         self._remaking: set[asyncio.Task[None]] = set()
 
@@ -62,6 +71,7 @@ class RequestPublisher:
             task.cancel()
         await asyncio.gather(*self._remaking, return_exceptions=True)
         await self._creating.close()
+        await self._asking.close()
         if self._producer is not None:
             await self._producer.stop()
             self._producer = None
@@ -79,6 +89,7 @@ class RequestPublisher:
             async with asyncio.timeout(limit_s):
                 await (await self.send(req, topic))
         except TimeoutError:
+            self._made.discard(topic)  # deleted before the producer saw it: check again
             raise Unavailable(
                 f"Kafka did not acknowledge the request within {limit_s:g} s"
             ) from None
@@ -144,17 +155,16 @@ class RequestPublisher:
             except UnknownTopicOrPartitionError:
                 # Deleted after the check in _send_value: nothing was queued (aiokafka
                 # raises it before taking the record), so one more try cannot duplicate it.
-                self._known_topics.discard(topic)
+                self._made.discard(topic)
                 return await self._send_value(req, topic, value)
         except Exception as exc:
             raise Unavailable(f"Kafka did not take the request: {exc}") from exc
 
     async def _send_value(self, req: InferRequest, topic: str, value: bytes) -> asyncio.Future[Any]:
-        """Queue ``value`` to ``topic``, making the topic first when it is new to this
-        publisher (or was deleted since: ``_metadata_updated``)."""
+        """Queue ``value`` to ``topic``, making the topic first when it may be missing
+        (``_make_if_missing``)."""
         assert self._producer is not None
-        if topic not in self._known_topics:
-            await self._ensure_topic(topic)
+        await self._make_if_missing(topic)
         partition = await self._sequence_partition(req, topic)
         fut: asyncio.Future[Any] = await self._producer.send(
             topic,
@@ -165,10 +175,50 @@ class RequestPublisher:
         )
         return fut
 
+    async def _make_if_missing(self, topic: str) -> None:
+        """Make ``topic`` unless the producer's metadata holds it (or this publisher made it
+        since that last lacked it): Kafka would hold a send to a missing topic for
+        ``kafka.request_timeout_ms``, then fail it. A topic new to this publisher is made
+        at once; one its owner made (``topics_made``) is first asked of the producer's
+        metadata, once, as that is fetched for the topics sent to only. Set and dict
+        lookups alone on the usual path, as this runs on every send."""
+        if topic in self._made:
+            return
+        assert self._producer is not None
+        client = self._producer.client
+        if topic in self._known_topics:
+            if client.cluster.partitions_for_topic(topic) is not None:
+                return
+            if topic not in self._tracked and await self._asking.run(
+                topic, lambda: self._in_fetched_metadata(topic)
+            ):
+                return
+        await self._ensure_topic(topic)
+        self._known_topics.add(topic)
+        self._tracked.add(topic)
+
+    async def _in_fetched_metadata(self, topic: str) -> bool:
+        """Have the producer fetch ``topic``'s metadata (and track it from now on): whether
+        that holds it."""
+        assert self._producer is not None
+        client = self._producer.client
+        client.add_topic(topic)
+        await client.force_metadata_update()
+        self._tracked.add(topic)
+        return client.cluster.partitions_for_topic(topic) is not None
+
     def topics_made(self, topics: list[str]) -> None:
-        """``topics`` exist (their owner just made them with ``ensure_topics``): the first
-        sends to them go at once, without a creation of their own."""
+        """``topics`` were made by their owner with ``ensure_topics`` (a gateway's models'
+        request topics): this publisher keeps them, making them again when deleted, until
+        ``forget_topics``. The first send to each checks once that it still exists."""
         self._known_topics.update(topics)
+
+    def forget_topics(self, topics: Iterable[str]) -> None:
+        """Stop keeping ``topics`` (their model is no longer served here): a deletion of
+        one is left alone. A later send to one makes it again and keeps it again."""
+        for topic in topics:
+            self._known_topics.discard(topic)
+            self._made.discard(topic)
 
     async def _ensure_topic(self, topic: str) -> None:
         """Create ``topic`` if Kafka lacks it, once per publisher: the sends that come while
@@ -178,27 +228,30 @@ class RequestPublisher:
 
         async def create() -> None:
             await ensure_topics(self._kafka, [topic])
-            self._known_topics.add(topic)
+            self._made.add(topic)
 
         await self._creating.run(topic, create)
 
     def _metadata_updated(self, cluster: ClusterMetadata) -> None:
-        """A topic that left the producer's metadata was deleted (an operator purging a
-        backlog): make it again at once, with the configured partitions and replication,
-        so that the records waiting for it in the producer (aiokafka retries them, never
-        twice) and the sends after them go through. The producer learns of it at its next
-        metadata refresh (``kafka.metadata_max_age_ms``) or when a send to it is refused."""
+        """A topic this publisher sent to and keeps (``forget_topics``) that left the
+        producer's metadata was deleted (an operator purging a backlog): make it again at
+        once, with the configured partitions and replication, so that the records waiting
+        for it in the producer (aiokafka retries them, never twice) and the sends after them
+        go through. The producer learns of it at its next metadata refresh
+        (``kafka.metadata_max_age_ms``) or when a send to it is refused."""
         present = cluster.topics()
-        lost = (self._in_metadata - present) & self._known_topics
+        lost = (self._in_metadata - present) & self._known_topics & self._tracked
         self._in_metadata = present
+        self._made = {topic for topic in self._made if topic not in present}
         for topic in lost:
             log.warning("topic %s was deleted; making it again", topic)
-            self._known_topics.discard(topic)
             task = asyncio.get_running_loop().create_task(self._remake(topic))
             self._remaking.add(task)
             task.add_done_callback(self._remaking.discard)
 
     async def _remake(self, topic: str) -> None:
+        if topic not in self._known_topics:
+            return  # forgotten meanwhile
         try:
             await self._ensure_topic(topic)
         except PlazaError as exc:  # the next send to it tries again
