@@ -297,9 +297,12 @@ def check_tensors(
     read it, a step output and the step inputs that read it, a step output and the ensemble
     output it is. Shapes compare as clients see them: ``dims`` (a step's ``reshape`` is
     undone on its worker before a tensor leaves it), behind a batch dim when the model
-    batches; -1 matches any size."""
+    batches; -1 matches any size. A batching step model must allow the ensemble's
+    ``max_batch_size`` (a non-batching one may serve a batching ensemble, as Triton allows,
+    where the shapes along its edges agree)."""
     for step in ensemble.ensemble_steps:
         _check_names(step, step_models[step.model_name], source)
+        _check_batch_size(ensemble, step, step_models[step.model_name], source)
     made: dict[str, tuple[str, ConfiguredTensor, int]] = {
         t.name: ("ensemble input", t, ensemble.max_batch_size) for t in ensemble.inputs
     }
@@ -334,6 +337,21 @@ def _check_names(step: EnsembleStep, model: ConfiguredModel, source: str) -> Non
                 f"{_where(step)}.{kind}_map",
                 f"{step.label}: the model has no {kind} {unknown} (it has {known})",
             )
+
+
+def _check_batch_size(
+    ensemble: ConfiguredModel, step: EnsembleStep, model: ConfiguredModel, source: str
+) -> None:
+    """ConfigError for a batching step model whose ``max_batch_size`` is below the
+    ensemble's: a full batch of the ensemble could not run on it."""
+    if 0 < model.max_batch_size < ensemble.max_batch_size:
+        raise _fail(
+            source,
+            "max_batch_size",
+            f"{step.label}: the ensemble allows maximum batch size {ensemble.max_batch_size}, "
+            f"but model '{step.model_name}' only allows maximum batch size "
+            f"{model.max_batch_size}",
+        )
 
 
 def _check_edge(

@@ -284,42 +284,97 @@ class LoadedModel:
     versions: tuple[int, ...]
 
 
-def read_model(repo: ModelRepository, name: str, config: str = "") -> LoadedModel:
+def read_model(
+    repo: ModelRepository,
+    name: str,
+    config: str = "",
+    loaded: Mapping[str, ServedConfig] | None = None,
+) -> LoadedModel:
     """``name``'s spec (``model_spec``) and the versions its policy selects, each with its
-    model file checked; ModelNotFound or ConfigError (an ensemble's: ``step_specs``)."""
+    model file checked; ModelNotFound or ConfigError (an ensemble's: ``step_specs``, with
+    ``loaded``, the records of the step models loaded already)."""
     spec = model_spec(repo, name, config)
-    step_specs(repo, spec)
+    step_specs(repo, spec, loaded)
     return LoadedModel(spec, tuple(v.version for v in repo.served_versions(name, spec)))
 
 
-def step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
+def step_specs(
+    repo: ModelRepository, spec: ModelSpec, loaded: Mapping[str, ServedConfig] | None = None
+) -> dict[str, ModelSpec]:
+    """The config of each model the ensemble ``spec`` runs in a step ({} for a model that
+    is no ensemble), checked as Triton checks an ensemble at load: a step model in
+    ``loaded`` (the records of those loaded already, ``loaded_records``) as it is loaded
+    (``pinned_spec``: its config, its policy narrowed to the versions it serves), any
+    other as the repository reads it (a load loads it along). ConfigError naming the step
+    for a step model that cannot be read, a tensor it does not have, a datatype or shape
+    that differs along an edge, a maximum batch size above a step's (``check_tensors``),
+    ensembles that call each other (``check_nesting``), and a nested ensemble that fails
+    these checks."""
+    if not spec.is_ensemble:
+        return {}
+    loaded = {} if loaded is None else loaded
+    source = str(repo.config_path(repo.root / spec.name))
+    specs: dict[str, ModelSpec] = {}
+    for step in spec.ensemble_steps:
+        if step.model_name not in specs:
+            specs[step.model_name] = _step_spec(repo, step, source, loaded)
+    check_nesting(spec.name, _steps_reader(repo, spec, specs, loaded), source=source)
+    check_tensors(spec, specs, source=source)
+    for step in spec.ensemble_steps:
+        try:
+            step_specs(repo, specs[step.model_name], loaded)
+        except ConfigError as exc:
+            raise _step_failed(source, step, exc) from exc
+    return specs
+
+
+def step_models(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
     """The repository's config of each model the ensemble ``spec`` runs in a step ({} for
-    a model that is no ensemble), checked as Triton checks an ensemble at load. ConfigError
-    naming the step for a step model that cannot be read, a tensor it does not have, a
-    datatype or shape that differs along an edge (``check_tensors``), ensembles that call
-    each other (``check_nesting``), and a nested ensemble that fails these checks."""
+    a model that is no ensemble), checked only where what the steps are loaded with does
+    not matter: ConfigError naming the step for ensembles that call each other
+    (``check_nesting``) or a step model that cannot be read. ``step_specs`` checks the
+    rest."""
     if not spec.is_ensemble:
         return {}
     source = str(repo.config_path(repo.root / spec.name))
     specs: dict[str, ModelSpec] = {}
     for step in spec.ensemble_steps:
         if step.model_name not in specs:
-            specs[step.model_name] = _step_spec(repo, step, source)
-    check_nesting(spec.name, _steps_reader(repo, spec, specs), source=source)
-    check_tensors(spec, specs, source=source)
-    for step in spec.ensemble_steps:
-        try:
-            step_specs(repo, specs[step.model_name])
-        except ConfigError as exc:
-            raise _step_failed(source, step, exc) from exc
+            specs[step.model_name] = _step_spec(repo, step, source, {})
+    check_nesting(spec.name, _steps_reader(repo, spec, specs, {}), source=source)
     return specs
 
 
-def _step_spec(repo: ModelRepository, step: EnsembleStep, source: str) -> ModelSpec:
-    """The step model's config; ConfigError naming the step (ModelNotFound's message for a
-    model not in the repository)."""
+def pinned_spec(name: str, record: ServedConfig) -> ModelSpec:
+    """The spec a model is loaded with, from its load's record (``DesiredModel.pinned``):
+    its complete config, its version policy narrowed to the versions it serves
+    (``ServedConfig.unit_config``). ConfigError for a record that does not parse."""
+    source = f"the model table's record of '{name}'"
+    return parse_model_config_json(record.unit_config(), source=source, default_name=name)
+
+
+def loaded_records(table: Mapping[str, DesiredModel]) -> dict[str, ServedConfig]:
+    """The load records (``DesiredModel.pinned``) of the models ``table`` serves: loaded,
+    not failed, with a record. ``step_specs`` checks an ensemble against these."""
+    return {
+        name: desired.pinned
+        for name, desired in table.items()
+        if desired.loaded and not desired.failed and desired.pinned is not None
+    }
+
+
+def _spec_of(repo: ModelRepository, name: str, loaded: Mapping[str, ServedConfig]) -> ModelSpec:
+    record = loaded.get(name)
+    return repo.spec(name) if record is None else pinned_spec(name, record)
+
+
+def _step_spec(
+    repo: ModelRepository, step: EnsembleStep, source: str, loaded: Mapping[str, ServedConfig]
+) -> ModelSpec:
+    """The step model's config (as loaded, else the repository's); ConfigError naming the
+    step (ModelNotFound's message for a model not in the repository)."""
     try:
-        return repo.spec(step.model_name)
+        return _spec_of(repo, step.model_name, loaded)
     except PlazaError as exc:
         raise _step_failed(source, step, exc) from exc
 
@@ -333,16 +388,20 @@ def _step_failed(source: str, step: EnsembleStep, exc: PlazaError) -> ConfigErro
 
 
 def _steps_reader(
-    repo: ModelRepository, spec: ModelSpec, specs: dict[str, ModelSpec]
+    repo: ModelRepository,
+    spec: ModelSpec,
+    specs: dict[str, ModelSpec],
+    loaded: Mapping[str, ServedConfig],
 ) -> Callable[[str], tuple[EnsembleStep, ...]]:
-    """A model's ensemble steps, read from the repository once (``spec`` for its own name;
-    () for a model that cannot be read: its own check names what is wrong with it)."""
+    """A model's ensemble steps, read once (as loaded, else from the repository; ``spec``
+    for its own name; () for a model that cannot be read: its own check names what is
+    wrong with it)."""
     known = {**specs, spec.name: spec}
 
     def steps_of(name: str) -> tuple[EnsembleStep, ...]:
         if name not in known:
             try:
-                known[name] = repo.spec(name)
+                known[name] = _spec_of(repo, name, loaded)
             except PlazaError:
                 return ()
         return known[name].ensemble_steps
@@ -354,15 +413,38 @@ def read_load(repo: ModelRepository, name: str, config: str = "") -> LoadedModel
     """What a load of ``name`` (with the override ``config``, if any) would serve, checked
     before anything is written: ModelNotFound for a model not in the repository; ConfigError
     for an override that is not a JSON object, or a model that cannot be read (naming the
-    model; ``details["reason"]`` holds the cause alone)."""
+    model; ``details["reason"]`` holds the cause alone). An ensemble's steps are checked
+    here for cycles only: the rest needs what they are loaded with, the model table's,
+    which ``mark_loaded`` checks them against (``check_steps``) before it writes."""
     check_load(repo, name, config)
     try:
-        return read_model(repo, name, config)
+        spec = model_spec(repo, name, config)
+        if spec.is_ensemble:
+            source = str(repo.config_path(repo.root / name))
+            check_nesting(name, _steps_reader(repo, spec, {}, {}), source=source)
+        return LoadedModel(spec, tuple(v.version for v in repo.served_versions(name, spec)))
     except PlazaError as exc:
-        reason = exc.message
-        if "step_model" in exc.details:  # as a load of the step model itself says it
-            reason = f"step model '{exc.details['step_model']}': {exc.details['step_reason']}"
-        raise ConfigError(f"failed to load '{name}': {reason}", model=name, reason=reason) from exc
+        raise _load_failed(name, exc) from exc
+
+
+def check_steps(
+    repo: ModelRepository, name: str, model: LoadedModel, loaded: Mapping[str, ServedConfig]
+) -> None:
+    """``step_specs`` of what a load of ``name`` read, its step models as ``loaded`` records
+    them (``loaded_records``) or else as the repository reads them; ConfigError as
+    ``read_load``'s."""
+    try:
+        step_specs(repo, model.spec, loaded)
+    except PlazaError as exc:
+        raise _load_failed(name, exc) from exc
+
+
+def _load_failed(name: str, exc: PlazaError) -> ConfigError:
+    """A load of ``name`` that cannot read it: ``details["reason"]`` holds the cause alone."""
+    reason = exc.message
+    if "step_model" in exc.details:  # as a load of the step model itself says it
+        reason = f"step model '{exc.details['step_model']}': {exc.details['step_reason']}"
+    return ConfigError(f"failed to load '{name}': {reason}", model=name, reason=reason)
 
 
 def check_load(repo: ModelRepository, name: str, config: str = "") -> None:
@@ -798,7 +880,9 @@ class ModelControl:
         composing models with it: each step model not loaded yet is read and marked loaded
         along with it (not ``explicit``; its own steps first, through nested ensembles); a
         step that cannot be read fails the load (ConfigError naming the ensemble) before the
-        ensemble is marked. ``name`` itself is marked ``explicit``.
+        ensemble is marked. An ensemble's steps are checked first (``check_steps``): those
+        loaded already as the table records them, the others as the repository reads them.
+        ``name`` itself is marked ``explicit``.
 
         The later request wins: when the table's entry for ``name`` moved past ``seen``
         while the load read it (an unload, or a load with another config, through any
@@ -825,6 +909,9 @@ class ModelControl:
         # module for its checks at start, and needs Kafka only if the model loads something.
         from plaza.connections import ensure_topics
 
+        if model.spec.is_ensemble:
+            loaded = loaded_records(await self.table.read())
+            await asyncio.to_thread(check_steps, self.repo, name, model, loaded)
         marked = await self._mark_steps(name, model.spec, chain)
         folder = await asyncio.to_thread(folder_fingerprint, self.repo, name)
         desired = await self.table.load_if_unchanged(

@@ -91,7 +91,14 @@ from plaza.contract import ErrorInfo, InferRequest, InferResult, ReplyTo
 from plaza.ensembles import LATEST_VERSION, EnsembleStep, downstream_of, pruning, runnable
 from plaza.errors import EXIT_RETRIABLE, ConfigError, DeadlineExceeded, InvalidInput, PlazaError
 from plaza.log_settings import LogFollower, LogSettings, configure_logging
-from plaza.model_control import model_spec, step_specs
+from plaza.model_control import (
+    ModelTable,
+    ServedConfig,
+    loaded_records,
+    model_spec,
+    step_models,
+    step_specs,
+)
 from plaza.model_metrics import warn_unknown_families
 from plaza.modelconfig import ModelSpec
 from plaza.naming import (
@@ -210,9 +217,12 @@ class EnsembleRunner:
                 "run a worker for it"
             )
         self.versions = [mv.version for mv in repo.served_versions(self.model, self.spec)]
-        self.step_specs = _step_specs(repo, self.spec)
+        self.step_specs = _step_specs(repo, self.spec, step_models)
+        """Each step model's config: the repository's until ``start`` checks the steps
+        against what they are loaded with (``_check_steps``), then that."""
+        _check_step_versions(repo, self.spec, self.step_specs, None)  # again at start
+        self._repo = repo
         self.streamed = _decoupled_step(self.spec, self.step_specs)
-        _check_step_versions(repo, self.spec, self.step_specs)
         """The decoupled step, whose every response runs the steps downstream of it."""
         self._pruned = pruning(self.spec.ensemble_steps)
         """The steps each requested-output tuple needs (``needed_by``), remembered."""
@@ -304,7 +314,18 @@ class EnsembleRunner:
         with contextlib.suppress(Exception):
             await self.redis.aclose()
 
+    async def _check_steps(self) -> None:
+        """Check the steps against what their models are loaded with (the model table's
+        records of them; mode none: no table, the repository's): ``step_specs`` and
+        ``_check_step_versions``. ConfigError before anything starts."""
+        loaded = loaded_records(await ModelTable(self.redis, self.names).read())
+        self.step_specs = _step_specs(
+            self._repo, self.spec, lambda repo, spec: step_specs(repo, spec, loaded)
+        )
+        _check_step_versions(self._repo, self.spec, self.step_specs, loaded)
+
     async def _start(self) -> None:
+        await self._check_steps()
         await ensure_topics(
             self.settings.kafka, [*self.topics, self.names.dead_letter_topic(self.model)]
         )
@@ -896,28 +917,43 @@ def _output(tensors: Mapping[str, Tensor], name: str, spec: ModelSpec) -> Tensor
     return tensor
 
 
-def _step_specs(repo: ModelRepository, spec: ModelSpec) -> dict[str, ModelSpec]:
-    """Each step model's config (its priority levels and queue policy), checked as a load
-    checks it (``plaza.model_control.step_specs``: step models through nested ensembles, no
-    cycle, datatypes and shapes along each edge); ConfigError naming the ensemble and step."""
+def _step_specs(
+    repo: ModelRepository,
+    spec: ModelSpec,
+    read: Callable[[ModelRepository, ModelSpec], dict[str, ModelSpec]] = step_specs,
+) -> dict[str, ModelSpec]:
+    """Each step model's config (its priority levels and queue policy), read by ``read``
+    (``plaza.model_control.step_models`` or ``step_specs``, which checks the steps as a
+    load checks them: through nested ensembles, no cycle, datatypes, shapes and batch
+    sizes along each edge); ConfigError naming the ensemble and step."""
     try:
-        return step_specs(repo, spec)
+        return read(repo, spec)
     except ConfigError as exc:
         raise ConfigError(f"ensemble {spec.name!r}: {exc.message}", **exc.details) from exc
 
 
 def _check_step_versions(
-    repo: ModelRepository, spec: ModelSpec, step_specs: Mapping[str, ModelSpec]
+    repo: ModelRepository,
+    spec: ModelSpec,
+    step_specs: Mapping[str, ModelSpec],
+    loaded: Mapping[str, ServedConfig] | None,
 ) -> None:
-    """ConfigError for a step pinned to a ``model_version`` that its model's version
-    policy does not select from the repository's version folders: every request would
-    fail on it (Triton refuses such an ensemble at load)."""
+    """ConfigError for a step pinned to a ``model_version`` that its model does not serve:
+    every request would fail on it (Triton refuses such an ensemble at load). A step model
+    in ``loaded`` (``loaded_records``: the model table's records of the models loaded)
+    serves the versions its load selected; any other, those its version policy selects
+    from the repository's version folders (mode none: no table). ``loaded`` None: not read
+    yet (a runner being built), so only a version no folder holds is refused."""
     for step in spec.ensemble_steps:
         if step.model_version == LATEST_VERSION:
             continue
-        policy = step_specs[step.model_name].version_policy
-        served = policy.select(repo.available_versions(step.model_name))
-        if step.model_version not in served:
+        record = None if loaded is None else loaded.get(step.model_name)
+        available = repo.available_versions(step.model_name)
+        served = step_specs[step.model_name].version_policy.select(available)
+        if record is not None and record.versions:
+            served = sorted(record.versions)
+        known = available if loaded is None else served
+        if step.model_version not in known:
             raise ConfigError(
                 f"ensemble {spec.name!r}: {step.label}: version {step.model_version} is not "
                 f"served (its version policy serves {served})",
