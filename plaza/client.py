@@ -272,10 +272,12 @@ class PlazaClient:
             if task not in self._ended or task.uncancel() > 0:
                 raise
             raise Unavailable("the client was stopped before the call ended") from None
-        except Unavailable:
-            if task in self._ended and task.cancelling():
+        except Unavailable as exc:
+            if task not in self._ended:
+                raise
+            if task.cancelling():
                 task.uncancel()  # stop's cancel, absorbed below (redis-py may)
-            raise
+            raise Unavailable("the client was stopped before the call ended") from exc
         else:
             if task in self._ended:  # stop's cancel came, and was absorbed below
                 if task.cancelling():

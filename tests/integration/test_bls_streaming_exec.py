@@ -298,14 +298,13 @@ def settings(
 
 
 async def _report(client: PlazaClient, what: str, deadline_s: float | None = None) -> object:
-    """bls_probe's report of the call ``what``; with ``deadline_s``, the probe's own
-    request has that deadline (published as a producer does, then awaited)."""
+    """bls_probe's report of the call ``what``; the probe's own request has the deadline
+    ``deadline_s``, or none (published as a producer does, then awaited: an SDK infer's
+    timeout_s would be its deadline)."""
     inputs = {"WHAT": np.array([what.encode()], np.object_)}
-    if deadline_s is None:
-        result = await client.infer("bls_probe", inputs, timeout_s=90)
-    else:
-        job = await client.submit("bls_probe", inputs, timeout_s=deadline_s)
-        result = await client.result(job, timeout_s=90)
+    options = {} if deadline_s is None else {"timeout_s": deadline_s}
+    job = await client.submit("bls_probe", inputs, **options)
+    result = await client.result(job, timeout_s=90)
     return json.loads(result.output("REPORT").to_numpy()[0])
 
 
